@@ -1,0 +1,100 @@
+"""One error tree for sparkctl, and the one place exit codes are decided.
+
+Every error carries *what* went wrong, *where* (a :class:`Ref`: file, line,
+key, node, command) and a *hint* for the fix. Library code raises these; only
+``sparkctl.cli`` turns them into a message and an exit code.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Ref:
+    """Where a problem is: a place in a file, and/or a node and command."""
+
+    file: str | None = None
+    line: int | None = None
+    key: str | None = None
+    node: str | None = None
+    command: str | None = None
+
+    def __str__(self) -> str:
+        parts: list[str] = []
+        if self.file:
+            parts.append(f"{self.file}:{self.line}" if self.line else self.file)
+        if self.key:
+            parts.append(self.key)
+        if self.node:
+            parts.append(f"node {self.node}")
+        if self.command:
+            parts.append(f"command {self.command!r}")
+        return ": ".join(parts)
+
+
+class SparkctlError(Exception):
+    """Base of every error sparkctl raises on purpose."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, ref: Ref | None = None, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.ref = ref
+        self.hint = hint
+
+    def one_line(self) -> str:
+        where = f"{self.ref}: " if self.ref and str(self.ref) else ""
+        hint = f" (hint: {self.hint})" if self.hint else ""
+        return f"{where}{self.message}{hint}"
+
+
+class ConfigError(SparkctlError):
+    """A profile, inventory or command-line value is wrong."""
+
+    exit_code = 2
+
+
+class InventoryError(ConfigError):
+    pass
+
+
+class ProfileError(ConfigError):
+    pass
+
+
+class RenderError(ConfigError):
+    pass
+
+
+class NotFound(ConfigError):
+    pass
+
+
+class TransportError(SparkctlError):
+    """A node could not be reached, or refused us."""
+
+    exit_code = 3
+
+
+class CheckFailed(SparkctlError):
+    """One or more laws failed."""
+
+    exit_code = 4
+
+
+class LifecycleError(SparkctlError):
+    """up / down / switch did not reach the state it was asked for."""
+
+    exit_code = 5
+
+
+class LockHeld(SparkctlError):
+    exit_code = 6
+
+
+class SimError(SparkctlError):
+    """The simulated cluster could not be built or changed."""
+
+    exit_code = 7
