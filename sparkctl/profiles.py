@@ -234,21 +234,22 @@ def _validate(name: str, layers: list[Flat], main_file: str) -> Profile:
     try:
         return Profile.model_validate(data)
     except ValidationError as exc:
+        rank = {"cli": 4, "node": 3, "profile": 2, "parent": 1, "default": 0}
+
         def ref_for(loc: tuple[Any, ...]) -> Ref:
+            key = ".".join(str(p) for p in loc) or None
             path = tuple(str(p) for p in loc)
-            while path:
-                if path in winners:
-                    s = winners[path].source
-                    if s.kind == "cli":
-                        return Ref(key=f"--set {'.'.join(path)}")
-                    return Ref(file=s.file or main_file, line=s.line, key=".".join(str(p) for p in loc))
-                # the nearest key set in a file under this prefix
-                under = [w for k, w in winners.items() if k[: len(path)] == path and w.source.file]
+            while True:
+                # the value that won at or under this key, preferring the highest layer
+                under = [w for k, w in winners.items() if k[: len(path)] == path and w.source.kind != "default"]
                 if under:
-                    s = min(under, key=lambda w: w.source.line or 0).source
-                    return Ref(file=s.file, line=s.line, key=".".join(str(p) for p in loc))
+                    s = max(under, key=lambda w: (rank[w.source.kind], -(w.source.line or 0))).source
+                    if s.kind == "cli":
+                        return Ref(key=f"--set {key}" if key else "--set")
+                    return Ref(file=s.file or main_file, line=s.line, key=key)
+                if not path:
+                    return Ref(file=main_file, line=1, key=key)
                 path = path[:-1]
-            return Ref(file=main_file, line=1, key=".".join(str(p) for p in loc) or None)
 
         raise pydantic_errors(exc, ref_for, ProfileError) from None
 

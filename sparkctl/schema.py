@@ -114,6 +114,17 @@ class TopologySpec(_Strict):
     )
 
 
+    @model_validator(mode="after")
+    def _layout_vs_tp(self) -> "TopologySpec":
+        if self.layout == "single" and self.tp_size != 1:
+            raise ValueError("layout single runs one rank per replica: tp_size must be 1")
+        if self.layout == "pair" and self.tp_size != 2:
+            raise ValueError("layout pair runs two ranks per replica: tp_size must be 2")
+        if self.layout == "ring" and self.tp_size < 3:
+            raise ValueError("layout ring needs tp_size >= 3 (use layout pair for two nodes)")
+        return self
+
+
 class LawsSpec(_Strict):
     """The operational laws this stack is held to (docs/LAWS.md)."""
 
@@ -204,12 +215,6 @@ class Profile(_Strict):
     def _runtime_needs(self) -> "Profile":
         if self.runtime == "docker" and not self.engine.image:
             raise ValueError("engine.image is required when runtime is docker")
-        if self.topology.layout == "single" and self.topology.tp_size != 1:
-            raise ValueError("layout single runs one rank per replica: tp_size must be 1")
-        if self.topology.layout == "pair" and self.topology.tp_size != 2:
-            raise ValueError("layout pair runs two ranks per replica: tp_size must be 2")
-        if self.topology.layout == "ring" and self.topology.tp_size < 3:
-            raise ValueError("layout ring needs tp_size >= 3 (use layout pair for two nodes)")
         return self
 
 

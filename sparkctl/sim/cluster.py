@@ -852,6 +852,8 @@ def down(root: Path) -> None:
         nx.netns_delete(ns)
     for name in sorted(host_links) + sorted(bridges):
         nx.host_link_delete(name)
+    if any(ns.startswith(nx.NETNS_PREFIX) for ns in nx.netns_list()):
+        host_dirs = set()  # another sim still runs: its nodes bind-mount over these
     for d in sorted(host_dirs, reverse=True):
         with contextlib.suppress(OSError):
             if d in PRIVATE_DIRS and not os.path.ismount(d):
