@@ -82,7 +82,11 @@ def _construct(loader: _Loader, node: yaml.Node, path: KeyPath, lines: dict[KeyP
 
 def loads(text: str, file: str) -> Located:
     """Parse one YAML document; an empty document is an empty mapping."""
-    loader = _Loader(text)
+    try:
+        loader = _Loader(text)
+    except yaml.YAMLError as exc:  # e.g. a control character the reader refuses
+        raise ConfigError(f"not valid YAML: {exc}".splitlines()[0], Ref(file=file),
+                          hint="the file holds characters YAML does not allow") from None
     try:
         try:
             node = loader.get_single_node()

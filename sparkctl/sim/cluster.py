@@ -373,8 +373,9 @@ def up(spec: ClusterSpec, root: Path, *, progress: Progress | None = None,
             _write_json(p.meta, meta)
             say(f"network: bridge {spec.bridge}, {len(spec.nodes)} namespaces, {len(spec.links)} cables")
             _converge_network(p, spec)
-        for node in spec.nodes:
-            _write_sysfs(p, spec, node, rootless)
+        if not rootless:
+            for node in spec.nodes:
+                _write_sysfs(p, node.name)
         _write_known_hosts(p, spec)
         for node in spec.nodes:
             if _ensure_sshd(p, spec, node, rootless):
@@ -488,36 +489,61 @@ def _install_tools(p: SimPaths, say: Progress) -> None:
     p.bin.mkdir(parents=True, exist_ok=True)
     p.pkgs.mkdir(parents=True, exist_ok=True)
     _hook(say, "sparkctl.sim.shims", "install_shims", p.bin)
-    _hook(say, "sparkctl.sim.engine", "install_engines", p.bin, p.pkgs)
+    # The engines helper's installer: engine.py per the brief, or the engines package.
+    for module in ("sparkctl.sim.engine", "sparkctl.sim.engines.install", "sparkctl.sim.engines"):
+        if _hook(say, module, "install_engines", p.bin, p.pkgs, missing_ok=True) is not _MISSING:
+            break
+    else:
+        log.info("optional hook install_engines skipped: no engines installer present")
     _hook(say, "sparkctl.sim.procshims", "install_procshims", p.bin)
 
 
-def _hook(say: Progress, module: str, func: str, *args: Any) -> Any:
-    """Call an optional function of a sibling sim module; skip it if absent."""
+_MISSING = object()
+
+
+def _hook(say: Progress, module: str, func: str, *args: Any, missing_ok: bool = False) -> Any:
+    """Call an optional function of a sibling sim module; skip it if absent.
+
+    Returns ``_MISSING`` when the module or function does not exist (logged
+    unless ``missing_ok``), else what the function returned.
+    """
     try:
         mod = importlib.import_module(module)
     except ImportError as exc:
-        if exc.name == module:
-            log.info("optional hook %s.%s skipped: module not present", module, func)
-        else:
+        if exc.name not in (module, module.rsplit(".", 1)[0]):
             log.warning("optional hook %s.%s skipped: %s", module, func, exc)
-        return None
+        elif not missing_ok:
+            log.info("optional hook %s.%s skipped: module not present", module, func)
+        return _MISSING
     fn = getattr(mod, func, None)
     if fn is None:
-        log.info("optional hook %s.%s skipped: no such function", module, func)
-        return None
+        if not missing_ok:
+            log.info("optional hook %s.%s skipped: no such function", module, func)
+        return _MISSING
     say(f"hook {module}.{func}")
     return fn(*args)
 
 
-def _write_sysfs(p: SimPaths, spec: ClusterSpec, node: SimNode, rootless: bool) -> None:
-    if rootless:
+def _write_sysfs(p: SimPaths, node: str) -> None:
+    """Refresh the node's simulated /sys/class/infiniband from its live netdevs."""
+    try:
+        from sparkctl.sim.shims import Netdev  # noqa: PLC0415 - optional sibling module
+    except ImportError:
+        log.info("sysfs hook skipped: sparkctl.sim.shims not present")
         return
-    nd = p.node(node.name)
-    addrs = {ifname: cidr for ifname, cidr, *_ in _node_links(spec, node.name)}
+    ns = netns_name(node)
+    if not nx.netns_exists(ns):
+        return
+    netdevs = {}
+    for e in nx.links(ns):
+        ipv4 = tuple((a["local"], int(a.get("prefixlen", 32))) for a in e.get("addr_info", [])
+                     if a.get("family") == "inet")
+        netdevs[e["ifname"]] = Netdev(name=e["ifname"], operstate=str(e.get("operstate", "unknown")).lower(),
+                                      mtu=int(e.get("mtu", 1500)), ipv4=ipv4)
+    nd = p.node(node)
     # nd.sysfs plays /sys: the hook writes class/infiniband/... beneath it.
     _hook(lambda m: None, "sparkctl.sim.shims", "write_sysfs_infiniband", nd.sysfs,
-          nodestate.load(nd.state), addrs)
+          nodestate.load(nd.state), netdevs)
 
 
 def _ensure_host_dirs(p: SimPaths, recorded: list[str]) -> list[str]:
@@ -908,6 +934,8 @@ def link_down(root: Path, node: str, ifname: str) -> None:
     _node_ifname(spec, node, ifname)
     with _root_lock(p):
         nx.ip(netns_name(node), "link", "set", ifname, "down")
+        for n in _with_peers(spec, [node]):
+            _write_sysfs(p, n)
 
 
 def link_up(root: Path, node: str, ifname: str) -> None:
@@ -917,6 +945,8 @@ def link_up(root: Path, node: str, ifname: str) -> None:
     _node_ifname(spec, node, ifname)
     with _root_lock(p):
         nx.ip(netns_name(node), "link", "set", ifname, "up")
+        for n in _with_peers(spec, [node]):
+            _write_sysfs(p, n)
 
 
 def set_mtu(root: Path, node: str, ifname: str, mtu: int) -> None:
@@ -926,6 +956,7 @@ def set_mtu(root: Path, node: str, ifname: str, mtu: int) -> None:
     _node_ifname(spec, node, ifname)
     with _root_lock(p):
         nx.ip(netns_name(node), "link", "set", ifname, "mtu", str(int(mtu)))
+        _write_sysfs(p, node)
 
 
 def set_forwarding(root: Path, node: str, enabled: bool) -> None:
@@ -934,6 +965,15 @@ def set_forwarding(root: Path, node: str, enabled: bool) -> None:
     _need_root_mode(rootless, "ip_forward")
     _find_node(spec, node)
     nx.ns_exec_write(netns_name(node), "/proc/sys/net/ipv4/ip_forward", "1" if enabled else "0")
+
+
+def _with_peers(spec: ClusterSpec, nodes: list[str]) -> list[str]:
+    """The nodes and their cable peers (whose carrier follows theirs)."""
+    out = dict.fromkeys(nodes)
+    for node in nodes:
+        for _i, _c, peer, _pi in _node_links(spec, node):
+            out.setdefault(peer)
+    return list(out)
 
 
 def _find_link(spec: ClusterSpec, node: str, ifname: str) -> SimLink:
@@ -958,6 +998,9 @@ def stale_link(root: Path, node_a: str, ifname_a: str) -> None:
         stale = _read_json(p.stale) or {}
         stale[link_id(lk)] = {"cycled": []}
         _write_json(p.stale, stale)
+        if not _rootless:
+            for node in (lk.a_node, lk.b_node):
+                _write_sysfs(p, node)
 
 
 def stop_sshd(root: Path, node: str) -> None:
@@ -1082,8 +1125,9 @@ def _reboot(root: Path, nodes: list[str], *, power: bool, ready_timeout_s: float
                     st["links"][ifname]["stale"] = False
             if not rootless:
                 _apply_node_net(p, spec, n)
-                _write_sysfs(p, spec, n, rootless)
-            _hook(lambda m: None, "sparkctl.sim.procshims", "on_boot", p.node(n.name).run)
+                for node in _with_peers(spec, [n.name]):
+                    _write_sysfs(p, node)
+            _hook(lambda m: None, "sparkctl.sim.procshims", "on_boot", p.node(n.name).run, missing_ok=True)
         for n in targets:
             _ensure_sshd(p, spec, n, rootless)
         _wait_reachable(spec, [n.name for n in targets if not _faults(p, n.name).get("unreachable")],
@@ -1150,4 +1194,6 @@ def set_state(root: Path, node: str, key: str, value: Any, *, allow_new: bool = 
             raise SimError(f"{node}: no state key {key!r}",
                            ("keys here: " + ", ".join(sorted(cur))) if isinstance(cur, dict) else "")
         cur[parts[-1]] = parsed
+    if not _rootless:
+        _write_sysfs(p, node)  # GID tables and port rates follow the state
     return parsed

@@ -238,6 +238,14 @@ def _daemonize() -> bool:
     return True
 
 
+def _log_crash(where: Path) -> None:
+    """A detached helper has no stderr: leave its traceback where a human will look."""
+    import traceback
+
+    with contextlib.suppress(OSError), open(where, "a", encoding="utf-8") as fh:
+        fh.write(f"{_now_iso()} sparkctl sim shim crashed:\n{traceback.format_exc()}")
+
+
 def _set_memlock_unlimited() -> None:
     with contextlib.suppress(ValueError, OSError):
         resource.setrlimit(resource.RLIMIT_MEMLOCK, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
@@ -657,6 +665,8 @@ def _docker_run_detached(store: Containers, rec: dict[str, Any], exe: str, argv:
                 os.write(write_fd, b"ok")
                 os.close(write_fd)
                 code = _finish_container(store, rec, proc, _wait_status(proc.pid))
+        except BaseException:
+            _log_crash(store.root / "monitor-crash.log")
         finally:
             os._exit(code)
     os.close(write_fd)
@@ -1654,7 +1664,7 @@ def _clean_exit(status: int) -> bool:
     return os.WEXITSTATUS(status) == 0
 
 
-def _supervise(units: Units, unit: Unit, report_fd: int) -> int:
+def _supervise(units: Units, unit: Unit, report_fd: int, invocation: str) -> int:
     """Body of the detached supervisor of a simple/exec service (systemd's role)."""
     name = unit.name
     me = {"pid": os.getpid(), "start": _proc_start_ticks(os.getpid())}
@@ -1753,10 +1763,11 @@ def _supervise(units: Units, unit: Unit, report_fd: int) -> int:
                 return 0
             restarts.append(time.monotonic())
             time.sleep(unit.restart_sec_s)
-            cur = _read_json(units.state_path(name)) or {}
-            if cur.get("stop_requested"):
-                units.update(name, ActiveState="inactive", SubState="dead")
-                return 0
+            with units.lock(name):
+                cur = _read_json(units.state_path(name)) or {}
+                # stopped meanwhile, or stopped and started again by a newer supervisor
+                if cur.get("stop_requested") or cur.get("invocation") != invocation:
+                    return 0
     finally:
         report("fail supervisor")
 
@@ -1786,7 +1797,7 @@ def _start(units: Units, name: str) -> int:
             "FragmentPath": unit.path, "KillSignal": unit.kill_signal,
             "TimeoutStopSec": min(unit.timeout_stop_s, STOP_TIMEOUT_CAP_S),
             "Description": unit.description, "stop_requested": False, "stop_timed_out": False,
-            "ExecMainStatus": None, "ExecMainCode": None}
+            "ExecMainStatus": None, "ExecMainCode": None, "invocation": secrets.token_hex(8)}
     if unit.type == "oneshot":
         units.update(name, ActiveState="activating", SubState="start", MainPID=0,
                      supervisor={"pid": os.getpid(), "start": _proc_start_ticks(os.getpid())},
@@ -1817,7 +1828,9 @@ def _start(units: Units, name: str) -> int:
         os.close(read_fd)
         code = 1
         try:
-            code = _supervise(units, unit, write_fd)
+            code = _supervise(units, unit, write_fd, base["invocation"])
+        except BaseException:
+            _log_crash(units.journal(name))
         finally:
             os._exit(code)
     os.close(write_fd)
@@ -1862,7 +1875,8 @@ def _stop(units: Units, name: str) -> int:
         state = (_read_json(units.state_path(name)) or {}).get("ActiveState")
         return state in ("inactive", "failed") or not _alive(sup.get("pid"), sup.get("start"))
 
-    _wait_until(settled, 5.0)
+    if pid:  # no main process (auto-restart pause): nothing to wait for
+        _wait_until(settled, 5.0)
     with units.lock(name):
         rec = _read_json(units.state_path(name)) or {}
         if rec.get("ActiveState") not in ("inactive", "failed"):

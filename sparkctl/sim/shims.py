@@ -258,10 +258,12 @@ def _proc_name_cell(name: str) -> str:
     return name if len(name) <= 31 else "..." + name[-28:]
 
 
-def render_smi_table(state: State, now: float, processes: Sequence[GpuProcess]) -> str:
+def render_smi_table(
+    state: State, now: float, processes: Sequence[GpuProcess], sample: GpuSample | None = None
+) -> str:
     """The default ``nvidia-smi`` table, GB10 layout (§1.1)."""
     gpu = state["gpu"]
-    s = gpu_sample(state, now)
+    s = sample or gpu_sample(state, now)
     ver = gpu["driver"]
     lines = [
         _smi_timestamp(now) + " " * 7,  # nvidia-smi pads the date line with spaces
@@ -455,12 +457,18 @@ def _sec(indent: int, title: str) -> str:
 QUERY_SECTIONS = ("CLOCK", "PERFORMANCE", "POWER", "TEMPERATURE", "MEMORY", "UTILIZATION", "COMPUTE", "PIDS")
 
 
-def render_smi_q(state: State, now: float, processes: Sequence[GpuProcess], display: Sequence[str] = ()) -> str:
+def render_smi_q(
+    state: State,
+    now: float,
+    processes: Sequence[GpuProcess],
+    display: Sequence[str] = (),
+    sample: GpuSample | None = None,
+) -> str:
     """``nvidia-smi -q [-d SECTIONS]``. GB10 specifics: memory N/A, power limits N/A,
     ``Supported Clocks : N/A``. Section order follows the one real GB10 excerpt
     (Clocks ... Max Clocks, then Clocks Event Reasons)."""
     gpu = state["gpu"]
-    s = gpu_sample(state, now)
+    s = sample or gpu_sample(state, now)
     want = {d.upper() for d in display}
     show_all = not want
     uptime_s = max(0.0, now - state["boot_time"]) if state.get("boot_time") else 0.0
@@ -1048,7 +1056,8 @@ def _lspci_block(state: State, bdf: str, vvv: bool, euid: int) -> list[str]:
         "\tStatus: Cap+ 66MHz- UDF- FastB2B- ParErr- DEVSEL=fast >TAbort- <TAbort- <MAbort- >SERR- <PERR- INTx-",
         "\tLatency: 0",
         "\tInterrupt: pin A routed to IRQ 255",
-        f"\tRegion 0: Memory at {0x1800000000 + func * 0x2000000:x} (64-bit, prefetchable) [size=32M]",
+        f"\tRegion 0: Memory at {0x1800000000 + int(bdf[:4], 16) * 0x10000000 + func * 0x2000000:x}"
+        " (64-bit, prefetchable) [size=32M]",
     ]
     if euid != 0:
         # unprivileged lspci cannot read extended config space: no LnkSta
@@ -1287,6 +1296,7 @@ def ib_write_bw(state: State, args: Sequence[str], netdevs: Netdevs) -> ToolResu
     gid_index: int | None = None
     qps, size, iters, duration = 1, 65536, 5000, None
     rdma_cm = infinite = gbits = False
+    link_type = "Ethernet"
     server = None
     i = 0
     with_value = {"-d", "--ib-dev", "-i", "--ib-port", "-p", "--port", "-x", "--gid-index", "-q", "--qp",
@@ -1309,6 +1319,8 @@ def ib_write_bw(state: State, args: Sequence[str], netdevs: Netdevs) -> ToolResu
                 iters = int(v)  # type: ignore[arg-type]
             elif a in ("-D", "--duration"):
                 duration = int(v)  # type: ignore[arg-type]
+            elif a == "--force-link":
+                link_type = "IB" if v == "IB" else "Ethernet"
         except ValueError:
             return _result("", f" Invalid value for {a}: {v}\n", 1)
         if a in with_value:
@@ -1354,8 +1366,8 @@ def ib_write_bw(state: State, args: Sequence[str], netdevs: Netdevs) -> ToolResu
         " TX depth        : 128",
         " CQ Moderation   : 1",
         f" Mtu             : {_roce_mtu(facts.mtu)}[B]",
-        " Link type       : Ethernet",
-        f" GID index       : {idx}",
+        f" Link type       : {link_type}",
+        *([f" GID index       : {idx}"] if link_type == "Ethernet" else []),
         " Max inline data : 0[B]",
         f" rdma_cm QPs\t : {'ON' if rdma_cm else 'OFF'}",
         f" Data ex. method : {'rdma_cm' if rdma_cm else 'Ethernet'}",

@@ -61,6 +61,8 @@ class EngineLog:
             tag = f" TP{self.rank}" if src == "tp" else ""
             lvl = "" if level == "INFO" else f"{level} "
             return f"[{stamp}{tag}] {lvl}{msg}"
+        if ".py" in src:  # vLLM-style source tags mean nothing for the other engines
+            src = ""
         if self.engine == "ds41f":
             stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now % 1 * 1e6):06d}Z"
             return f"{stamp} {level:>5} ds41f::{src or 'serve'}: rank={self.rank} {msg}"

@@ -284,11 +284,19 @@ def parse_request(engine: Engine, body: Any, chat: bool) -> Request:
 ENGINE_KEY = web.AppKey("engine", Engine)
 
 
+def _dumps(obj: Any) -> str:
+    return json.dumps(obj, separators=(",", ":"))
+
+
+def _json(body: Any, status: int = 200) -> web.Response:
+    return web.json_response(body, status=status, dumps=_dumps)
+
+
 def _error(engine: Engine, e: HTTPError) -> web.Response:
     body = {"error": {"message": e.message, "type": e.kind, "param": e.param, "code": e.status}}
     if engine.cfg.engine == "vllm":  # vLLM also repeats the fields at top level
         body.update({"object": "error", "message": e.message, "type": e.kind, "param": e.param, "code": e.status})
-    return web.json_response(body, status=e.status)
+    return _json(body, status=e.status)
 
 
 def _usage(req: Request, cached: int) -> dict[str, Any]:
@@ -343,7 +351,7 @@ async def _generate(request: web.Request, chat: bool) -> web.StreamResponse:
         else:
             ch = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish,
                   "stop_reason": req.answer.stop_reason}
-        return web.json_response({"id": rid, "object": obj, "created": created, "model": name,
+        return _json({"id": rid, "object": obj, "created": created, "model": name,
                                   "choices": [ch], "usage": _usage(req, cached)})
 
     resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
@@ -407,7 +415,7 @@ async def models(request: web.Request) -> web.Response:
                 "allow_fine_tuning": False, "organization": "*", "group": None, "is_blocking": False,
             }]
         data.append(entry)
-    return web.json_response({"object": "list", "data": data})
+    return _json({"object": "list", "data": data})
 
 
 async def metrics(request: web.Request) -> web.Response:
@@ -449,7 +457,7 @@ async def sim_info(request: web.Request) -> web.Response:
     engine = request.app[ENGINE_KEY]
     cfg = engine.cfg
     st = engine.perf_state()
-    return web.json_response({
+    return _json({
         "simulated": True,
         "engine": cfg.engine,
         "served_name": cfg.served_name,
@@ -475,12 +483,12 @@ async def sim_info(request: web.Request) -> web.Response:
 async def version(request: web.Request) -> web.Response:
     from .cli import VERSIONS
 
-    return web.json_response({"version": VERSIONS[request.app[ENGINE_KEY].cfg.engine]})
+    return _json({"version": VERSIONS[request.app[ENGINE_KEY].cfg.engine]})
 
 
 async def get_model_info(request: web.Request) -> web.Response:
     cfg = request.app[ENGINE_KEY].cfg
-    return web.json_response({"model_path": cfg.model_path, "tokenizer_path": cfg.model_path,
+    return _json({"model_path": cfg.model_path, "tokenizer_path": cfg.model_path,
                               "is_generation": True})
 
 

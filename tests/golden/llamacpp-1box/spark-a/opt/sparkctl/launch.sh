@@ -1,0 +1,14 @@
+#!/bin/sh
+# Rendered by sparkctl 0.1.0 for spark-a: profile llamacpp-1box, llamacpp b6500,
+# replica 0, rank 0 of 1. `sparkctl up` rewrites this file.
+set -eu
+ENV_FILE=/etc/sparkctl/engine.env
+SYSFS=/sys
+
+# Load the env file without evaluating it: each line is exported verbatim.
+while IFS= read -r line || [ -n "$line" ]; do
+  case "$line" in ''|'#'*) continue ;; esac
+  export "$line"
+done < "$ENV_FILE"
+
+exec llama-server --model /srv/models/DeepSeek-V4-Flash-0731-Q2_K.gguf --alias deepseek-v4-flash-gguf --host 0.0.0.0 --port 8080 --ctx-size 131072 --parallel 8 --n-gpu-layers 999

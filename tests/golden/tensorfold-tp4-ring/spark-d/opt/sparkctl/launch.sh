@@ -1,0 +1,47 @@
+#!/bin/sh
+# Rendered by sparkctl 0.1.0 for spark-d: profile tensorfold-tp4-ring, tensorfold tensorfold-4x-2026.10,
+# replica 0, rank 3 of 4. `sparkctl up` rewrites this file.
+set -eu
+ENV_FILE=/etc/sparkctl/engine.env
+SYSFS=/sys
+
+# Load the env file without evaluating it: each line is exported verbatim.
+while IFS= read -r line || [ -n "$line" ]; do
+  case "$line" in ''|'#'*) continue ;; esac
+  export "$line"
+done < "$ENV_FILE"
+
+# The RoCEv2 IPv4 GID index drifts (3, 4 and 5 seen on Sparks): resolve it per
+# device now. An empty value would mean index 0, the link-local GID.
+gid_index() {
+  dir="$SYSFS/class/infiniband/$1/ports/1"
+  n=0
+  while [ "$n" -lt 16 ]; do
+    t=$(cat "$dir/gid_attrs/types/$n" 2>/dev/null || true)
+    g=$(cat "$dir/gids/$n" 2>/dev/null || true)
+    case "$t:$g" in
+      "RoCE v2:0000:0000:0000:0000:0000:ffff:"*) echo "$n"; return 0 ;;
+    esac
+    n=$((n + 1))
+  done
+  return 1
+}
+GID=""
+for dev in rocep1s0f0 roceP2p1s0f0 rocep1s0f1 roceP2p1s0f1; do
+  i=$(gid_index "$dev") || { echo "sparkctl: no RoCEv2 IPv4 GID on $dev (is its address applied?)" >&2; exit 78; }
+  if [ -n "$GID" ] && [ "$GID" != "$i" ]; then
+    echo "sparkctl: RoCE GID index differs between devices ($GID vs $i on $dev); re-apply the fabric addresses" >&2
+    exit 78
+  fi
+  GID=$i
+done
+export NCCL_IB_GID_INDEX="$GID"
+echo "sparkctl: NCCL_IB_GID_INDEX=$GID for rocep1s0f0,roceP2p1s0f0,rocep1s0f1,roceP2p1s0f1"
+
+exec docker run --rm --name sparkctl-engine \
+  --network host --ipc host --device /dev/infiniband \
+  --ulimit memlock=-1 --cap-add IPC_LOCK --gpus all \
+  --env-file "$ENV_FILE" -e NCCL_IB_GID_INDEX \
+  -v /srv/models:/srv/models:ro \
+  ghcr.io/tensorfold/tensorfold-spark:4x-2026.10 \
+  tensorfold serve --weights /srv/models/DeepSeek-V4.1-Flash-1017 --name dsv41-flash-tensorfold --tp 4 --world 4 --rank 3 --rendezvous 10.20.0.1:29500 --listen 0.0.0.0:8000 --ctx 1048576 --mem-fraction 0.85

@@ -1,0 +1,14 @@
+#!/bin/sh
+# Rendered by sparkctl 0.1.0 for spark-a: profile tiny-llamacpp, llamacpp llama-cpp-python-0.3,
+# replica 0, rank 0 of 1. `sparkctl up` rewrites this file.
+set -eu
+ENV_FILE=/etc/sparkctl/engine.env
+SYSFS=/sys
+
+# Load the env file without evaluating it: each line is exported verbatim.
+while IFS= read -r line || [ -n "$line" ]; do
+  case "$line" in ''|'#'*) continue ;; esac
+  export "$line"
+done < "$ENV_FILE"
+
+exec python3 -m llama_cpp.server --model /srv/models/tiny-llama.gguf --model_alias tiny-llama --host 0.0.0.0 --port 8080 --n_ctx 512
