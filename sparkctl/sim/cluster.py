@@ -22,6 +22,7 @@ Root directory layout::
       id_ed25519[.pub]       the operator's client key (sim only)
       known_hosts            every node's host key, for StrictHostKeyChecking=yes
       stale.json             stale links and which ends were power-cycled since
+      session.sh             rootless only: ForceCommand wrapper that keeps PATH
       bin/                   tool/engine/process shims (first on the session PATH)
       pkgs/                  PYTHONPATH of sessions
       nodes/NODE/
@@ -94,6 +95,8 @@ ROOTLESS_LIMITATIONS = (
     "fabric links are not simulated: no veth cables, so link_down/link_up/set_mtu/unreachable "
     "are unavailable and every fabric address is reachable directly over lo",
     "relay routing and ip_forward are not simulated (127/8 routes via lo)",
+    "sessions run through a ForceCommand wrapper: commands run in `bash --norc --noprofile` "
+    "(the login user's ~/.bashrc is skipped so the shims stay first on PATH)",
 )
 
 
@@ -362,6 +365,7 @@ def up(spec: ClusterSpec, root: Path, *, progress: Progress | None = None,
                 "ssh_user": _ssh_user(rootless), "host_dirs": host_dirs}
         _write_json(p.meta, meta)  # first, so down() can find everything after a crash mid-up
         if not rootless:
+            _check_no_other_sim(p, spec)
             _ledger_add(p, "root", str(root))
         say(f"sim root {root} ({mode} mode)")
         _operator_key(p)
@@ -386,6 +390,25 @@ def up(spec: ClusterSpec, root: Path, *, progress: Progress | None = None,
         _wait_reachable(spec, [n.name for n in spec.nodes], ready_timeout_s)
         say("all nodes accept SSH")
     return status(root)
+
+
+def _check_no_other_sim(p: SimPaths, spec: ClusterSpec) -> None:
+    """Refuse namespaces or a bridge that a live sim under another root owns."""
+    wanted = {netns_name(n.name) for n in spec.nodes}
+    live = set(nx.netns_list())
+    for ledger in sorted(LEDGER_DIR.glob("*.json")) if LEDGER_DIR.is_dir() else []:
+        if ledger == p.ledger:
+            continue
+        try:
+            other = json.loads(ledger.read_text())
+        except (OSError, json.JSONDecodeError):
+            continue
+        clash = sorted(wanted & set(other.get("namespaces", [])) & live)
+        if not clash and spec.bridge in other.get("bridge", []) and nx.link_info(spec.bridge):
+            clash = [spec.bridge]
+        if clash:
+            raise SimError(f"{', '.join(clash)} belong to the simulated cluster at {other.get('root')}",
+                           f"run `sparkctl sim down` on {other.get('root')} first, or use other node names")
 
 
 def _ssh_user(rootless: bool) -> str:
@@ -439,7 +462,9 @@ def _prepare_node(p: SimPaths, spec: ClusterSpec, node: SimNode, rootless: bool)
     nd.home_rc.write_text(
         "# ~/.bashrc of a simulated Spark node (sparkctl sim): kept free of PATH edits so the\n"
         "# session PATH set by sshd's SetEnv (tool shims first) survives non-interactive shells.\n")
-    nd.sshd_config.write_text(_sshd_config(p, node))
+    if rootless:
+        (p.root / "session.sh").write_text(SESSION_WRAPPER)
+    nd.sshd_config.write_text(_sshd_config(p, node, rootless))
 
 
 def session_env(p: SimPaths, node: SimNode) -> dict[str, str]:
@@ -455,9 +480,33 @@ def session_env(p: SimPaths, node: SimNode) -> dict[str, str]:
     }
 
 
-def _sshd_config(p: SimPaths, node: SimNode) -> str:
+# Rootless mode has no mount namespace to hide the login user's ~/.bashrc, which
+# bash sources even for `ssh host cmd` and which often prepends to PATH (pyenv,
+# cargo). sshd runs this via ForceCommand: it restores the SetEnv PATH and runs
+# the client's command in a bash that reads no startup files.
+SESSION_WRAPPER = """#!/bin/sh
+# sparkctl sim (rootless): keep the session PATH from sshd's SetEnv (shims first).
+PATH="$SPARKCTL_SIM_PATH"
+export PATH
+shell=/bin/bash
+[ -x "$shell" ] || shell=/bin/sh
+if [ -z "$SSH_ORIGINAL_COMMAND" ]; then
+    exec "$shell" -i
+fi
+if [ "$shell" = /bin/bash ]; then
+    exec "$shell" --norc --noprofile -c "$SSH_ORIGINAL_COMMAND"
+fi
+exec "$shell" -c "$SSH_ORIGINAL_COMMAND"
+"""
+
+
+def _sshd_config(p: SimPaths, node: SimNode, rootless: bool) -> str:
     nd = p.node(node.name)
-    setenv = " ".join(f'"{k}={v}"' for k, v in session_env(p, node).items())
+    env = session_env(p, node)
+    if rootless:
+        env["SPARKCTL_SIM_PATH"] = env["PATH"]
+    setenv = " ".join(f'"{k}={v}"' for k, v in env.items())
+    extra = [f"ForceCommand /bin/sh {p.root / 'session.sh'}"] if rootless else []
     return "\n".join([
         f"# sparkctl sim: sshd of simulated node {node.name} (SIMULATION ONLY)",
         f"Port {node.ssh_port}",
@@ -477,10 +526,12 @@ def _sshd_config(p: SimPaths, node: SimNode) -> str:
         "X11Forwarding no",
         "MaxStartups 64:30:128",  # sparkctl fans out many sessions at once
         "MaxSessions 64",
-        "Subsystem sftp internal-sftp",
+        # a path, not internal-sftp: under ForceCommand (rootless) the wrapper execs it
+        "Subsystem sftp /usr/lib/openssh/sftp-server",
         # sshd honours only the FIRST SetEnv line: every variable goes on this one.
         # SetEnv overrides sshd's default PATH (verified by tests/sim/test_cluster.py).
         f"SetEnv {setenv}",
+        *extra,
         "",
     ])
 

@@ -104,9 +104,11 @@ def _write(p: Path, state: dict[str, Any]) -> None:
     node sees as /proc/meminfo and /proc/sys/kernel/random/boot_id (bind-mounted
     in its mount namespace), so they are refreshed on every write.
     """
+    from .shims import render_boot_id, render_meminfo  # late: shims imports this module
+
     _atomic_text(p, json.dumps(state, indent=2, sort_keys=True) + "\n")
     # Write in place (not rename): a bind mount pins the inode it was mounted on.
-    for name, text in (("meminfo", render_meminfo(state)), ("boot_id", state["boot_id"] + "\n")):
+    for name, text in (("meminfo", render_meminfo(state)), ("boot_id", render_boot_id(state))):
         with open(p.with_name(name), "w") as fh:
             fh.write(text)
 
@@ -141,26 +143,3 @@ def mem_available_kib(state: dict[str, Any]) -> int:
     held_gib = sum(state["engine_mem_gib"].values()) + state["leaked_mem_gib"]
     return max(0, int(state["mem_idle_available_kib"] - held_gib * 1024 * 1024))
 
-
-def render_meminfo(state: dict[str, Any]) -> str:
-    """A /proc/meminfo in the real layout (key padded to 16, value right-aligned)."""
-    total = int(state["mem_total_kib"])
-    avail = mem_available_kib(state)
-    free = max(0, avail - 37_694_160 // 4)
-    rows = [
-        ("MemTotal", total), ("MemFree", free), ("MemAvailable", avail),
-        ("Buffers", 13_252), ("Cached", 37_694_160 // 4), ("SwapCached", 0),
-        ("Active", 2_043_112), ("Inactive", 9_118_320), ("Unevictable", 24_640),
-        ("Mlocked", 24_640), ("SwapTotal", 16_777_212), ("SwapFree", 16_777_212),
-        ("Dirty", 120), ("Writeback", 0), ("AnonPages", 1_712_244), ("Mapped", 611_484),
-        ("Shmem", 3_028), ("KReclaimable", 477_572), ("Slab", 997_932),
-        ("SReclaimable", 477_572), ("SUnreclaim", 520_360), ("KernelStack", 21_888),
-        ("PageTables", 30_744), ("NFS_Unstable", 0), ("Bounce", 0),
-        ("CommitLimit", 80_577_620), ("Committed_AS", 6_204_332),
-        ("VmallocTotal", 133_141_626_880), ("VmallocUsed", 101_620), ("VmallocChunk", 0),
-        ("Percpu", 27_520), ("CmaTotal", 131_072), ("CmaFree", 69_320),
-    ]
-    lines = [f"{k + ':':<16}{v:>8} kB" for k, v in rows]
-    lines += ["HugePages_Total:       0", "HugePages_Free:        0", "Hugepagesize:       2048 kB",
-              "Hugetlb:               0 kB"]
-    return "\n".join(lines) + "\n"

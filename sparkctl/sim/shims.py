@@ -36,9 +36,11 @@ import sys
 import time
 import zlib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from sparkctl.sim import nodestate
 
 State = dict[str, Any]
 
@@ -255,7 +257,7 @@ def _smi_timestamp(now: float) -> str:
 
 
 def _proc_name_cell(name: str) -> str:
-    return name if len(name) <= 31 else "..." + name[-28:]
+    return name if len(name) <= 32 else "..." + name[-29:]
 
 
 def render_smi_table(
@@ -305,8 +307,8 @@ def _mhz(v: int) -> tuple[str, str]:
 _NA = ("[N/A]", "[N/A]")
 
 
-def _query_fields(state: State, now: float) -> dict[str, tuple[str, str, Any]]:
-    """Canonical query-gpu field -> (header unit suffix, aliases, value getter)."""
+def _query_fields(state: State, now: float) -> dict[str, tuple[str, tuple[str, ...], tuple[str, str]]]:
+    """Canonical query-gpu field -> (header unit suffix, aliases, (nounits value, units value))."""
     gpu = state["gpu"]
     s = gpu_sample(state, now)
     app = gpu["default_app_mhz"]
@@ -357,7 +359,7 @@ def _query_fields(state: State, now: float) -> dict[str, tuple[str, str, Any]]:
         "clocks_event_reasons.active": ("", ("clocks_throttle_reasons.active",), (f"0x{s.reasons:016x}",) * 2),
         "clocks_event_reasons.supported": ("", ("clocks_throttle_reasons.supported",), ("0x00000000000001ff",) * 2),
     }
-    return {k: (v[0], v[1], v[2]) for k, v in table.items()}
+    return table
 
 
 def _csv_query(
@@ -1207,8 +1209,6 @@ def apt_mark(state: State, args: Sequence[str], *, euid: int) -> ToolResult:
 
 def render_meminfo(state: State) -> str:
     """A full arm64 6.17 ``/proc/meminfo`` whose MemAvailable follows the state."""
-    from sparkctl.sim import nodestate
-
     total = int(state["mem_total_kib"])
     avail = nodestate.mem_available_kib(state)
     engines_kib = int((sum(state["engine_mem_gib"].values()) + state["leaked_mem_gib"]) * 1024 * 1024)
@@ -1420,27 +1420,37 @@ def ib_write_bw(state: State, args: Sequence[str], netdevs: Netdevs) -> ToolResu
 # --------------------------------------------------------------------------
 
 
-def read_netdevs(names: Sequence[str] = tuple(BDF_OF_NETDEV), sys_class_net: str = "/sys/class/net") -> dict[str, Netdev]:
-    """Operstate/MTU from sysfs and IPv4 from ``ip -j -4 addr show`` in the
-    CURRENT network namespace. Missing netdevs are left out."""
-    addrs: dict[str, list[tuple[str, int]]] = {}
+def read_netdevs(
+    names: Sequence[str] = tuple(BDF_OF_NETDEV), sys_class_net: str = "/sys/class/net"
+) -> dict[str, Netdev]:
+    """Operstate/MTU from sysfs and IPv4 from ``ip -j addr show`` in the CURRENT
+    network namespace. Missing netdevs are left out.
+
+    sysfs shows the namespace's devices only when it was mounted inside that
+    namespace (``ip netns exec`` does so; a bare ``unshare -n`` does not), so a
+    netdev absent from sysfs but known to netlink takes netlink's operstate/MTU.
+    """
+    links: dict[str, dict[str, Any]] = {}
     try:
-        raw = subprocess.run(["ip", "-j", "-4", "addr", "show"], capture_output=True, text=True, timeout=5).stdout
-        for link in json.loads(raw or "[]"):
-            addrs[link.get("ifname", "")] = [
-                (a["local"], int(a.get("prefixlen", 32))) for a in link.get("addr_info", []) if a.get("family") == "inet"
-            ]
+        raw = subprocess.run(["ip", "-j", "addr", "show"], capture_output=True, text=True, timeout=5).stdout
+        links = {link.get("ifname", ""): link for link in json.loads(raw or "[]")}
     except (OSError, ValueError, subprocess.TimeoutExpired):
         pass
     out = {}
     for n in names:
+        link = links.get(n, {})
+        ipv4 = tuple(
+            (a["local"], int(a.get("prefixlen", 32))) for a in link.get("addr_info", []) if a.get("family") == "inet"
+        )
         base = Path(sys_class_net) / n
         try:
             oper = (base / "operstate").read_text().strip()
             mtu = int((base / "mtu").read_text().strip())
         except (OSError, ValueError):
-            continue
-        out[n] = Netdev(name=n, operstate=oper, mtu=mtu, ipv4=tuple(addrs.get(n, ())))
+            if not link or "operstate" not in link:
+                continue
+            oper, mtu = str(link["operstate"]).lower(), int(link.get("mtu", 1500))
+        out[n] = Netdev(name=n, operstate=oper, mtu=mtu, ipv4=ipv4)
     return out
 
 
@@ -1522,8 +1532,6 @@ def run_tool(tool: str, state: State, args: Sequence[str], *, now: float, euid: 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python3 -m sparkctl.sim.shims TOOL ARGS...``: the only impure entry."""
-    from sparkctl.sim import nodestate
-
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] not in TOOLS:
         sys.stderr.write(f"usage: python3 -m sparkctl.sim.shims {{{','.join(TOOLS)}}} ARGS...\n")
@@ -1557,9 +1565,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             os.execv(exe, list(res.exec_argv))
         sys.stderr.write(f"{tool}: option not simulated: {' '.join(args)}\n")
         return 64
-    sys.stdout.write(res.stdout)
+    try:
+        sys.stdout.write(res.stdout)
+        sys.stdout.flush()
+    except BrokenPipeError:  # `nvidia-smi | head -1`
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     sys.stderr.write(res.stderr)
-    sys.stdout.flush()
     return res.exit_code
 
 

@@ -7,11 +7,14 @@ also when a test fails.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import shutil
 import socket
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -83,9 +86,26 @@ def assert_no_traces(root: Path, namespaces: list[str]) -> None:
     for ns in namespaces:
         assert ns not in listed
     links = subprocess.run(["ip", "-br", "link"], capture_output=True, text=True).stdout
-    assert "spkv-" not in links
+    for ns in namespaces:
+        assert cluster.host_veth_name(ns.removeprefix("sparkctl-")) not in links
     assert processes_mentioning(root) == []
     assert not root.exists()
+
+
+@contextlib.contextmanager
+def host_sim_lock() -> Iterator[None]:
+    """Serialise root-mode sims across concurrent pytest runs on this host.
+
+    Namespace names (sparkctl-<node>), the bridge and 10.201.0.0/24 are host-wide,
+    so two runs of these tests at once would collide.
+    """
+    cluster.LEDGER_DIR.mkdir(mode=0o700, parents=True, exist_ok=True)
+    with open(cluster.LEDGER_DIR / "e2e-tests.lock", "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 @pytest.fixture(scope="module")
@@ -94,11 +114,12 @@ def ring(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Clust
         pytest.skip("needs root and openssh-server/iproute2/iputils-ping")
     root = tmp_path_factory.mktemp("ring") / "sim"
     spec = ring_spec()
-    try:
-        cluster.up(spec, root)
-        yield root, spec
-    finally:
-        cluster.down(root)
+    with host_sim_lock():
+        try:
+            cluster.up(spec, root)
+            yield root, spec
+        finally:
+            cluster.down(root)
 
 
 # --- the ring -----------------------------------------------------------------
@@ -134,6 +155,18 @@ def test_sessions_get_shims_first_on_path_and_sim_env(ring: tuple[Path, ClusterS
     assert state == str(root / "nodes/spark-b/state.json")
     assert run_dir == str(root / "nodes/spark-b/run")
     assert (unit_dir, pypath, node) == ("/etc/systemd/system", str(root / "pkgs"), "spark-b")
+    _scp_roundtrip(root, "spark-b", "/etc/sparkctl/copied")  # sftp works (fabric's put/get)
+    assert (root / "nodes/spark-b/fs/etc/sparkctl/copied").read_text() == "payload\n"
+
+
+def _scp_roundtrip(root: Path, node: str, remote: str) -> None:
+    src = root.parent / "payload.txt"
+    src.write_text("payload\n")
+    argv = cluster.ssh_argv(root, node)
+    opts, target = argv[1:-1], argv[-1]
+    opts = ["-P" if o == "-p" else o for o in opts]
+    cp = subprocess.run(["scp", *opts, str(src), f"{target}:{remote}"], capture_output=True, text=True, timeout=20)
+    assert cp.returncode == 0, cp.stderr
 
 
 @pytest.mark.e2e
@@ -306,6 +339,11 @@ def _pair_spec(**kw: object) -> ClusterSpec:
 def test_down_after_crash(tmp_path: Path, lose_ledger: bool) -> None:
     root = tmp_path / "sim"
     namespaces = ["sparkctl-crash-x", "sparkctl-crash-y"]
+    with host_sim_lock():
+        _crash_and_recover(root, namespaces, lose_ledger)
+
+
+def _crash_and_recover(root: Path, namespaces: list[str], lose_ledger: bool) -> None:
     try:
         cluster.up(_pair_spec(), root)
         ledger = cluster.SimPaths(root).ledger
@@ -318,7 +356,13 @@ def test_down_after_crash(tmp_path: Path, lose_ledger: bool) -> None:
                 pytest.skip(f"another sim is running ({foreign}); a prefix scan would remove it")
             ledger.unlink()
         pid = cluster.status(root).node("crash-x").sshd_pid
-        shutil.rmtree(root)  # the crash: the root is gone, namespaces and sshd remain
+        # The crash: the root is gone, namespaces and sshd remain. sshd re-execs per
+        # connection and reopens its -E log, so a probe can recreate a file mid-rmtree.
+        for _ in range(50):
+            shutil.rmtree(root, ignore_errors=True)
+            if not root.exists():
+                break
+            time.sleep(0.1)
         assert pid is not None and Path(f"/proc/{pid}").exists()
         cluster.down(root)
         assert_no_traces(root, namespaces)
@@ -350,6 +394,8 @@ def test_rootless_mode(tmp_path: Path) -> None:
             out = ssh(root, node.name, 'echo "$SPARKCTL_SIM_NODE"; echo "$PATH"')
             name, path = out.splitlines()
             assert name == node.name and path.split(":")[0] == str(root / "bin")
+        _scp_roundtrip(root, "loop-1", str(tmp_path / "copied"))
+        assert (tmp_path / "copied").read_text() == "payload\n"
         with pytest.raises(SimError):
             cluster.link_down(root, "loop-0", P0[0])
         cluster.warm_reboot(root, "loop-1")

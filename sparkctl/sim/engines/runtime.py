@@ -296,7 +296,7 @@ class _Run:
         work = asyncio.create_task(self._serve())
         stopper = asyncio.create_task(stop.wait())
         done, _ = await asyncio.wait({work, stopper}, return_when=asyncio.FIRST_COMPLETED)
-        if work in done:
+        if work in done and self.stop_signal is None:
             stopper.cancel()
             return work.result()
         work.cancel()

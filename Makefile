@@ -1,0 +1,22 @@
+# The two set-up commands of the README, and what they need on a fresh Debian machine.
+#   make demo   - the main job: the whole tour on the SIMULATED 4-node ring
+#   make test   - the test suite (unit tests + end-to-end tests on the simulated cluster)
+PY ?= python3
+APT_PACKAGES = openssh-server openssh-client iproute2 iputils-ping procps psmisc curl ethtool
+
+.PHONY: setup demo test
+
+setup:
+	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	  if [ -n "$$missing" ]; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; \
+	  fi; \
+	else echo "not root: skipping Debian packages ($(APT_PACKAGES)); the simulated cluster runs in its degraded rootless mode"; fi
+	$(PY) -m pip install -q -e '.[test,sim,plots]'
+
+demo: setup
+	sparkctl demo
+
+test: setup
+	$(PY) -m pytest -q
