@@ -121,18 +121,25 @@ class Engine:
         delay = t - asyncio.get_running_loop().time()
         await asyncio.sleep(delay if delay > 0 else 0)
 
-    async def _while_wedged(self) -> bool:
-        """Hang while the engine is wedged; True if it was."""
+    async def _while_wedged(self, gone: Callable[[], bool]) -> bool:
+        """Hang while the engine is wedged; True if it was. Gives up when the client left."""
         waited = False
         while self.perf_state().wedged:
+            if gone():
+                raise ConnectionResetError("client went away while the engine was wedged")
             waited = True
             await asyncio.sleep(0.25)
         return waited
 
-    async def run(self, req: Request, emit: Callable[[int, str], Any]) -> int:
-        """Prefill then decode ``req``, awaiting ``emit(i, text)`` per token; returns cached tokens."""
+    async def run(
+        self, req: Request, emit: Callable[[int, str], Any], gone: Callable[[], bool] = lambda: False
+    ) -> int:
+        """Prefill then decode ``req``, awaiting ``emit(i, text)`` per token; returns cached tokens.
+
+        ``gone()`` tells whether the client disconnected (raises ConnectionResetError then).
+        """
         loop = asyncio.get_running_loop()
-        await self._while_wedged()
+        await self._while_wedged(gone)
         st = self.perf_state()
         n = len(req.tokens)
         cached = self.cache.lookup(req.tokens) if self.cfg.prefix_caching else 0
@@ -149,7 +156,7 @@ class Engine:
         pieces = req.answer.pieces
         if not pieces:
             return cached
-        if await self._while_wedged():
+        if await self._while_wedged(gone):
             first_at = loop.time()
         self.decoding += 1
         try:
@@ -161,8 +168,10 @@ class Engine:
             for i in range(1, len(pieces)):
                 st = self.perf_state()
                 if st.wedged:
-                    await self._while_wedged()
+                    await self._while_wedged(gone)
                     anchor_t, anchor_i = loop.time(), i - 1
+                if not req.stream and i % 16 == 0 and gone():
+                    raise ConnectionResetError("client went away")
                 g = self.gap_s(st.stale)
                 if g != gap:
                     anchor_t, anchor_i, gap = due, i - 1, g
@@ -337,11 +346,19 @@ async def _generate(request: web.Request, chat: bool) -> web.StreamResponse:
         return {"index": 0, "text": text, "logprobs": None, "finish_reason": fin,
                 "stop_reason": req.answer.stop_reason if fin else None}
 
+    def gone() -> bool:
+        t = request.transport
+        return t is None or t.is_closing()
+
     if not req.stream:
         async def ignore(i: int, text: str) -> None:
             return None
 
-        cached = await engine.run(req, ignore)
+        try:
+            cached = await engine.run(req, ignore, gone)
+        except ConnectionResetError:
+            engine.finished["abort"] += 1
+            return web.Response(status=499)  # nginx's "client closed request"; nobody reads it
         engine.finished[finish] += 1
         text = req.answer.text
         ch: dict[str, Any]
@@ -369,7 +386,7 @@ async def _generate(request: web.Request, chat: bool) -> web.StreamResponse:
                     "choices": [choice(text, fin, i == 0)]})
 
     try:
-        cached = await engine.run(req, emit)
+        cached = await engine.run(req, emit, gone)
         engine.finished[finish] += 1
         if req.include_usage:
             await send({"id": rid, "object": chunk_obj, "created": created, "model": name,
@@ -496,6 +513,8 @@ async def get_model_info(request: web.Request) -> web.Response:
 async def access_log(request: web.Request, handler: Callable[[web.Request], Any]) -> web.StreamResponse:
     engine = request.app[ENGINE_KEY]
     status = 500
+    peername = request.transport.get_extra_info("peername") if request.transport else None
+    port = peername[1] if isinstance(peername, tuple) and len(peername) > 1 else 0
     try:
         resp = await handler(request)
         status = resp.status
@@ -506,7 +525,6 @@ async def access_log(request: web.Request, handler: Callable[[web.Request], Any]
     finally:
         engine.http[(request.path, status)] += 1
         peer = request.remote or "-"
-        port = (request.transport.get_extra_info("peername") or (None, 0))[1] if request.transport else 0
         line = f'{peer}:{port} - "{request.method} {request.path_qs} HTTP/{request.version.major}.{request.version.minor}" {status}'
         if engine.cfg.engine in ("vllm", "sglang"):
             engine.log.uvicorn(line + (" OK" if status == 200 else ""))
@@ -529,7 +547,10 @@ def build_app(engine: Engine) -> web.Application:
     app = web.Application(middlewares=[access_log], client_max_size=64 * 1024 * 1024)
     app[ENGINE_KEY] = engine
     for method, path, fn in ROUTES:
-        app.router.add_route(method, path, fn)
+        if method == "GET":
+            app.router.add_get(path, fn)  # GET and HEAD
+        else:
+            app.router.add_route(method, path, fn)
     if engine.cfg.engine == "sglang":
-        app.router.add_route("GET", "/get_model_info", get_model_info)
+        app.router.add_get("/get_model_info", get_model_info)
     return app

@@ -1,0 +1,452 @@
+"""The bench runner's streaming client for OpenAI-compatible endpoints.
+
+Owns sending ``/v1/completions`` and ``/v1/chat/completions`` requests with
+``stream: true`` and ``stream_options.include_usage``, reading the SSE byte
+stream with its own frame splitter (no line-length limit: a 1 MB frame is just
+a long frame), and recording every observation as an
+:class:`~sparkctl.bench.events.Event` stamped with ``time.perf_counter()`` the
+moment the read returned, before any parsing. Every request ends as a
+:class:`~sparkctl.bench.events.RequestResult` with exactly one status:
+
+``ok`` | ``http_error`` (``http_status`` set) | ``malformed_sse`` |
+``error_mid_stream`` | ``disconnected`` | ``timeout``.
+
+Expected failures are values, never exceptions, so a batch keeps the results
+of the requests that succeeded. Connection failures (refused, reset before a
+status line) are reported as ``disconnected`` with ``detail`` saying
+``connect``.
+
+Must not: compute metrics (that is :mod:`sparkctl.bench.metrics`), write files
+(the caller writes :func:`~sparkctl.bench.events.result_to_jsonl`), print, or
+read proxy settings from the environment unless asked (``trust_env``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import httpx
+
+from sparkctl.bench.events import Event, RequestResult, Status
+
+Endpoint = Literal["completions", "chat"]
+_PATHS: dict[str, str] = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
+_ERROR_BODY_MAX = 4096
+
+
+def new_salt() -> str:
+    """A short random line: 16 hex digits and a newline (one whitespace word)."""
+    return secrets.token_hex(8) + "\n"
+
+
+@dataclass(frozen=True)
+class RequestSpec:
+    """One request to send. ``prompt`` for ``completions``, ``messages`` for ``chat``.
+
+    ``salt=True`` puts a fresh random line at the very start of the prompt (the
+    first message's content for chat), so no request can read another's prefix
+    cache. ``extra_body`` is merged last into the JSON body (e.g.
+    ``{"ignore_eos": true}`` or a server's thinking switch).
+    """
+
+    endpoint: Endpoint
+    model: str
+    max_tokens: int
+    prompt: str = ""
+    messages: tuple[Mapping[str, str], ...] = ()
+    temperature: float = 0.0
+    seed: int | None = 0
+    salt: bool = True
+    extra_body: Mapping[str, Any] = field(default_factory=dict)
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+    def body(self, salt: str) -> dict[str, Any]:
+        """The JSON body, with ``salt`` ("" for none) at the start of the prompt."""
+        b: dict[str, Any] = {
+            "model": self.model,
+            "max_tokens": self.max_tokens,
+            "temperature": self.temperature,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        if self.seed is not None:
+            b["seed"] = self.seed
+        if self.endpoint == "completions":
+            b["prompt"] = salt + self.prompt
+        else:
+            msgs = [dict(m) for m in self.messages]
+            if not msgs:
+                raise ValueError("a chat request needs at least one message")
+            msgs[0]["content"] = salt + msgs[0].get("content", "")
+            b["messages"] = msgs
+        b.update(self.extra_body)
+        return b
+
+
+# -- SSE framing -----------------------------------------------------------------
+
+
+class SSESplitter:
+    """Split an SSE byte stream into frames (the text between blank lines).
+
+    Accepts ``\\n``, ``\\r\\n`` and ``\\r`` line ends, frames split across reads,
+    and frames of any length; the scan resumes where it stopped, so a long
+    frame arriving in many reads costs linear time.
+    """
+
+    def __init__(self) -> None:
+        self._buf = bytearray()
+        self._scan_from = 0
+        self._pending_cr = False
+
+    def feed(self, data: bytes) -> list[bytes]:
+        if self._pending_cr:
+            data = b"\r" + data
+            self._pending_cr = False
+        if data.endswith(b"\r"):
+            # a CR at the end may be the first half of CRLF: decide with the next read
+            data, self._pending_cr = data[:-1], True
+        if b"\r" in data:
+            data = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+        self._buf += data
+        frames: list[bytes] = []
+        start = 0
+        scan = max(self._scan_from - 1, 0)
+        while True:
+            i = self._buf.find(b"\n\n", scan)
+            if i < 0:
+                break
+            frames.append(bytes(self._buf[start:i]))
+            start = scan = i + 2
+        if start:
+            del self._buf[:start]
+        self._scan_from = len(self._buf)
+        return frames
+
+    def flush(self) -> bytes:
+        """What is left without a closing blank line (a truncated frame), and reset."""
+        rest = bytes(self._buf) + (b"\r" if self._pending_cr else b"")
+        self._buf.clear()
+        self._scan_from = 0
+        self._pending_cr = False
+        return rest.strip(b"\r\n")
+
+
+@dataclass(frozen=True)
+class SSEFrame:
+    event: str
+    data: str | None  # None: the frame had no data field (comment / keep-alive)
+
+
+def parse_frame(frame: bytes) -> SSEFrame:
+    """The ``event`` name and the joined ``data`` lines of one frame (SSE spec rules)."""
+    event = "message"
+    data: list[str] = []
+    for raw in frame.decode("utf-8", errors="replace").split("\n"):
+        if not raw or raw.startswith(":"):
+            continue
+        name, sep, value = raw.partition(":")
+        if sep and value.startswith(" "):
+            value = value[1:]
+        if name == "data":
+            data.append(value)
+        elif name == "event":
+            event = value
+    return SSEFrame(event, "\n".join(data) if data else None)
+
+
+class _Malformed(Exception):
+    pass
+
+
+class _StreamState:
+    """Turns frames into events; decides ``malformed_sse`` and ``error_mid_stream``."""
+
+    def __init__(self, endpoint: Endpoint, events: list[Event]) -> None:
+        self.endpoint = endpoint
+        self.events = events
+        self.done = False
+        self.finish_seen = False
+        self.error: tuple[Status, str] | None = None
+        self._last_usage_completion: int | None = None
+
+    def frame(self, frame: bytes, t: float) -> None:
+        f = parse_frame(frame)
+        if f.data is None:
+            return
+        if f.data.strip() == "[DONE]":
+            self.events.append(Event(t, "done", raw_len=len(frame)))
+            self.done = True
+            return
+        try:
+            obj = json.loads(f.data)
+        except ValueError as exc:
+            raise _Malformed(f"data is not JSON ({exc}): {f.data[:80]!r}") from None
+        if not isinstance(obj, dict):
+            raise _Malformed(f"data is not a JSON object: {f.data[:80]!r}")
+        if f.event == "error" or "error" in obj:
+            err = obj.get("error", obj)
+            msg = err.get("message", "") if isinstance(err, dict) else str(err)
+            self.error = ("error_mid_stream", f"server error in stream: {str(msg)[:200]}")
+            return
+        choices = obj.get("choices")
+        usage = obj.get("usage")
+        if choices is None and usage is None:
+            raise _Malformed(f"chunk has neither choices nor usage: {f.data[:80]!r}")
+        if choices is not None and not isinstance(choices, list):
+            raise _Malformed("choices is not a list")
+        if usage is not None and not isinstance(usage, dict):
+            raise _Malformed("usage is not an object")
+        usage_completion = _int_or_none(usage.get("completion_tokens")) if usage else None
+        if choices:
+            c0 = choices[0]
+            if not isinstance(c0, dict):
+                raise _Malformed("choice is not an object")
+            text = self._text(c0)
+            hint = _logprob_count(c0)
+            if hint == 0 and usage_completion is not None and text:
+                # per-chunk ("continuous") usage: the growth is what this chunk carried
+                hint = usage_completion - (self._last_usage_completion or 0)
+                hint = max(hint, 0)
+            if c0.get("finish_reason"):
+                self.finish_seen = True
+            self.events.append(Event(t, "chunk", n_text_chars=len(text), n_content_tokens_hint=hint, raw_len=len(frame)))
+        if usage:
+            self.events.append(
+                Event(
+                    t,
+                    "usage",
+                    raw_len=len(frame) if not choices else 0,
+                    prompt_tokens=_int_or_none(usage.get("prompt_tokens")),
+                    completion_tokens=usage_completion,
+                )
+            )
+            if usage_completion is not None:
+                self._last_usage_completion = usage_completion
+
+    def _text(self, choice: dict[str, Any]) -> str:
+        if self.endpoint == "completions":
+            text = choice.get("text") or ""
+        else:
+            delta = choice.get("delta") or {}
+            if not isinstance(delta, dict):
+                raise _Malformed("delta is not an object")
+            # reasoning text is generated text too (it is in usage.completion_tokens)
+            text = (delta.get("content") or "") + (delta.get("reasoning_content") or delta.get("reasoning") or "")
+        if not isinstance(text, str):
+            raise _Malformed("text is not a string")
+        return text
+
+
+def _int_or_none(v: Any) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+
+def _logprob_count(choice: dict[str, Any]) -> int:
+    lp = choice.get("logprobs")
+    if isinstance(lp, dict):
+        for key in ("content", "tokens"):
+            seq = lp.get(key)
+            if isinstance(seq, list):
+                return len(seq)
+    return 0
+
+
+# -- the client ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ClientTimeouts:
+    """Separate limits, in seconds. ``read_s`` is the longest silence between two
+    reads (it must exceed the longest TTFT you expect); ``request_s`` bounds a
+    whole request. Either ending a request classifies it ``timeout``."""
+
+    connect_s: float = 10.0
+    read_s: float = 600.0
+    write_s: float = 30.0
+    request_s: float = 3600.0
+
+
+class BenchClient:
+    """Async streaming client; one per (base URL, concurrency).
+
+    Use as ``async with BenchClient(url, concurrency=16) as c: await c.run_batch(specs)``.
+    The connection pool holds ``concurrency`` HTTP/1.1 connections; call
+    :meth:`warm_up` before timing so no measured request pays for a TCP connect.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        concurrency: int,
+        timeouts: ClientTimeouts = ClientTimeouts(),
+        api_key: str | None = None,
+        trust_env: bool = False,
+    ) -> None:
+        if concurrency < 1:
+            raise ValueError("concurrency must be >= 1")
+        self.base_url = base_url.rstrip("/")
+        self.concurrency = concurrency
+        self.timeouts = timeouts
+        headers = {"Accept": "text/event-stream", "Accept-Encoding": "identity"}
+        if api_key:
+            headers["Authorization"] = f"Bearer {api_key}"
+        self._client = httpx.AsyncClient(
+            http1=True,
+            http2=False,
+            limits=httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency),
+            timeout=httpx.Timeout(connect=timeouts.connect_s, read=timeouts.read_s, write=timeouts.write_s, pool=None),
+            headers=headers,
+            trust_env=trust_env,
+        )
+        self._seq = 0
+
+    async def __aenter__(self) -> BenchClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+    async def warm_up(self, spec: RequestSpec) -> list[RequestResult]:
+        """Fill the pool: ``concurrency`` copies of ``spec`` released together."""
+        return await self.run_batch([spec] * self.concurrency)
+
+    async def run_batch(self, specs: Sequence[RequestSpec]) -> list[RequestResult]:
+        """Release all ``specs`` together (behind one gate); results in the same order."""
+        gate = asyncio.Event()
+
+        async def one(spec: RequestSpec) -> RequestResult:
+            await gate.wait()
+            return await self.request(spec)
+
+        tasks = [asyncio.create_task(one(s)) for s in specs]
+        await asyncio.sleep(0)  # every task reaches the gate before it opens
+        gate.set()
+        return list(await asyncio.gather(*tasks))
+
+    async def request(self, spec: RequestSpec, request_id: str | None = None) -> RequestResult:
+        """Send one streamed request and record it. Never raises for an expected failure."""
+        self._seq += 1
+        rid = request_id or f"r{self._seq:06d}"
+        salt = new_salt() if spec.salt else ""
+        content = json.dumps(spec.body(salt)).encode()
+        events: list[Event] = []
+        status_code: int | None = None
+
+        def result(status: Status, detail: str = "") -> RequestResult:
+            if status != "ok":
+                events.append(Event(time.perf_counter(), "error", detail=f"{status}: {detail}"))
+            return RequestResult(
+                request_id=rid,
+                status=status,
+                events=tuple(events),
+                http_status=status_code,
+                detail=detail,
+                salt=salt,
+                endpoint=spec.endpoint,
+                labels=dict(spec.labels),
+            )
+
+        req = self._client.build_request("POST", self.base_url + _PATHS[spec.endpoint], content=content,
+                                         headers={"Content-Type": "application/json"})
+        state = _StreamState(spec.endpoint, events)
+        try:
+            async with asyncio.timeout(self.timeouts.request_s):
+                events.append(Event(time.perf_counter(), "sent", raw_len=len(content)))
+                resp = await self._client.send(req, stream=True)
+                try:
+                    events.append(Event(time.perf_counter(), "headers"))
+                    status_code = resp.status_code
+                    if resp.status_code != 200:
+                        body = b""
+                        async for part in resp.aiter_raw():
+                            body += part
+                            if len(body) >= _ERROR_BODY_MAX:
+                                break
+                        return result("http_error", f"HTTP {resp.status_code}: {body[:300].decode(errors='replace')}")
+                    encoded = resp.headers.get("content-encoding", "identity").lower() not in ("", "identity")
+                    reader = resp.aiter_bytes() if encoded else resp.aiter_raw()
+                    splitter = SSESplitter()
+                    first = True
+                    async for data in reader:
+                        t = time.perf_counter()  # stamp before any parsing
+                        if first:
+                            events.append(Event(t, "first_byte", raw_len=len(data)))
+                            first = False
+                        for frame in splitter.feed(data):
+                            state.frame(frame, t)
+                            if state.error is not None:
+                                return result(*state.error)
+                            if state.done:
+                                break
+                        if state.done:
+                            break
+                    if state.done:
+                        # read the chunked terminator too, so the connection goes back to the pool
+                        async for _ in reader:
+                            pass
+                        return result("ok")
+                    rest = splitter.flush()
+                    if rest:
+                        return result("disconnected", f"stream ended inside a frame ({len(rest)} bytes unterminated)")
+                    if state.finish_seen:
+                        return result("ok", "stream ended after finish_reason without [DONE]")
+                    return result("disconnected", "stream ended without [DONE]")
+                finally:
+                    await resp.aclose()
+        except _Malformed as exc:
+            return result("malformed_sse", str(exc))
+        except (TimeoutError, httpx.TimeoutException) as exc:
+            return result("timeout", f"{type(exc).__name__}: {exc}".rstrip(": "))
+        except httpx.ConnectError as exc:
+            return result("disconnected", f"connect failed: {exc}")
+        except (httpx.NetworkError, httpx.RemoteProtocolError) as exc:
+            return result("disconnected", f"{type(exc).__name__}: {exc}")
+
+
+# -- event-loop lag ----------------------------------------------------------------
+
+
+class LoopLagProbe:
+    """A ticker that wakes every ``period_s`` and records how late it woke.
+
+    The lateness is how long the event loop was busy with something else, i.e.
+    how much any timestamp the client took could have been delayed. Run it
+    beside a measurement: ``async with LoopLagProbe() as lag: ...``; then
+    ``lag.samples_s``.
+    """
+
+    def __init__(self, period_s: float = 0.001) -> None:
+        self.period_s = period_s
+        self.samples_s: list[float] = []
+        self._task: asyncio.Task[None] | None = None
+
+    async def _run(self) -> None:
+        target = time.perf_counter() + self.period_s
+        while True:
+            await asyncio.sleep(max(target - time.perf_counter(), 0.0))
+            now = time.perf_counter()
+            self.samples_s.append(max(now - target, 0.0))
+            target = now + self.period_s
+
+    async def __aenter__(self) -> LoopLagProbe:
+        self._task = asyncio.create_task(self._run())
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
