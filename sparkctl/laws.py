@@ -117,7 +117,7 @@ def _unreadable(law: str, node: str, what: str, f: Any) -> Verdict | None:
         return None
     why = getattr(f, "unreadable", {}).get(what)
     if why:
-        return Verdict(law, node, FAIL, "unreadable", what, f"cannot read {what} on node {node}: {why}")
+        return Verdict(law, node, FAIL, "unreadable", what, why)
     return None
 
 
@@ -242,6 +242,10 @@ def check_memory(ctx: Context) -> list[Verdict]:
 
 
 def check_clock(ctx: Context) -> list[Verdict]:
+    """The 580 driver does not report an applied ``-lgc`` lock, so the lock is
+    judged from sparkctl's record (boot id + cap, written when it locked the
+    clock, by the remedy or by sparkctl-clock-cap.service at boot) against the
+    node's current boot id, and from evidence: a busy GPU above the cap."""
     cap = ctx.profile.laws.clock_cap_mhz
     out = []
     for node in ctx.nodes:
@@ -252,19 +256,28 @@ def check_clock(ctx: Context) -> list[Verdict]:
         if u:
             out.append(u)
             continue
-        lock = f.gpu.clock_lock_max_mhz if f.gpu else None
+        rec = getattr(f, "clock_lock_record", None)
+        in_force = rec is not None and rec[0] == f.boot_id
+        locked_cap = rec[1] if in_force else None
+        sm = f.gpu.sm_mhz if f.gpu else None
         if cap is None:
-            out.append(Verdict("clock_cap", node, WARN if lock else OK, f"lock {lock} MHz" if lock else "no lock",
-                               "uncapped", f"sudo nvidia-smi -rgc on {node}" if lock else ""))
-        elif lock is None:
-            out.append(Verdict("clock_cap", node, FAIL, "no clock lock", f"0,{cap} MHz",
-                               f"the lock does not survive a reboot: `sparkctl check --fix` runs nvidia-smi -lgc 0,{cap} "
-                               f"on {node} (or enable sparkctl-clock-cap.service)"))
-        elif not (cap - CLOCK_LOCK_SLACK_MHZ <= lock <= cap):
-            out.append(Verdict("clock_cap", node, FAIL, f"lock {lock} MHz", f"0,{cap} MHz",
-                               f"`sparkctl check --fix` re-applies nvidia-smi -lgc 0,{cap} on {node}"))
+            out.append(Verdict("clock_cap", node, WARN if locked_cap else OK,
+                               f"lock 0,{locked_cap} MHz" if locked_cap else "no lock", "uncapped",
+                               f"sudo nvidia-smi -rgc on {node}" if locked_cap else ""))
+            continue
+        fix = (f"`sparkctl check --fix` runs nvidia-smi -lgc 0,{cap} on {node} "
+               "(and enable sparkctl-clock-cap.service so it comes back after a reboot)")
+        if rec is not None and not in_force:
+            out.append(Verdict("clock_cap", node, FAIL, "lock lost: the node rebooted since it was applied",
+                               f"0,{cap} MHz", "the lock does not survive a reboot: " + fix))
+        elif locked_cap is None:
+            out.append(Verdict("clock_cap", node, FAIL, "no clock lock applied", f"0,{cap} MHz", fix))
+        elif locked_cap != cap:
+            out.append(Verdict("clock_cap", node, FAIL, f"lock 0,{locked_cap} MHz", f"0,{cap} MHz", fix))
+        elif sm is not None and sm > cap + CLOCK_LOCK_SLACK_MHZ:
+            out.append(Verdict("clock_cap", node, FAIL, f"SM clock {sm} MHz above the lock", f"<= {cap} MHz", fix))
         else:
-            out.append(Verdict("clock_cap", node, OK, f"lock {lock} MHz", f"0,{cap} MHz"))
+            out.append(Verdict("clock_cap", node, OK, f"lock 0,{cap} MHz (SM {sm} MHz)", f"0,{cap} MHz"))
     return out
 
 
@@ -273,8 +286,21 @@ def remedy_clock(ctx: Context, verdicts: list[Verdict]) -> Remedy | None:
     bad = [v for v in verdicts if v.failed]
     if cap is None or not bad:
         return None
-    return Remedy("clock_cap", True, {v.node: (f"nvidia-smi -lgc 0,{cap}",) for v in bad},
-                  readback="nvidia-smi -q -d CLOCK", text=f"lock the GPU clock at 0,{cap} MHz and read it back")
+    return Remedy("clock_cap", True, {v.node: clock_lock_commands(cap, ctx.inventory.node(v.node).prefix) for v in bad},
+                  readback="nvidia-smi --query-gpu=clocks.sm,clocks_event_reasons.active --format=csv,noheader",
+                  text=f"lock the GPU clock at 0,{cap} MHz, record it for this boot, read it back")
+
+
+def clock_lock_commands(cap: int, prefix: str = "/") -> tuple[str, ...]:
+    """Lock the clock, then record (boot id, cap): the driver does not report the lock."""
+    import shlex
+
+    rec = (prefix.rstrip("/") or "") + "/var/lib/sparkctl/clock-lock"
+    return (
+        f"nvidia-smi -lgc 0,{int(cap)}",
+        f"mkdir -p {shlex.quote(rec.rsplit('/', 1)[0])} && "
+        f"printf '%s %s\\n' \"$(cat /proc/sys/kernel/random/boot_id)\" {int(cap)} > {shlex.quote(rec)}",
+    )
 
 
 # --------------------------------------------------------------------------- fabric

@@ -344,6 +344,9 @@ class BenchClient:
         status_code: int | None = None
 
         def result(status: Status, detail: str = "") -> RequestResult:
+            if not any(e.kind == "sent" for e in events):
+                # never fully written (connect failed, ...): the release time stands in
+                events.insert(0, Event(t_release, "sent", raw_len=len(content), detail="not written"))
             if status != "ok":
                 events.append(Event(time.perf_counter(), "error", detail=f"{status}: {detail}"))
             return RequestResult(
@@ -354,15 +357,25 @@ class BenchClient:
                 detail=detail,
                 salt=salt,
                 endpoint=spec.endpoint,
+                t_release_s=t_release,
                 labels=dict(spec.labels),
             )
 
+        t_release = time.perf_counter()
+
+        async def trace(name: str, info: Mapping[str, Any]) -> None:
+            # 'sent' = the request's last byte handed to the socket. Stamping it here
+            # rather than before send() keeps the client's own queueing (N requests
+            # released together go out one after another) out of the server's TTFT.
+            if name == "http11.send_request_body.complete":
+                events.append(Event(time.perf_counter(), "sent", raw_len=len(content), detail="written"))
+
         req = self._client.build_request("POST", self.base_url + _PATHS[spec.endpoint], content=content,
-                                         headers={"Content-Type": "application/json"})
+                                         headers={"Content-Type": "application/json"},
+                                         extensions={"trace": trace})
         state = _StreamState(spec.endpoint, events)
         try:
             async with asyncio.timeout(self.timeouts.request_s):
-                events.append(Event(time.perf_counter(), "sent", raw_len=len(content)))
                 resp = await self._client.send(req, stream=True)
                 try:
                     events.append(Event(time.perf_counter(), "headers"))

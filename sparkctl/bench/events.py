@@ -27,7 +27,9 @@ STATUSES: tuple[str, ...] = get_args(Status)
 class Event:
     """One observation on a streamed request.
 
-    * ``sent``: just before the request was handed to the connection; ``raw_len`` = body bytes.
+    * ``sent``: the request's last byte was handed to the socket (``detail="written"``);
+      if it never was (connect failed), the time the client released it
+      (``detail="not written"``). ``raw_len`` = body bytes.
     * ``headers``: response status line and headers received.
     * ``first_byte``: the first read of the response body returned; ``raw_len`` = bytes in that read.
     * ``chunk``: one SSE ``data:`` frame with a choice; ``n_text_chars`` = generated text
@@ -81,6 +83,9 @@ class RequestResult:
     salt: str = ""
     endpoint: str = ""
     labels: dict[str, str] = field(default_factory=dict)
+    t_release_s: float | None = None
+    """When the client released the request (before any of its bytes were
+    written); ``sent - t_release_s`` is the client's own queueing delay."""
 
     @property
     def ok(self) -> bool:
@@ -104,6 +109,7 @@ def result_to_jsonl(result: RequestResult, t_origin_s: float = 0.0) -> str:
         "salt": result.salt,
         "endpoint": result.endpoint,
         "labels": result.labels,
+        "t_release_s": None if result.t_release_s is None else result.t_release_s - t_origin_s,
         "n_events": len(result.events),
     }
     lines = [json.dumps({"request": head}, sort_keys=True)]

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import fcntl
 import hashlib
 import importlib
@@ -82,6 +83,7 @@ PRIVATE_DIRS = ("/etc/sparkctl", "/opt/sparkctl", "/var/lib/sparkctl", "/var/log
 SESSION_BASE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 SSHD = "/usr/sbin/sshd"
 LEDGER_DIR = Path("/run/sparkctl-sim")  # survives a deleted sim root; cleared by a host reboot
+HOST_DIRS_RECORD = LEDGER_DIR / "host-dirs.json"  # mount points the sim created on the host
 SSHD_START_TIMEOUT_S = 10.0
 TCP_PROBE_TIMEOUT_S = 1.0
 FORMAT = 1
@@ -360,9 +362,8 @@ def up(spec: ClusterSpec, root: Path, *, progress: Progress | None = None,
         if prev is not None and prev.get("mode") != mode:
             raise SimError(f"{root} already holds a {prev.get('mode')} cluster, this spec asks for {mode}",
                            "run `sparkctl sim down` first")
-        host_dirs = list(prev.get("host_dirs", [])) if prev else []
         meta = {"format": FORMAT, "mode": mode, "spec": _spec_to_json(spec),
-                "ssh_user": _ssh_user(rootless), "host_dirs": host_dirs}
+                "ssh_user": _ssh_user(rootless)}
         _write_json(p.meta, meta)  # first, so down() can find everything after a crash mid-up
         if not rootless:
             _check_no_other_sim(p, spec)
@@ -373,8 +374,7 @@ def up(spec: ClusterSpec, root: Path, *, progress: Progress | None = None,
             _prepare_node(p, spec, node, rootless)
         _install_tools(p, say)
         if not rootless:
-            meta["host_dirs"] = _ensure_host_dirs(p, host_dirs)
-            _write_json(p.meta, meta)
+            _ensure_host_dirs()
             say(f"network: bridge {spec.bridge}, {len(spec.nodes)} namespaces, {len(spec.links)} cables")
             _converge_network(p, spec)
         if not rootless:
@@ -403,6 +403,8 @@ def _check_no_other_sim(p: SimPaths, spec: ClusterSpec) -> None:
             other = json.loads(ledger.read_text())
         except (OSError, json.JSONDecodeError):
             continue
+        if not isinstance(other, dict):
+            continue  # host-dirs.json
         clash = sorted(wanted & set(other.get("namespaces", [])) & live)
         if not clash and spec.bridge in other.get("bridge", []) and nx.link_info(spec.bridge):
             clash = [spec.bridge]
@@ -597,15 +599,45 @@ def _write_sysfs(p: SimPaths, node: str) -> None:
           nodestate.load(nd.state), netdevs)
 
 
-def _ensure_host_dirs(p: SimPaths, recorded: list[str]) -> list[str]:
-    """Create missing mount points for the private dirs; remember which we made."""
-    made = list(recorded)
+def _ensure_host_dirs() -> None:
+    """Create missing mount points for the private dirs; remember which we made.
+
+    The record is host-wide (not per root): any sim may have made them, and the
+    last :func:`down` (no ``sparkctl-`` namespace left) removes them if empty.
+    """
     for target in PRIVATE_DIRS:
         if not Path(target).exists():
-            _ledger_add(p, "host_dirs", target)
+            LEDGER_DIR.mkdir(mode=0o700, parents=True, exist_ok=True)
+            made = set(_read_json(HOST_DIRS_RECORD) or [])
+            _write_json(HOST_DIRS_RECORD, sorted(made | {target}))
             Path(target).mkdir(parents=True, exist_ok=True)
-            made.append(target)
-    return sorted(set(made))
+
+
+def _remove_host_dirs() -> None:
+    if any(ns.startswith(nx.NETNS_PREFIX) for ns in nx.netns_list()):
+        return  # another sim still runs: its nodes bind-mount over these
+    made = _read_json(HOST_DIRS_RECORD) if HOST_DIRS_RECORD.exists() else None
+    left = []
+    for d in sorted(made or [], reverse=True):
+        if d not in PRIVATE_DIRS or not os.path.isdir(d) or os.path.ismount(d):
+            continue
+        # Mounts of just-killed node namespaces are released a moment after the
+        # processes die; until then rmdir says EBUSY.
+        for _ in range(40):
+            try:
+                os.rmdir(d)  # only if still empty
+                break
+            except OSError as exc:
+                if exc.errno != errno.EBUSY:
+                    log.info("left host dir %s in place: %s", d, exc)
+                    break
+                time.sleep(0.05)
+        else:
+            left.append(d)
+    if left:
+        _write_json(HOST_DIRS_RECORD, left)
+    else:
+        HOST_DIRS_RECORD.unlink(missing_ok=True)
 
 
 def _write_known_hosts(p: SimPaths, spec: ClusterSpec) -> None:
@@ -844,7 +876,7 @@ def _node_status(p: SimPaths, spec: ClusterSpec, node: SimNode, rootless: bool) 
         st = None
     pid = _sshd_pid(p, node.name)
     ns = None if rootless else netns_name(node.name)
-    ns_ok = bool(ns) and nx.netns_exists(ns)  # type: ignore[arg-type]
+    ns_ok = ns is not None and nx.netns_exists(ns)
     seen = {e["ifname"]: e for e in nx.links(ns)} if ns_ok else {}
     links = []
     for ifname, cidr, peer, pif in _node_links(spec, node.name):
@@ -896,23 +928,32 @@ def down(root: Path) -> None:
     """
     root = _norm(root)
     p = SimPaths(root)
+    if root.exists() and not _looks_like_sim_root(root):
+        # checked first: processes are found by paths under root, so a wrong root
+        # must not get as far as killing anything
+        raise SimError(f"refusing to tear down {root}: it does not look like a sim root",
+                       "pass the directory given to `sparkctl sim up`")
     meta = _read_json(p.meta) if p.meta.exists() else None
-    ledger = _read_json(p.ledger) if p.ledger.exists() else None
+    ledger = _read_ledger(p)
     spec = _spec_from_json(meta["spec"]) if meta else None
 
     namespaces: set[str] = set((ledger or {}).get("namespaces", []))
     host_links: set[str] = set((ledger or {}).get("host_veths", []))
     bridges: set[str] = set((ledger or {}).get("bridge", []))
-    host_dirs: set[str] = set((ledger or {}).get("host_dirs", [])) | set((meta or {}).get("host_dirs", []))
     if spec is not None and meta and meta.get("mode") == "root":
         namespaces |= {netns_name(n.name) for n in spec.nodes}
         host_links |= {host_veth_name(n.name) for n in spec.nodes}
         bridges.add(spec.bridge)
     crash_scan = meta is None and ledger is None
     if crash_scan and os.geteuid() == 0:
-        namespaces |= {ns for ns in nx.netns_list() if ns.startswith(nx.NETNS_PREFIX)}
+        # Nothing recorded: sweep by prefix and alias, sparing what a live sim
+        # under another root has in its ledger.
+        claimed = _claimed_by_other_sims(p)
+        namespaces |= {ns for ns in nx.netns_list() if ns.startswith(nx.NETNS_PREFIX)} - claimed
         for e in nx.owned_host_links():
-            (bridges if (e.get("linkinfo") or {}).get("info_kind") == "bridge" else host_links).add(e["ifname"])
+            if e["ifname"] not in claimed:
+                kind = (e.get("linkinfo") or {}).get("info_kind")
+                (bridges if kind == "bridge" else host_links).add(e["ifname"])
     namespaces = {ns for ns in namespaces if ns.startswith(nx.NETNS_PREFIX)}
 
     # Processes first: the namespaces' members, then anything pointing into root.
@@ -929,23 +970,45 @@ def down(root: Path) -> None:
         nx.netns_delete(ns)
     for name in sorted(host_links) + sorted(bridges):
         nx.host_link_delete(name)
-    if any(ns.startswith(nx.NETNS_PREFIX) for ns in nx.netns_list()):
-        host_dirs = set()  # another sim still runs: its nodes bind-mount over these
-    for d in sorted(host_dirs, reverse=True):
-        with contextlib.suppress(OSError):
-            if d in PRIVATE_DIRS and not os.path.ismount(d):
-                os.rmdir(d)  # only if still empty
+    if os.geteuid() == 0:
+        _remove_host_dirs()
     if root.exists():
-        if not _looks_like_sim_root(root):
-            raise SimError(f"refusing to delete {root}: it does not look like a sim root",
-                           "pass the directory given to `sparkctl sim up`")
         shutil.rmtree(root)
-    p.ledger.unlink(missing_ok=True)
+    if ledger is not None:
+        p.ledger.unlink(missing_ok=True)
+
+
+def _claimed_by_other_sims(p: SimPaths) -> set[str]:
+    """Namespaces and host links that ledgers of other sim roots list."""
+    claimed: set[str] = set()
+    for ledger in sorted(LEDGER_DIR.glob("*.json")) if LEDGER_DIR.is_dir() else []:
+        if ledger == p.ledger:
+            continue
+        try:
+            other = json.loads(ledger.read_text())
+        except (OSError, json.JSONDecodeError):
+            continue
+        if isinstance(other, dict):
+            for key in ("namespaces", "host_veths", "bridge"):
+                claimed |= set(other.get(key, []))
+    return claimed
+
+
+def _read_ledger(p: SimPaths) -> dict[str, Any] | None:
+    """The host-side ledger of a root-mode sim (unreadable, hence absent, when not root)."""
+    try:
+        data = _read_json(p.ledger)
+    except PermissionError:
+        return None
+    return data if isinstance(data, dict) else None
 
 
 def _looks_like_sim_root(root: Path) -> bool:
+    if root == Path("/") or root == Path.home() or not root.is_dir():
+        return False
     names = {c.name for c in root.iterdir()}
-    return not names or bool(names & {"sim.json", "nodes", "id_ed25519", ".lock"})
+    # empty (a crash right after mkdir), or holding what up() writes first
+    return not names or names <= {".lock"} or "sim.json" in names or {"nodes", "id_ed25519"} <= names
 
 
 # ---------------------------------------------------------------------------

@@ -14,7 +14,6 @@ SIMULATION ONLY.
 from __future__ import annotations
 
 import json
-import logging
 import os
 import shlex
 import signal
@@ -23,8 +22,6 @@ import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
-
-log = logging.getLogger(__name__)
 
 # Every namespace the sim creates starts with this; nothing else is ever deleted.
 NETNS_PREFIX = "sparkctl-"

@@ -7,7 +7,6 @@ also when a test fails.
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import json
 import os
@@ -92,13 +91,16 @@ def assert_no_traces(root: Path, namespaces: list[str]) -> None:
     assert not root.exists()
 
 
-@contextlib.contextmanager
+@pytest.fixture(scope="module")
 def host_sim_lock() -> Iterator[None]:
-    """Serialise root-mode sims across concurrent pytest runs on this host.
+    """Serialise this module's root-mode sims across concurrent pytest runs.
 
-    Namespace names (sparkctl-<node>), the bridge and 10.201.0.0/24 are host-wide,
-    so two runs of these tests at once would collide.
+    Namespace names (sparkctl-<node>), the bridges and 10.201.0.0/24 are
+    host-wide, so two runs of these tests at once would collide. Taken once per
+    module (flock is per open file: a second open in this process would block).
     """
+    if not (IS_ROOT and HAVE_TOOLS):
+        pytest.skip("needs root and openssh-server/iproute2/iputils-ping")
     cluster.LEDGER_DIR.mkdir(mode=0o700, parents=True, exist_ok=True)
     with open(cluster.LEDGER_DIR / "e2e-tests.lock", "a") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
@@ -109,17 +111,14 @@ def host_sim_lock() -> Iterator[None]:
 
 
 @pytest.fixture(scope="module")
-def ring(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, ClusterSpec]]:
-    if not (IS_ROOT and HAVE_TOOLS):
-        pytest.skip("needs root and openssh-server/iproute2/iputils-ping")
+def ring(tmp_path_factory: pytest.TempPathFactory, host_sim_lock: None) -> Iterator[tuple[Path, ClusterSpec]]:
     root = tmp_path_factory.mktemp("ring") / "sim"
     spec = ring_spec()
-    with host_sim_lock():
-        try:
-            cluster.up(spec, root)
-            yield root, spec
-        finally:
-            cluster.down(root)
+    try:
+        cluster.up(spec, root)
+        yield root, spec
+    finally:
+        cluster.down(root)
 
 
 # --- the ring -----------------------------------------------------------------
@@ -155,6 +154,8 @@ def test_sessions_get_shims_first_on_path_and_sim_env(ring: tuple[Path, ClusterS
     assert state == str(root / "nodes/spark-b/state.json")
     assert run_dir == str(root / "nodes/spark-b/run")
     assert (unit_dir, pypath, node) == ("/etc/systemd/system", str(root / "pkgs"), "spark-b")
+    if (root / "bin/nvidia-smi").exists():  # once the shims helper's installer is present
+        assert ssh(root, "spark-b", "command -v nvidia-smi").strip() == str(root / "bin/nvidia-smi")
     _scp_roundtrip(root, "spark-b", "/etc/sparkctl/copied")  # sftp works (fabric's put/get)
     assert (root / "nodes/spark-b/fs/etc/sparkctl/copied").read_text() == "payload\n"
 
@@ -326,21 +327,18 @@ def test_down_leaves_nothing(ring: tuple[Path, ClusterSpec]) -> None:
 # --- crash recovery and rootless mode ------------------------------------------
 
 
-def _pair_spec(**kw: object) -> ClusterSpec:
+def _pair_spec() -> ClusterSpec:
     nodes = (SimNode("crash-x", "10.202.0.11", 22), SimNode("crash-y", "10.202.0.12", 22))
     links = (SimLink("crash-x", P0[0], "10.21.0.1/24", "crash-y", P1[0], "10.21.0.2/24"),)
-    return ClusterSpec(nodes=nodes, links=links, mgmt_cidr="10.202.0.1/24", bridge="sparkbr9", **kw)  # type: ignore[arg-type]
+    return ClusterSpec(nodes=nodes, links=links, mgmt_cidr="10.202.0.1/24", bridge="sparkbr9")
 
 
 @pytest.mark.e2e
 @pytest.mark.needs_root
 @pytest.mark.skipif(not (IS_ROOT and HAVE_TOOLS), reason="needs root and openssh-server")
 @pytest.mark.parametrize("lose_ledger", [False, True], ids=["root-deleted", "root-and-ledger-deleted"])
-def test_down_after_crash(tmp_path: Path, lose_ledger: bool) -> None:
-    root = tmp_path / "sim"
-    namespaces = ["sparkctl-crash-x", "sparkctl-crash-y"]
-    with host_sim_lock():
-        _crash_and_recover(root, namespaces, lose_ledger)
+def test_down_after_crash(tmp_path: Path, lose_ledger: bool, host_sim_lock: None) -> None:
+    _crash_and_recover(tmp_path / "sim", ["sparkctl-crash-x", "sparkctl-crash-y"], lose_ledger)
 
 
 def _crash_and_recover(root: Path, namespaces: list[str], lose_ledger: bool) -> None:
@@ -416,3 +414,10 @@ def test_ring_spec_routes_cover_every_non_neighbour_subnet() -> None:
         assert all(r.dst_cidr.rsplit(".", 1)[0] not in local for r in mine)
     assert json.dumps(cluster._spec_to_json(spec))  # the spec round-trips through sim.json
     assert cluster._spec_from_json(json.loads(json.dumps(cluster._spec_to_json(spec)))) == spec
+
+
+def test_down_refuses_a_directory_that_is_not_a_sim_root(tmp_path: Path) -> None:
+    (tmp_path / "precious.txt").write_text("keep me\n")
+    with pytest.raises(SimError):
+        cluster.down(tmp_path)
+    assert (tmp_path / "precious.txt").exists()

@@ -1,0 +1,219 @@
+"""Bench measurement core: metrics on synthetic event logs (pure, exact), the
+self-test against the reference server, and the client's fault classification."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from sparkctl.bench.client import BenchClient, ClientTimeouts, RequestSpec, SSESplitter, parse_frame
+from sparkctl.bench.events import Event, RequestResult, events_from_jsonl, result_to_jsonl
+from sparkctl.bench.metrics import aggregate_throughput, percentile, request_metrics, summarize
+from sparkctl.bench.refserver import RefConfig, RefServer, count_prompt_tokens
+
+# -- synthetic logs ----------------------------------------------------------------
+# Times are multiples of 1/8 s (exact in binary), so every expected value is exact.
+
+
+def log(t_sent: float, chunk_times: list[float], *, usage: tuple[int, int] | None, role_at: float | None = None,
+        hints: list[int] | None = None) -> list[Event]:
+    ev = [Event(t_sent, "sent", raw_len=100), Event(t_sent + 0.125, "headers")]
+    first = role_at if role_at is not None else chunk_times[0]
+    ev.append(Event(first, "first_byte", raw_len=50))
+    if role_at is not None:
+        ev.append(Event(role_at, "chunk", n_text_chars=0))
+    for i, t in enumerate(chunk_times):
+        ev.append(Event(t, "chunk", n_text_chars=3, n_content_tokens_hint=hints[i] if hints else 0))
+    end = chunk_times[-1]
+    if usage is not None:
+        ev.append(Event(end, "usage", prompt_tokens=usage[0], completion_tokens=usage[1]))
+    ev.append(Event(end, "done"))
+    return ev
+
+
+def test_one_token_per_chunk_matches_the_brief_formulas() -> None:
+    # sent at 10, first token at 10.5, then 4 more every 0.25 s
+    ev = log(10.0, [10.5, 10.75, 11.0, 11.25, 11.5], usage=(1000, 5))
+    m = request_metrics(ev)
+    assert m.ttft_s == 0.5
+    assert m.time_to_headers_s == 0.125
+    assert m.time_to_first_byte_s == 0.5
+    assert m.prefill_tok_s == 2000.0                      # 1000 / 0.5
+    assert m.decode_tok_s == 4.0                          # (5 - 1) / (11.5 - 10.5)
+    assert m.tpot_s == 0.25                               # (11.5 - 10.5) / (5 - 1)
+    assert m.itl_s == (0.25, 0.25, 0.25, 0.25)
+    assert m.e2e_s == 1.5
+    assert (m.token_source, m.prompt_token_source, m.chunk_token_source) == ("usage", "usage", "usage_estimate")
+    assert m.complete
+
+
+def test_role_only_first_chunk_is_not_the_first_token() -> None:
+    ev = log(0.0, [1.0, 1.5], usage=(10, 2), role_at=0.125)
+    m = request_metrics(ev)
+    assert m.ttft_s == 1.0
+    assert m.time_to_first_byte_s == 0.125
+    assert m.n_content_chunks == 2
+
+
+def test_k_tokens_per_chunk_from_usage() -> None:
+    # 3 chunks of 3 tokens, chunk gap 0.75 s -> 0.25 s per token
+    ev = log(0.0, [1.0, 1.75, 2.5], usage=(100, 9))
+    m = request_metrics(ev)
+    assert m.tokens_per_chunk == 3.0
+    assert m.itl_s == (0.25, 0.25)
+    assert m.decode_tok_s == 4.0                          # (9 - 3) / (2.5 - 1.0)
+    assert m.tpot_s == 0.25
+
+
+def test_hints_give_per_chunk_tokens() -> None:
+    ev = log(0.0, [1.0, 1.5, 2.5], usage=(100, 7), hints=[1, 2, 4])
+    m = request_metrics(ev)
+    assert m.chunk_token_source == "hints"
+    assert m.itl_s == (0.25, 0.25)                        # 0.5/2, 1.0/4
+    assert m.decode_tok_s == 4.0                          # (7 - 1) / 1.5
+
+
+def test_missing_usage_falls_back_and_says_so() -> None:
+    ev = log(0.0, [1.0, 1.25, 1.5], usage=None)
+    m = request_metrics(ev)
+    assert (m.completion_tokens, m.token_source) == (3, "chunk_count")
+    assert m.prompt_tokens is None and m.prefill_tok_s is None
+    m2 = request_metrics(ev, prompt_tokens_fallback=50)
+    assert (m2.prompt_tokens, m2.prompt_token_source, m2.prefill_tok_s) == (50, "caller", 50.0)
+    hinted = log(0.0, [1.0, 1.5], usage=None, hints=[2, 2])
+    assert request_metrics(hinted).token_source == "chunk_hints"
+    assert request_metrics(hinted).completion_tokens == 4
+
+
+def test_single_token_has_no_decode_rate() -> None:
+    m = request_metrics(log(0.0, [0.5], usage=(64, 1)))
+    assert m.ttft_s == 0.5 and m.prefill_tok_s == 128.0
+    assert m.decode_tok_s is None and m.tpot_s is None and m.itl_p50_s is None
+
+
+def test_error_log_is_incomplete() -> None:
+    ev = [Event(0.0, "sent"), Event(0.25, "headers"), Event(0.5, "error", detail="disconnected: x")]
+    m = request_metrics(ev)
+    assert not m.complete and m.ttft_s is None and m.completion_tokens is None and m.e2e_s == 0.5
+
+
+def test_aggregate_throughput_window_is_first_send_to_last_token() -> None:
+    a = log(0.0, [1.0, 2.0], usage=(10, 6))
+    b = log(0.5, [1.5, 4.0], usage=(10, 10))
+    t = aggregate_throughput([a, b])
+    assert (t.completion_tokens, t.window_s, t.tok_s, t.token_source) == (16, 4.0, 4.0, "usage")
+    c = log(0.25, [1.0], usage=None)
+    assert aggregate_throughput([a, c]).token_source == "chunk_count"
+
+
+def test_percentile_and_summary() -> None:
+    assert percentile([1.0, 2.0, 3.0, 4.0], 50.0) == 2.5
+    assert percentile([5.0], 99.0) == 5.0
+    assert percentile([], 50.0) is None
+    s = summarize([3.0, None, 1.0, 2.0])
+    assert (s.n, s.median, s.min, s.max) == (3, 2.0, 1.0, 3.0)
+
+
+def test_event_log_jsonl_round_trip() -> None:
+    ev = log(100.0, [100.5, 101.0], usage=(7, 2))
+    r = RequestResult("r1", "ok", tuple(ev), http_status=200, salt="ab\n")
+    text = result_to_jsonl(r, t_origin_s=100.0)
+    back = events_from_jsonl(text)
+    assert [e.kind for e in back] == [e.kind for e in ev]
+    assert request_metrics(back).ttft_s == request_metrics(ev).ttft_s
+
+
+# -- SSE framing ---------------------------------------------------------------------
+
+
+def test_splitter_handles_crlf_split_reads_and_long_frames() -> None:
+    sp = SSESplitter()
+    assert sp.feed(b"data: {\"a\"") == []
+    assert sp.feed(b": 1}\r") == []
+    assert sp.feed(b"\n\r\n: comment\n\ndata: x\n") == [b'data: {"a": 1}', b": comment"]
+    big = b"data: " + b"y" * 2_000_000
+    assert sp.feed(big[:1000]) == []
+    assert sp.feed(big[1000:] + b"\n\n") == [b"data: x\n" + big]
+    f = parse_frame(b"event: error\ndata: line1\ndata: line2")
+    assert (f.event, f.data) == ("error", "line1\nline2")
+    assert parse_frame(b": keep-alive").data is None
+
+
+def test_prompt_token_rule() -> None:
+    assert count_prompt_tokens(prompt=" a  b\nc ") == 3
+    assert count_prompt_tokens(messages=[{"role": "system", "content": "x y"}, {"role": "user", "content": "z"}]) == 11
+
+
+# -- client against the reference server ---------------------------------------------
+
+
+def test_fault_modes_are_classified_and_the_run_goes_on() -> None:
+    faults = ["malformed_sse", "error_mid_stream", "huge_frame", "disconnect", "stall", "http_error"]
+    expected = ["ok", "malformed_sse", "error_mid_stream", "ok", "disconnected", "timeout", "http_error", "ok"]
+
+    async def go() -> list[RequestResult]:
+        quick = {"ttft_base_s": 0.01, "gap_s": 0.002}
+        specs = [RequestSpec("chat", "m", 8, messages=({"role": "user", "content": "hi"},),
+                             extra_body={"ref": {**quick, "role_chunk": True}})]
+        specs += [RequestSpec("completions", "m", 8, prompt="hello", extra_body={"ref": {**quick, "fault": f}})
+                  for f in faults]
+        specs += [RequestSpec("completions", "m", 8, prompt="after", extra_body={"ref": quick})]
+        async with RefServer(RefConfig(stall_s=5.0)) as srv:
+            async with BenchClient(srv.base_url, concurrency=len(specs),
+                                   timeouts=ClientTimeouts(read_s=5.0, request_s=1.0)) as client:
+                return await client.run_batch(specs)
+
+    results = asyncio.run(go())
+    assert [r.status for r in results] == expected
+    by = dict(zip(["ok0", *faults, "ok1"], results, strict=True))
+    assert by["http_error"].http_status == 503
+    huge = request_metrics(by["huge_frame"].events)
+    assert max(e.n_text_chars for e in by["huge_frame"].events) >= 1 << 20
+    assert huge.completion_tokens == 8 and huge.token_source == "usage"
+    for r in results:
+        assert r.events[0].kind == "sent"
+        assert (r.events[-1].kind == "error") == (r.status != "ok")
+    assert request_metrics(by["ok0"].events).completion_tokens == 8
+
+
+def test_connection_refused_is_a_value_not_an_exception() -> None:
+    async def go() -> RequestResult:
+        async with RefServer() as srv:
+            url = srv.base_url
+        async with BenchClient(url, concurrency=1, timeouts=ClientTimeouts(connect_s=1.0, request_s=2.0)) as c:
+            return await c.request(RequestSpec("completions", "m", 4, prompt="x"))
+
+    r = asyncio.run(go())
+    assert r.status == "disconnected" and "connect" in r.detail
+
+
+def test_salt_is_fresh_per_request_and_can_be_turned_off() -> None:
+    spec = RequestSpec("chat", "m", 4, messages=({"role": "system", "content": "sys"}, {"role": "user", "content": "u"}))
+    body = spec.body("abc\n")
+    assert body["messages"][0]["content"] == "abc\nsys" and body["stream_options"] == {"include_usage": True}
+
+    async def go() -> list[RequestResult]:
+        async with RefServer(RefConfig(ttft_base_s=0.0, gap_s=0.0)) as srv:
+            async with BenchClient(srv.base_url, concurrency=3) as c:
+                plain = RequestSpec("completions", "m", 2, prompt="p q", salt=False)
+                return await c.run_batch([RequestSpec("completions", "m", 2, prompt="p q")] * 2 + [plain])
+
+    a, b, plain = asyncio.run(go())
+    assert a.salt and b.salt and a.salt != b.salt and plain.salt == ""
+    assert request_metrics(a.events).prompt_tokens == 3 and request_metrics(plain.events).prompt_tokens == 2
+
+
+# -- the self-test -------------------------------------------------------------------
+
+
+@pytest.mark.e2e
+def test_selftest_at_concurrency_1_and_16() -> None:
+    from sparkctl.bench.selftest import format_report, run_selftest
+
+    report = run_selftest((1, 16), repeats=2, capacity_concurrency=None)
+    text = format_report(report)
+    unexplained = report.unexplained_failures()
+    assert not unexplained, text
+    if not report.ok:
+        pytest.skip(f"timing checks inconclusive: client loop starved by other load in {report.starved_cells}\n{text}")

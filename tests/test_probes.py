@@ -1,0 +1,605 @@
+"""Probes: real captured output beside the value it must parse to.
+
+The fixtures under tests/fixtures/spark/ are byte-exact copies of captures in
+spark-facts.md (tests/fixtures/spark/SOURCES.md says where each came from).
+Formats with no real capture are tested with small inline samples, marked
+FORMAT SAMPLE. Then: truncated and garbled captures never crash a parser or
+parse_batch, and the batched script runs under ``sh`` against a fake
+sysfs/proc tree and stub tools in ONE invocation.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import stat
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from sparkctl import probes
+from sparkctl.inventory import Node
+from sparkctl.probes import (
+    DiskFree,
+    EngineProc,
+    Ethtool,
+    Gid,
+    GpuFacts,
+    IbMapping,
+    Meminfo,
+    PcieFacts,
+    ProbeParseError,
+    SmiClocks,
+)
+from sparkctl.schema import default_ports
+
+FIX = Path(__file__).parent / "fixtures" / "spark"
+
+
+def fx(name: str) -> str:
+    return (FIX / name).read_text()
+
+
+def spark_node(sysfs: str = "/sys", proc: str = "/proc", name: str = "spark-a", sudo: bool = False) -> Node:
+    return Node(name=name, index=0, host="192.0.2.1", ssh_user="nvidia", ssh_port=22, ssh_identity=None,
+                sudo=sudo, known_hosts=None, prefix="/opt/sparkctl", sysfs_root=sysfs, proc_root=proc,
+                mgmt_iface="enP7s7", ports=default_ports())
+
+
+def csv(fields: str) -> Callable[[str], Any]:
+    return lambda text: probes.parse_smi_csv(text, fields.split(","))
+
+
+UP, DOWN = True, False
+IB_5C2D = {
+    "enp1s0f0np0": IbMapping("rocep1s0f0", 1, "enp1s0f0np0", UP),
+    "enp1s0f1np1": IbMapping("rocep1s0f1", 1, "enp1s0f1np1", DOWN),
+    "enP2p1s0f0np0": IbMapping("roceP2p1s0f0", 1, "enP2p1s0f0np0", UP),
+    "enP2p1s0f1np1": IbMapping("roceP2p1s0f1", 1, "enP2p1s0f1np1", DOWN),
+}
+IB_PORT1 = {k: IbMapping(v.rdma, 1, k, not v.up) for k, v in IB_5C2D.items()}
+
+# ---------------------------------------------------------------- real captures -> values
+# (fixture file, parser, the value it must parse to)
+REAL: list[tuple[str, Callable[[str], Any], Any]] = [
+    # §2.1 both orderings, (Up)/(Down)
+    ("ibdev2netdev-spark-5c2d.txt", probes.parse_ibdev2netdev, IB_5C2D),
+    ("ibdev2netdev-roceP2-first.txt", probes.parse_ibdev2netdev, IB_5C2D),
+    ("ibdev2netdev-port1.txt", probes.parse_ibdev2netdev, IB_PORT1),
+    # §1.3 csv: header / noheader, units / nounits, [N/A]
+    ("nvidia-smi-csv-name-cc-driver.txt", csv("name,compute_cap,driver_version"),
+     [{"name": "NVIDIA GB10", "compute_cap": "12.1", "driver_version": "580.159.03"}]),
+    ("nvidia-smi-csv-memory-header.txt", csv("index,name,memory.total,memory.free"),
+     [{"index": "0", "name": "NVIDIA GB10", "memory.total": None, "memory.free": None}]),
+    ("nvidia-smi-csv-memory-nounits.txt", csv("index,name,memory.total,memory.used,memory.free"),
+     [{"index": "0", "name": "NVIDIA GB10", "memory.total": None, "memory.used": None, "memory.free": None}]),
+    ("nvidia-smi-csv-clocks-header-units.txt",
+     csv("name,clocks.current.graphics,clocks.max.graphics,temperature.gpu,power.draw"),
+     [{"name": "NVIDIA GB10", "clocks.current.graphics": "2522", "clocks.max.graphics": "3003",
+       "temperature.gpu": "50", "power.draw": "15.57"}]),
+    *[(f, csv("index,name,driver_version,clocks.sm,clocks.max.sm,clocks.applications.graphics,"
+              "clocks_event_reasons.active,persistence_mode,utilization.gpu"),
+       [{"index": "0", "name": "NVIDIA GB10", "driver_version": "580.159.03", "clocks.sm": "2190",
+         "clocks.max.sm": "3003", "clocks.applications.graphics": "2418",
+         "clocks_event_reasons.active": "0x0000000000000000", "persistence_mode": "Enabled",
+         "utilization.gpu": "97"}])
+      for f in ("nvidia-smi-csv-clocks-noheader-units.txt", "nvidia-smi-csv-clocks-noheader-nounits.txt")],
+    ("nvidia-smi-csv-name-cc-driver-pm-maxsm.txt", csv("name,compute_cap,driver_version,persistence_mode,clocks.max.sm"),
+     [{"name": "NVIDIA GB10", "compute_cap": "12.1", "driver_version": "580.173.02", "persistence_mode": "Enabled",
+       "clocks.max.sm": "3003"}]),
+    ("nvidia-smi-csv-sm-maxsm.txt", csv("clocks.sm,clocks.max.sm"), [{"clocks.sm": "2405", "clocks.max.sm": "3003"}]),
+    # §1.2 the real -q excerpt: the Clocks title was cut by the author, no lock field exists
+    ("nvidia-smi-q-clock-event-reasons-node0.txt", probes.parse_smi_q_clocks,
+     SmiClocks(sm_mhz=2398, max_sm_mhz=3003, applications_mhz=2418, default_applications_mhz=2418,
+               lock_max_mhz=None, event_reasons=())),
+    # §3.1 ethtool (grepped, tabs or spaces; full layout from another machine)
+    ("ethtool-grep-speed-link-200g.txt", probes.parse_ethtool, Ethtool(200000, True)),
+    ("ethtool-grep-speed-100g.txt", probes.parse_ethtool, Ethtool(100000, None)),
+    ("ethtool-grep-mgmt-enP7s7.txt", probes.parse_ethtool, Ethtool(10000, True)),
+    ("ethtool-full-cx4lx-other-machine.txt", probes.parse_ethtool, Ethtool(25000, True)),
+    # §3.4 lspci LnkCap/LnkSta: healthy Spark, degraded (spaces, (ok)/(downgraded)), tabs
+    ("lspci-vvv-lnk-healthy.txt", probes.parse_lspci_link, PcieFacts("", 32.0, 4, 32.0, 4, False)),
+    ("lspci-vv-degraded-block-other-machine.txt", probes.parse_lspci_link, PcieFacts("", 5.0, 4, 2.5, 4, True)),
+    ("lspci-vv-degraded-tabs-other-machine.txt", probes.parse_lspci_link, PcieFacts("", 16.0, 8, 2.5, 4, True)),
+    # §5.4 meminfo
+    ("meminfo-head.txt", probes.parse_meminfo, Meminfo(127600816, 40174336)),
+    ("meminfo-head-3-lines.txt", probes.parse_meminfo, Meminfo(127601452, 115669068)),
+    # §5.3 (modelled fixture: no real capture exists)
+    ("apt-mark-showhold-modelled-fixture.txt", probes.parse_held_packages, [
+        "linux-headers-nvidia-hwe-24.04", "linux-image-nvidia-hwe-24.04",
+        "linux-modules-nvidia-580-open-nvidia-hwe-24.04", "linux-modules-nvidia-fs-nvidia-hwe-24.04",
+        "linux-nvidia-hwe-24.04", "linux-tools-nvidia-hwe-24.04"]),
+    # §6.4 /v1/models
+    ("v1-models-vllm.json", probes.parse_models, ["swiss-ai/Apertus-8B-Instruct-2509"]),
+    ("v1-models-sglang-wrapped.json", probes.parse_models, ["deepseek-v4.1-flash"]),
+    ("v1-models-sglang.json", probes.parse_models, ["glm-5.2-fp8"]),
+    ("v1-models-llamacpp.json", probes.parse_models, ["qwen3-8b"]),
+    # §2.2 show_gids (Spark rows; the full table layout is from another Mellanox box)
+    ("show_gids-spark-rows.txt", probes.parse_show_gids, {"rocep1s0f0": {
+        1: Gid(1, "fe80:0000:0000:0000:4ebb:47ff:fee8:9f39", "RoCE v2", "enp1s0f0np0"),
+        3: Gid(3, "0000:0000:0000:0000:0000:ffff:c0a8:640a", "RoCE v2", "enp1s0f0np0")}}),
+]
+
+
+@pytest.mark.parametrize("name,parser,expected", REAL, ids=[r[0] for r in REAL])
+def test_real_capture_parses(name: str, parser: Callable[[str], Any], expected: Any) -> None:
+    assert parser(fx(name)) == expected
+
+
+@pytest.mark.parametrize("name,parser,expected", REAL, ids=[r[0] for r in REAL])
+def test_real_capture_tolerates_trailing_whitespace_and_crlf_free_variants(
+        name: str, parser: Callable[[str], Any], expected: Any) -> None:
+    text = fx(name)
+    assert parser("\n".join(line + "  " for line in text.split("\n"))) == expected
+    assert parser(text.rstrip("\n")) == expected
+
+
+# Real single values quoted inline in spark-facts.md (§5.1, §5.2, §5.5, §2.4, §3.1).
+REAL_INLINE: list[tuple[str, Callable[[str], Any], Any]] = [
+    *[(f"{k}\n", probes.parse_kernel, k) for k in (
+        "6.17.0-1021-nvidia", "6.17.0-1014-nvidia", "6.17.0-1008-nvidia", "6.17.0-1032-nvidia",
+        "7.0.0-1019-nvidia", "6.11.0-1016-nvidia", "6.8.0-49-generic")],
+    ("4096\n", probes.parse_page_size, 4096),  # expected value; no Spark capture exists
+    ("13dc5579-455c-45c8-8e4d-d09c457fa826\n", probes.parse_boot_id, "13dc5579-455c-45c8-8e4d-d09c457fa826"),
+    ("f50a1be6-7626-4a2f-90f0-08c77b16c9f1\n", probes.parse_boot_id, "f50a1be6-7626-4a2f-90f0-08c77b16c9f1"),
+    ("spark-2a60\n", probes.parse_hostname, "spark-2a60"),
+    ("aitopatom-9ab9\n", probes.parse_hostname, "aitopatom-9ab9"),
+    # link down, assembled from the three strings quoted in §3.1
+    ("\tSpeed: Unknown!\n\tDuplex: Unknown! (255)\n\tLink detected: no\n", probes.parse_ethtool, Ethtool(None, False)),
+    # §3.2 ip -br addr line (redacted address as captured)
+    ("enp1s0f0np0      UP             192.0.2.10/24 \n", probes.parse_ipv4, "192.0.2.10/24"),
+]
+
+
+@pytest.mark.parametrize("text,parser,expected", REAL_INLINE)
+def test_real_inline_values(text: str, parser: Callable[[str], Any], expected: Any) -> None:
+    assert parser(text) == expected
+
+
+# FORMAT SAMPLES: no capture exists in spark-facts.md; the layout is the tool's documented one.
+FORMAT_SAMPLES: list[tuple[str, Callable[[str], Any], Any]] = [
+    ("Filesystem     1024-blocks      Used Available Capacity Mounted on\n"
+     "/dev/nvme0n1p2  3844640564 123456789 3525355500       4% /\n", probes.parse_df,
+     DiskFree(3525355500, "/")),
+    ("Filesystem 1024-blocks Used Available Capacity Mounted on\n"
+     "map auto_home 0 0 0 100% /System/Volumes/Data/home\n", probes.parse_df,
+     DiskFree(0, "/System/Volumes/Data/home")),
+    ("1163.51 1405.68\n", probes.parse_uptime, 1163.51),
+    ("    PID COMMAND\n 400721 python3 -m vllm.entrypoints.openai.api_server --port 8000\n"
+     "   8812 sh -c echo @@sparkctl:manifest:x@@ ; ps -eo pid,args | grep -iE [v]llm\n"
+     "   9001 /usr/bin/llama-server -m /models/q.gguf\n", probes.parse_engines,
+     [EngineProc(400721, "python3 -m vllm.entrypoints.openai.api_server --port 8000"),
+      EngineProc(9001, "/usr/bin/llama-server -m /models/q.gguf")]),
+    ("    PID COMMAND\n", probes.parse_engines, []),
+    ('LISTEN 0      4096         0.0.0.0:8000      0.0.0.0:*    users:(("python3",pid=1,fd=3))\n'
+     "LISTEN 0      128             [::]:22           [::]:*\n"
+     "LISTEN 0      4096   127.0.0.53%lo:53        0.0.0.0:*\n", probes.parse_listening_ports, {8000, 22, 53}),
+    ("State  Recv-Q Send-Q Local Address:Port Peer Address:Port Process\n", probes.parse_listening_ports, set()),
+    ("  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n"
+     "   0: 00000000:1F40 00000000:0000 0A 00000000:00000000 00:00000000 00000000  1000        0 1 1 0 100 0 0 10 0\n"
+     "   1: 0100007F:A1B2 0100007F:1F40 01 00000000:00000000 00:00000000 00000000  1000        0 2 1 0 20 4 30 10 -1\n",
+     probes.parse_listening_ports, {8000}),
+    ("5: enp1s0f0np0    inet 192.168.100.10/24 brd 192.168.100.255 scope global enp1s0f0np0\\"
+     "       valid_lft forever preferred_lft forever\n", probes.parse_ipv4, "192.168.100.10/24"),
+    ("", probes.parse_ipv4, None),
+    ("", probes.parse_held_packages, []),
+    ("up\n", probes.parse_operstate, "up"),
+    ("9000\n", probes.parse_mtu, 9000),
+    # the gids section the script prints (values: the real drifted table of §2.4)
+    ("rocep1s0f0|0|fe80:0000:0000:0000:4ebb:47ff:fee8:9f39|enp1s0f0np0|IB/RoCE v1\n"
+     "rocep1s0f0|3|0000:0000:0000:0000:0000:0000:0000:0000||\n"
+     "rocep1s0f0|4|0000:0000:0000:0000:0000:ffff:c0a8:640a|enp1s0f0np0|RoCE v2\n", probes.parse_gid_dump,
+     {"rocep1s0f0": {0: Gid(0, "fe80:0000:0000:0000:4ebb:47ff:fee8:9f39", "IB/RoCE v1", "enp1s0f0np0"),
+                     3: Gid(3, "0000:0000:0000:0000:0000:0000:0000:0000", None, None),
+                     4: Gid(4, "0000:0000:0000:0000:0000:ffff:c0a8:640a", "RoCE v2", "enp1s0f0np0")}}),
+]
+
+
+@pytest.mark.parametrize("text,parser,expected", FORMAT_SAMPLES)
+def test_format_samples(text: str, parser: Callable[[str], Any], expected: Any) -> None:
+    assert parser(text) == expected
+
+
+def test_gpu_query_line_composed_from_real_pieces() -> None:
+    # §1.3: the exact eight-field line was never captured; its cells are real.
+    for line in ("NVIDIA GB10, 12.1, 580.159.03, 2190, 3003, 0x0000000000000000, 5.30, 47",
+                 "NVIDIA GB10, 12.1, 580.159.03, 2190 MHz, 3003 MHz, 0x0000000000000000, 5.30 W, 47"):
+        q = probes.parse_gpu_query(line + "\n")
+        assert (q.name, q.compute_cap, q.driver, q.sm_mhz, q.max_sm_mhz, q.event_reasons_mask, q.power_w, q.temp_c) \
+            == ("NVIDIA GB10", "12.1", "580.159.03", 2190, 3003, 0, 5.30, 47)
+    q = probes.parse_gpu_query("NVIDIA GB10, 12.1, 580.173.02, [N/A], 3003, [Not Supported], [N/A], 39\n")
+    assert (q.sm_mhz, q.event_reasons_mask, q.power_w) == (None, None, None)
+    assert probes.decode_reasons(0x3) == ("gpu_idle", "applications_clocks_setting")
+    assert probes.decode_reasons(0x400) == ("reason_0x400",)
+
+
+def test_rocev2_gid_index_follows_the_drift() -> None:
+    drifted = probes.parse_gid_dump(FORMAT_SAMPLES[-1][0])["rocep1s0f0"]
+    assert probes.rocev2_ipv4_gid_index(drifted, "enp1s0f0np0", "192.168.100.10/24") == 4
+    assert probes.rocev2_ipv4_gid_index(drifted, "enp1s0f0np0", "192.168.100.11/24") is None  # stale GID
+    assert probes.rocev2_ipv4_gid_index(drifted, "enP2p1s0f0np0") is None  # another netdev's GID
+    spark = probes.parse_show_gids(fx("show_gids-spark-rows.txt"))["rocep1s0f0"]
+    assert probes.rocev2_ipv4_gid_index(spark, "enp1s0f0np0", "192.168.100.10/24") == 3
+    mlx = probes.parse_show_gids(fx("show_gids-mlx5-full.txt"))["mlx5_0"]
+    assert probes.rocev2_ipv4_gid_index(mlx, "rdma0", "192.168.211.242/24") == 3
+    assert probes.gid_ipv4("0000:0000:0000:0000:0000:ffff:c0a8:640a") == "192.168.100.10"
+
+
+# Clock lock: no real driver output carries it (see probes' docstring); these are
+# the ASSUMED spellings a driver or the simulator may print, and their absence.
+LOCK_CASES = [
+    ("    Locked Clocks\n        Graphics Min : 0 MHz\n        Graphics Max : 1976 MHz\n", 1976),
+    ("    GPU Locked Clocks\n        Min : 0 MHz\n        Max : 2200 MHz\n", 2200),
+    ("    Clocks\n        SM : 1976 MHz\n        Locked Graphics Clock Max : 2000 MHz\n", 2000),
+    ("    Locked Clocks\n        Graphics Max : N/A\n", None),
+    (fx("nvidia-smi-q-clock-event-reasons-node0.txt"), None),
+]
+
+
+@pytest.mark.parametrize("text,lock", LOCK_CASES)
+def test_clock_lock_reading(text: str, lock: int | None) -> None:
+    assert probes.parse_smi_q_clocks(text).lock_max_mhz == lock
+
+
+def test_applications_clocks_reason_from_q() -> None:
+    text = fx("nvidia-smi-q-clock-event-reasons-node0.txt").replace(
+        "Applications Clocks Setting                    : Not Active",
+        "Applications Clocks Setting                    : Active")
+    assert probes.parse_smi_q_clocks(text).event_reasons == ("applications_clocks_setting",)
+
+
+GARBAGE: list[tuple[Callable[[str], Any], str]] = [
+    (probes.parse_ibdev2netdev, "rocep1s0f0 port one ==> x\n"),
+    (probes.parse_ibdev2netdev, ""),
+    (probes.parse_meminfo, "MemTotal: 10 kB\n"),
+    (probes.parse_meminfo, "MemTotal: lots\n"),
+    (probes.parse_page_size, "4095\n"),
+    (probes.parse_page_size, "4096\n4096\n"),
+    (probes.parse_kernel, "uname: command not found\n"),
+    (probes.parse_boot_id, "13dc5579-455c\n"),
+    (probes.parse_uptime, "abc\n"),
+    (probes.parse_df, "df: /x: No such file or directory\n"),
+    (probes.parse_gpu_query, "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.\n"),
+    (probes.parse_gpu_query, "NVIDIA GB10, 12.1\n"),
+    (probes.parse_smi_q_clocks, ""),
+    (probes.parse_smi_q_clocks, "    Clocks Event Reasons\n        Idle : maybe\n"),
+    (probes.parse_ethtool, "Settings for enp1s0f0np0:\n"),
+    (probes.parse_ethtool, "\tSpeed: fast\n"),
+    (probes.parse_lspci_link, ""),
+    (probes.parse_lspci_link, "0000:01:00.0 Ethernet controller: Mellanox\n\tCapabilities: <access denied>\n"),
+    (probes.parse_engines, "400721 vllm\n"),
+    (probes.parse_listening_ports, "garbage here\n"),
+    (probes.parse_models, ""),
+    (probes.parse_models, '{"detail":"Not Found"}'),
+    (probes.parse_models, "[" * 100000),
+    (probes.parse_operstate, "sideways\n"),
+    (probes.parse_mtu, "12\n"),
+    (probes.parse_ipv4, "inet 999.1.1.1/24\n"),
+    (probes.parse_gid_dump, ""),
+    (probes.parse_held_packages, "E: Could not open lock file\n"),
+]
+
+
+@pytest.mark.parametrize("parser,text", GARBAGE)
+def test_garbage_raises_probe_parse_error(parser: Callable[[str], Any], text: str) -> None:
+    with pytest.raises(ProbeParseError) as exc:
+        parser(text)
+    assert exc.value.what and exc.value.detail
+
+
+def test_lspci_access_denied_gets_a_hint() -> None:
+    with pytest.raises(ProbeParseError, match="root"):
+        probes.parse_lspci_link("\tCapabilities: <access denied>\n")
+
+
+# ---------------------------------------------------------------- fuzz: parsers
+
+def _mutate(data: st.DataObject, text: str) -> str:
+    raw = bytearray(text.encode())
+    how = data.draw(st.sampled_from(["cut", "flip", "insert", "empty", "dup"]))
+    if how == "empty" or not raw:
+        return ""
+    i = data.draw(st.integers(0, len(raw) - 1))
+    if how == "cut":
+        return raw[:i].decode(errors="replace")
+    if how == "flip":
+        raw[i] = data.draw(st.integers(0, 255))
+    elif how == "insert":
+        raw[i:i] = data.draw(st.binary(min_size=1, max_size=8))
+    else:
+        raw[i:i] = raw[: data.draw(st.integers(0, len(raw)))]
+    return raw.decode(errors="replace")
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_mutated_captures_give_a_value_or_probe_parse_error(data: st.DataObject) -> None:
+    name, parser, _ = data.draw(st.sampled_from(REAL))
+    text = _mutate(data, fx(name))
+    try:
+        parser(text)
+    except ProbeParseError:
+        pass
+
+
+# ---------------------------------------------------------------- the batch
+
+def frame(sections: list[tuple[str, str, int]]) -> str:
+    """What the script prints for these (name, stdout, exit code) sections."""
+    names = " ".join(n for n, _, _ in sections)
+    out = [f"@@sparkctl:manifest:{names}@@\n"]
+    for name, text, rc in sections:
+        out.append(f"@@sparkctl:section:{name}@@\n{text}\n@@sparkctl:rc:{name}:{rc}@@\n")
+    out.append("@@sparkctl:done@@\n")
+    return "".join(out)
+
+
+GPU_LINE = "NVIDIA GB10, 12.1, 580.159.03, 2190, 3003, 0x0000000000000002, 34.50, 52\n"  # composed (§1.3)
+GIDS = ("rocep1s0f0|1|fe80:0000:0000:0000:4ebb:47ff:fee8:9f39|enp1s0f0np0|RoCE v2\n"
+        "rocep1s0f0|3|0000:0000:0000:0000:0000:ffff:c0a8:640a|enp1s0f0np0|RoCE v2\n")
+BATCH_SECTIONS: list[tuple[str, str, int]] = [
+    ("hostname", "spark-5c2d\n", 0),
+    ("kernel", "6.17.0-1021-nvidia\n", 0),
+    ("page_size", "4096\n", 0),
+    ("held_packages", fx("apt-mark-showhold-modelled-fixture.txt"), 0),
+    ("boot_id", "13dc5579-455c-45c8-8e4d-d09c457fa826\n", 0),
+    ("uptime", "1163.51 1405.68\n", 0),
+    ("meminfo", fx("meminfo-head.txt"), 0),
+    ("disk", FORMAT_SAMPLES[0][0], 0),
+    ("gpu", GPU_LINE, 0),
+    ("gpu_clocks", fx("nvidia-smi-q-clock-event-reasons-node0.txt"), 0),
+    ("ibdev2netdev", fx("ibdev2netdev-spark-5c2d.txt"), 0),
+    ("net.enp1s0f0np0.operstate", "up\n", 0),
+    ("net.enp1s0f0np0.mtu", "9000\n", 0),
+    ("net.enp1s0f0np0.ipv4", "5: enp1s0f0np0    inet 192.168.100.10/24 brd 192.168.100.255 scope global enp1s0f0np0\n", 0),
+    ("net.enp1s0f0np0.ethtool", fx("ethtool-grep-speed-link-200g.txt"), 0),
+    ("gids", GIDS, 0),
+    ("pcie.0000:01:00.0", fx("lspci-vvv-lnk-healthy.txt"), 0),
+    ("pcie.0002:01:00.1", fx("lspci-vv-degraded-tabs-other-machine.txt"), 0),
+    ("engines", "    PID COMMAND\n 400721 VLLM::EngineCore\n", 0),
+    ("ports", FORMAT_SAMPLES[5][0], 0),
+    ("models", fx("v1-models-llamacpp.json"), 0),
+]
+BATCH = frame(BATCH_SECTIONS)
+EMPTY_OK = {"held_packages", "ports", "net.enp1s0f0np0.ipv4"}
+
+
+def test_parse_batch_reads_every_fact() -> None:
+    f = probes.parse_batch("spark-a", BATCH)
+    assert f.unreadable == {} and f.not_available == {}
+    assert (f.hostname, f.kernel, f.page_size_bytes, f.boot_id, f.uptime_s) == (
+        "spark-5c2d", "6.17.0-1021-nvidia", 4096, "13dc5579-455c-45c8-8e4d-d09c457fa826", 1163.51)
+    assert len(f.held_packages or []) == 6
+    assert (f.mem_total_kib, f.mem_available_kib) == (127600816, 40174336)
+    assert f.disk_free_gib == round(3525355500 / 2**20, 3)
+    assert f.gpu == GpuFacts("NVIDIA GB10", "12.1", "580.159.03", 2190, 3003, None,
+                             ("applications_clocks_setting",), 34.5, 52)
+    assert f.gpu.user_clock_limit_active
+    assert f.links == {"enp1s0f0np0": probes.LinkFacts(
+        "enp1s0f0np0", "rocep1s0f0", "up", 9000, "192.168.100.10/24", 200000, True, 3)}
+    assert f.pcie["0000:01:00.0"].downgraded is False and f.pcie["0002:01:00.1"].downgraded is True
+    assert f.engines == [EngineProc(400721, "VLLM::EngineCore")]
+    assert f.listening_ports == {8000, 22, 53}
+    assert f.served_models == ["qwen3-8b"]
+
+
+def test_missing_tool_is_not_available_and_failures_are_unreadable() -> None:
+    secs = [(n, "", 127) if n in ("gpu", "gpu_clocks") else (n, t, rc) for n, t, rc in BATCH_SECTIONS]
+    secs = [(n, "", 7) if n == "models" else (n, t, rc) for n, t, rc in secs]
+    f = probes.parse_batch("spark-b", frame(secs))
+    assert f.gpu is None and set(f.not_available) == {"gpu", "gpu_clocks"}
+    assert "not available on node spark-b" in f.not_available["gpu"]
+    assert f.unreadable == {"models": "cannot read served models (/v1/models) on node spark-b: "
+                                      "connection refused (nothing listening on the endpoint port?)"}
+
+
+def test_output_without_trailing_newline_is_kept_exact() -> None:
+    _, secs, done = probes.split_batch(frame([("models", '{"data":[]}', 0), ("hostname", "x\n", 0)]))
+    assert done and secs["models"].text == '{"data":[]}' and secs["hostname"].text == "x\n"
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(0, len(BATCH) - 1))
+def test_truncated_batch_names_the_cut_facts(cut: int) -> None:
+    out = BATCH[:cut]
+    f = probes.parse_batch("spark-a", out)
+    if "@@sparkctl:done@@" not in out:
+        assert "batch" in f.unreadable and "spark-a" in f.unreadable["batch"]
+    manifest_seen = BATCH.split("\n", 1)[0] in out
+    for name, _, _ in BATCH_SECTIONS:
+        if f"@@sparkctl:rc:{name}:0@@" in out:
+            assert name not in f.unreadable
+            continue
+        # without the manifest only the core sections are known to be missing
+        if manifest_seen or not name.startswith(("net.", "pcie.", "models")):
+            assert f.unreadable[name].startswith(f"cannot read {probes.section_title(name)} on node spark-a: ")
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_garbled_section_is_a_value_or_an_unreadable_entry(data: st.DataObject) -> None:
+    i = data.draw(st.integers(0, len(BATCH_SECTIONS) - 1))
+    name, text, rc = BATCH_SECTIONS[i]
+    bad = _mutate(data, text)
+    secs = list(BATCH_SECTIONS)
+    secs[i] = (name, bad, rc)
+    f = probes.parse_batch("spark-a", frame(secs))
+    for other, _, _ in BATCH_SECTIONS:
+        if other != name:
+            assert other not in f.unreadable, f.unreadable
+    if name in f.unreadable:
+        assert f.unreadable[name].startswith(f"cannot read {probes.section_title(name)} on node spark-a: ")
+    if bad.strip() == "" and name not in EMPTY_OK:
+        assert name in f.unreadable
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(max_size=300))
+def test_parse_batch_never_raises_on_noise(noise: str) -> None:
+    f = probes.parse_batch("spark-a", noise)
+    assert "batch" in f.unreadable
+    f = probes.parse_batch("spark-a", BATCH.replace("@@sparkctl:done@@\n", noise))
+    assert isinstance(f, probes.NodeFacts)
+
+
+# ---------------------------------------------------------------- the script
+
+
+def test_script_quotes_values_and_has_no_backslash(tmp_path: Path) -> None:
+    evil = f"{tmp_path}/w'; touch {tmp_path}/pwned; echo '"
+    node = spark_node(sysfs=f"{tmp_path}/sys $(touch {tmp_path}/pwned2)")
+    script = probes.build_script(node, evil, 8000)
+    assert "\\" not in script
+    assert probes.remote_command(script).startswith("sh -c '")
+    subprocess.run(probes.remote_command(script), shell=True, capture_output=True, timeout=30)
+    assert not (tmp_path / "pwned").exists() and not (tmp_path / "pwned2").exists()
+    # read-only: nothing that changes a host
+    for word in ("-lgc", "-rgc", " hold", "modprobe", "rm ", "ip link set", "ip addr add", "sysctl", " > "):
+        assert word not in script, word
+
+
+def _exe(path: Path, body: str) -> None:
+    path.write_text("#!/bin/sh\n" + body)
+    path.chmod(path.stat().st_mode | stat.S_IEXEC | stat.S_IXGRP | stat.S_IXOTH)
+
+
+def _fake_node_tree(tmp: Path) -> tuple[Path, Path]:
+    sysfs, proc = tmp / "sys", tmp / "proc"
+    links = {"enp1s0f0np0": ("up", "9000"), "enP2p1s0f0np0": ("up", "9000"),
+             "enp1s0f1np1": ("down", "1500"), "enP2p1s0f1np1": ("down", "1500")}
+    for nd, (state, mtu) in links.items():
+        (sysfs / "class/net" / nd).mkdir(parents=True)
+        (sysfs / "class/net" / nd / "operstate").write_text(state + "\n")
+        (sysfs / "class/net" / nd / "mtu").write_text(mtu + "\n")
+    ll = "fe80:0000:0000:0000:4ebb:47ff:fee8:9f39"  # §2.2
+    v4 = "0000:0000:0000:0000:0000:ffff:c0a8:640a"  # 192.168.100.10, §2.2
+    v4b = "0000:0000:0000:0000:0000:ffff:c0a8:c80d"  # 192.168.200.13 (§4.1 ib_write_bw GID)
+    zero = "0000:0000:0000:0000:0000:0000:0000:0000"
+    tables = {  # rocep1s0f0: the drifted table of §2.4 (index 3 empty, RoCEv2 IPv4 at 4)
+        ("rocep1s0f0", "enp1s0f0np0"): {0: (ll, "IB/RoCE v1"), 1: (ll, "RoCE v2"), 2: (v4, "IB/RoCE v1"),
+                                        3: (zero, None), 4: (v4, "RoCE v2")},
+        ("roceP2p1s0f0", "enP2p1s0f0np0"): {0: (ll, "IB/RoCE v1"), 1: (ll, "RoCE v2"), 2: (v4b, "IB/RoCE v1"),
+                                            3: (v4b, "RoCE v2")},
+        ("rocep1s0f1", "enp1s0f1np1"): {0: (ll, "IB/RoCE v1"), 1: (ll, "RoCE v2")},
+        ("roceP2p1s0f1", "enP2p1s0f1np1"): {0: (ll, "IB/RoCE v1"), 1: (ll, "RoCE v2")},
+    }
+    for (dev, nd), table in tables.items():
+        port = sysfs / "class/infiniband" / dev / "ports/1"
+        for sub in ("gids", "gid_attrs/types", "gid_attrs/ndevs"):
+            (port / sub).mkdir(parents=True)
+        for n in range(8):
+            gid, typ = table.get(n, (zero, None))
+            (port / "gids" / str(n)).write_text(gid + "\n")
+            if typ:  # empty slots have no attrs: the real kernel fails those reads
+                (port / "gid_attrs/types" / str(n)).write_text(typ + "\n")
+                (port / "gid_attrs/ndevs" / str(n)).write_text(nd + "\n")
+    (proc / "sys/kernel/random").mkdir(parents=True)
+    (proc / "sys/kernel/random/boot_id").write_text("13dc5579-455c-45c8-8e4d-d09c457fa826\n")
+    (proc / "meminfo").write_text(fx("meminfo-head.txt"))
+    (proc / "uptime").write_text("1163.51 1405.68\n")
+    return sysfs, proc
+
+
+def _stubs(tmp: Path) -> Path:
+    bin_ = tmp / "bin"
+    bin_.mkdir()
+    q = shlex.quote
+    _exe(bin_ / "nvidia-smi", (
+        'case "$*" in\n'
+        f'  *--query-gpu=*) printf %s {q(GPU_LINE)} ;;\n'
+        f'  *-q*) cat {q(str(FIX / "nvidia-smi-q-clock-event-reasons-node0.txt"))} ;;\n'
+        '  *) exit 2 ;;\nesac\n'))
+    _exe(bin_ / "ibdev2netdev", f'cat {q(str(FIX / "ibdev2netdev-roceP2-first.txt"))}\n')
+    _exe(bin_ / "ethtool", (
+        'case "$1" in\n'
+        f'  enp1s0f0np0|enP2p1s0f0np0) cat {q(str(FIX / "ethtool-grep-speed-link-200g.txt"))} ;;\n'
+        '  *) printf "\\tSpeed: Unknown!\\n\\tDuplex: Unknown! (255)\\n\\tLink detected: no\\n" ;;\nesac\n'))
+    _exe(bin_ / "lspci", (
+        'case "$*" in\n'
+        f'  *0002:01:00.1*) cat {q(str(FIX / "lspci-vv-degraded-tabs-other-machine.txt"))} ;;\n'
+        f'  *) cat {q(str(FIX / "lspci-vvv-lnk-healthy.txt"))} ;;\nesac\n'))
+    _exe(bin_ / "apt-mark", f'cat {q(str(FIX / "apt-mark-showhold-modelled-fixture.txt"))}\n')
+    _exe(bin_ / "curl", f'cat {q(str(FIX / "v1-models-llamacpp.json"))}\n')
+    _exe(bin_ / "ip", (  # FORMAT SAMPLE of `ip -4 -o addr show dev IF`
+        'case "$*" in\n'
+        '  *enp1s0f0np0*) echo "5: enp1s0f0np0    inet 192.168.100.10/24 brd 192.168.100.255 scope global '
+        'enp1s0f0np0\\       valid_lft forever preferred_lft forever" ;;\n'
+        '  *enP2p1s0f0np0*) echo "7: enP2p1s0f0np0    inet 192.168.200.13/24 brd 192.168.200.255 scope global '
+        'enP2p1s0f0np0\\       valid_lft forever preferred_lft forever" ;;\n'
+        'esac\n'))
+    _exe(bin_ / "ss", 'echo "LISTEN 0      4096         0.0.0.0:8000      0.0.0.0:*"\n')  # FORMAT SAMPLE
+    return bin_
+
+
+def test_script_round_trip_in_one_invocation(tmp_path: Path) -> None:
+    sysfs, proc = _fake_node_tree(tmp_path)
+    bin_ = _stubs(tmp_path)
+    env = {**os.environ, "PATH": f"{bin_}:{os.environ.get('PATH', '/usr/bin:/bin')}"}
+    engine = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "vllm", "serve", "fake-model"])
+    calls: list[str] = []
+
+    def run(command: str) -> tuple[int, str, str]:
+        calls.append(command)
+        p = subprocess.run(command, shell=True, capture_output=True, text=True, env=env, timeout=60)
+        return p.returncode, p.stdout, p.stderr
+
+    try:
+        node = spark_node(sysfs=str(sysfs), proc=str(proc))
+        f = probes.gather(run, node, weights_path=str(tmp_path / "models" / "not-yet-downloaded"), endpoint_port=8000)
+    finally:
+        engine.kill()
+        engine.wait()
+    assert len(calls) == 1 and calls[0].startswith("sh -c ")
+    assert f.unreadable == {} and f.not_available == {}, (f.unreadable, f.not_available)
+    assert f.boot_id == "13dc5579-455c-45c8-8e4d-d09c457fa826" and f.uptime_s == 1163.51
+    assert (f.mem_total_kib, f.mem_available_kib) == (127600816, 40174336)
+    assert f.held_packages and len(f.held_packages) == 6
+    assert f.disk_free_gib is not None and f.disk_free_gib >= 0
+    assert f.gpu == GpuFacts("NVIDIA GB10", "12.1", "580.159.03", 2190, 3003, None,
+                             ("applications_clocks_setting",), 34.5, 52)
+    assert f.links["enp1s0f0np0"] == probes.LinkFacts(
+        "enp1s0f0np0", "rocep1s0f0", "up", 9000, "192.168.100.10/24", 200000, True, 4)  # drifted: index 4
+    assert f.links["enP2p1s0f0np0"].gid_index_rocev2_ipv4 == 3
+    assert f.links["enp1s0f1np1"] == probes.LinkFacts(
+        "enp1s0f1np1", "rocep1s0f1", "down", 1500, None, None, False, None)
+    assert sorted(f.pcie) == list(probes.CX7_FUNCTIONS)
+    assert [b for b, p in f.pcie.items() if p.downgraded] == ["0002:01:00.1"]
+    assert any(e.pid == engine.pid and e.args.endswith("vllm serve fake-model") for e in f.engines or [])
+    assert not any("@@sparkctl" in e.args for e in f.engines or [])
+    assert f.listening_ports == {8000}
+    assert f.served_models == ["qwen3-8b"]
+
+
+def test_script_on_a_node_without_the_vendor_tools(tmp_path: Path) -> None:
+    # This machine has no nvidia-smi, ibdev2netdev, ethtool or lspci: they must
+    # come back "not available", the rest of the batch intact.
+    missing = [t for t in ("nvidia-smi", "ibdev2netdev", "ethtool", "lspci")
+               if subprocess.run(["sh", "-c", f"command -v {t}"], capture_output=True).returncode != 0]
+    if len(missing) < 4:
+        pytest.skip("this machine has vendor tools installed")
+    sysfs, proc = _fake_node_tree(tmp_path)
+
+    def run(command: str) -> tuple[int, str, str]:
+        p = subprocess.run(command, shell=True, capture_output=True, text=True, timeout=60)
+        return p.returncode, p.stdout, p.stderr
+
+    f = probes.gather(run, spark_node(sysfs=str(sysfs), proc=str(proc)))
+    assert f.gpu is None and {"gpu", "gpu_clocks", "ibdev2netdev"} <= set(f.not_available)
+    assert all(k.startswith(("net.", "pcie.")) for k in set(f.not_available) - {"gpu", "gpu_clocks", "ibdev2netdev"})
+    assert f.boot_id == "13dc5579-455c-45c8-8e4d-d09c457fa826" and f.links["enp1s0f0np0"].mtu == 9000
+    assert f.links["enp1s0f0np0"].gid_index_rocev2_ipv4 is None or f.links["enp1s0f0np0"].ipv4 is None
+    assert f.served_models is None and "models" not in f.unreadable  # no endpoint asked for
+    assert not {k for k in f.unreadable if not re.match(r"net\.\w+\.ipv4$", k)}, f.unreadable
+
+
+def test_script_uses_sudo_for_lspci_only_when_the_node_allows() -> None:
+    assert "sudo" not in probes.build_script(spark_node())
+    s = probes.build_script(spark_node(sudo=True))
+    assert s.count("sudo -n lspci") == 4 and s.count("sudo") == 8
