@@ -364,10 +364,13 @@ class BenchClient:
         t_release = time.perf_counter()
 
         async def trace(name: str, info: Mapping[str, Any]) -> None:
-            # 'sent' = the request's last byte handed to the socket. Stamping it here
-            # rather than before send() keeps the client's own queueing (N requests
-            # released together go out one after another) out of the server's TTFT.
-            if name == "http11.send_request_body.complete":
+            # 'sent' = the moment the request body goes to the socket. httpcore calls
+            # this hook and then, with no await in between, transport.write()s the
+            # body (the headers went out just before; a server can act on a request
+            # only once its body is in). The ".complete" hook would be too late: the
+            # stream yields to the loop after writing, and N requests released
+            # together would stamp each other's send work into their TTFT.
+            if name == "http11.send_request_body.started":
                 events.append(Event(time.perf_counter(), "sent", raw_len=len(content), detail="written"))
 
         req = self._client.build_request("POST", self.base_url + _PATHS[spec.endpoint], content=content,

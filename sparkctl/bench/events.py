@@ -27,7 +27,7 @@ STATUSES: tuple[str, ...] = get_args(Status)
 class Event:
     """One observation on a streamed request.
 
-    * ``sent``: the request's last byte was handed to the socket (``detail="written"``);
+    * ``sent``: the request body was handed to the socket (``detail="written"``);
       if it never was (connect failed), the time the client released it
       (``detail="not written"``). ``raw_len`` = body bytes.
     * ``headers``: response status line and headers received.

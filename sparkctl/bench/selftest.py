@@ -12,7 +12,9 @@ Tolerances (and why):
 
 * rates (prefill, decode, aggregate) and their inverses (TPOT, ITL p50):
   +-1 % at concurrency 1, +-2 % at higher concurrency (the brief's budget);
-* TTFT: ``expected <= measured <= expected + 2 ms``. The lower bound is
+* TTFT: ``expected <= measured <= expected + 2 ms + w``, ``w`` = the p99
+  lateness of the server's timer on this machine, measured first
+  (:func:`measure_wake_lateness`; ~0.1 ms on a quiet host, a few ms on a busy VM). The lower bound is
   causal: the server schedules the first visible chunk no earlier than
   ``a + b*P + (k-1)*g`` after it *received* the request, and the client stamps
   ``sent`` when the request's last byte left, before that. The upper bound is
@@ -34,7 +36,7 @@ from typing import Any
 from sparkctl.bench.client import BenchClient, ClientTimeouts, LoopLagProbe, RequestSpec
 from sparkctl.bench.events import RequestResult
 from sparkctl.bench.metrics import aggregate_throughput, percentile, request_metrics
-from sparkctl.bench.refserver import RefConfig, RefServer, RefServerProcess, count_prompt_tokens
+from sparkctl.bench.refserver import RefConfig, RefServer, RefServerProcess, _PreciseWaker, count_prompt_tokens
 
 TTFT_SLACK_S = 0.002
 
@@ -82,6 +84,9 @@ class SelfTestReport:
     starved_cells: tuple[tuple[str, int], ...] = ()
     """Cells that still failed after their retries while the client's loop was
     starved: their timing rows measure the machine's load, not the client."""
+    wake_lateness_p99_ms: float = 0.0
+    """p99 lateness of the reference server's precise timer on this machine,
+    measured before the runs; added to the TTFT upper tolerance."""
 
     def failures(self) -> tuple[Check, ...]:
         return tuple(c for c in self.checks if not c.passed)
@@ -104,9 +109,9 @@ class Scenario:
     ref: Mapping[str, Any] = field(default_factory=dict)
 
 
-# a = 50 ms, b = 0.5 ms/token (2000 tok/s prefill), g = 5 ms (200 tok/s decode).
-# TTFT ~ 0.2 s keeps the +2 ms TTFT budget inside the 1 % prefill-rate budget.
-BASE_TIMING = RefConfig(ttft_base_s=0.05, ttft_per_token_s=0.0005, gap_s=0.005)
+# a = 100 ms, b = 1 ms/token (1000 tok/s prefill), g = 5 ms (200 tok/s decode).
+# TTFT ~ 0.4 s keeps the TTFT budget (2 ms + timer lateness) inside the 1 % prefill-rate budget.
+BASE_TIMING = RefConfig(ttft_base_s=0.1, ttft_per_token_s=0.001, gap_s=0.005)
 
 DEFAULT_SCENARIOS: tuple[Scenario, ...] = (
     Scenario("completions", "completions", 300, 64),
@@ -144,7 +149,7 @@ def _spec(sc: Scenario, base: RefConfig, prompt_words: int) -> RequestSpec:
 
 
 def check_cell(sc: Scenario, base: RefConfig, concurrency: int,
-               batches: Sequence[Sequence[RequestResult]]) -> list[Check]:
+               batches: Sequence[Sequence[RequestResult]], wake_slack_s: float = 0.0) -> list[Check]:
     """Compare every request of one (scenario, concurrency) cell with the closed forms. Pure."""
     cfg = base.with_overrides(sc.ref)
     rate_tol = 1.0 if concurrency == 1 else 2.0
@@ -185,15 +190,17 @@ def check_cell(sc: Scenario, base: RefConfig, concurrency: int,
         tsrc.append((m.token_source, "usage" if cfg.usage else "chunk_count"))
         psrc.append((m.prompt_token_source, "usage" if cfg.usage else "caller"))
 
-    # TTFT: causal lower bound, fixed upper slack
+    # TTFT: causal lower bound; upper bound = transport budget + the platform's timer lateness
+    slack = TTFT_SLACK_S + wake_slack_s
+    tol = f"[0, +{slack * 1e3:.2f} ms]"
     worst = max(ttft, key=lambda p: float("inf") if p[0] is None else abs(p[0] - p[1]))
     if worst[0] is None:
-        rows.append(Check(sc.name, concurrency, "ttft_s", worst[1], "missing", None, "[0, +2 ms]", False, n))
+        rows.append(Check(sc.name, concurrency, "ttft_s", worst[1], "missing", None, tol, False, n))
     else:
         lo_ok = all(m is not None and m >= e for m, e in ttft)
-        hi_ok = all(m is not None and m <= e + TTFT_SLACK_S for m, e in ttft)
+        hi_ok = all(m is not None and m <= e + slack for m, e in ttft)
         rows.append(Check(sc.name, concurrency, "ttft_s", worst[1], worst[0], _rel_err_pct(worst[0], worst[1]),
-                          "[0, +2 ms]", lo_ok and hi_ok, n))
+                          tol, lo_ok and hi_ok, n))
     worst_rel("prefill_tok_s", prefill, rate_tol)
     worst_rel("decode_tok_s", decode, rate_tol)
     worst_rel("tpot_s", tpot, rate_tol)
@@ -222,6 +229,26 @@ def check_cell(sc: Scenario, base: RefConfig, concurrency: int,
     worst_rel("aggregate_tok_s", agg, rate_tol)
     rows.append(Check(sc.name, concurrency, "send_spread_s", 0.0, max(spreads), None, "info", True, n))
     return rows
+
+
+async def measure_wake_lateness(n: int = 60, period_s: float = 0.005) -> float:
+    """p99 of how late the reference server's timer (:class:`_PreciseWaker`) fires here, in seconds.
+
+    A virtual machine or a busy host wakes sleeping threads late; the server
+    then emits late by that much, by construction, and the TTFT tolerance must
+    include it. Measured on this process's loop, which runs the same code.
+    """
+    loop = asyncio.get_running_loop()
+    waker = _PreciseWaker(loop)
+    late: list[float] = []
+    try:
+        for _ in range(n):
+            target = loop.time() + period_s
+            await waker.sleep_until(target)
+            late.append(loop.time() - target)
+    finally:
+        waker.close()
+    return max(percentile(late, 99.0) or 0.0, 0.0)
 
 
 async def measure_client_capacity(base_url: str, *, concurrency: int = 64, max_tokens: int = 256,
@@ -289,6 +316,7 @@ async def run_selftest_async(concurrency_levels: Sequence[int] = (1, 16), *, rep
     lag_p99: dict[int, float] = {}
     statuses: dict[str, int] = {}
     starved: list[tuple[str, int]] = []
+    wake_p99_s = await measure_wake_lateness()
     srv: RefServer | RefServerProcess = RefServerProcess(base) if server == "process" else RefServer(base)
     async with srv:
         for c in concurrency_levels:
@@ -303,7 +331,7 @@ async def run_selftest_async(concurrency_levels: Sequence[int] = (1, 16), *, rep
                         async with LoopLagProbe() as lag:
                             batches = [await client.run_batch(specs) for _ in range(repeats)]
                         lags += lag.samples_s
-                        cell = check_cell(sc, base, c, batches)
+                        cell = check_cell(sc, base, c, batches, wake_slack_s=wake_p99_s)
                         cell_lag_ms = (percentile(lag.samples_s, 99.0) or 0.0) * 1e3
                         # a failed cell is re-run only when the client's own loop was
                         # starved (by other load on the machine) while it ran
@@ -331,6 +359,7 @@ async def run_selftest_async(concurrency_levels: Sequence[int] = (1, 16), *, rep
         duration_s=time.perf_counter() - t_start,
         statuses=statuses,
         starved_cells=tuple(starved),
+        wake_lateness_p99_ms=wake_p99_s * 1e3,
     )
 
 
@@ -352,6 +381,7 @@ def format_report(report: SelfTestReport) -> str:
         err = "" if r.error_pct is None else f"{r.error_pct:+.3f}"
         lines.append(f"{r.config:<22} {r.concurrency:>3} {r.metric:<20} {fmt(r.expected):>12} {fmt(r.measured):>12} "
                      f"{err:>8}  {r.tolerance:<12} {'yes' if r.passed else 'NO'}")
+    lines.append(f"timer wake lateness p99 (added to the TTFT tolerance): {report.wake_lateness_p99_ms:.3f} ms")
     for c, lag in report.loop_lag_p99_ms.items():
         lines.append(f"loop lag p99 during c={c}: {lag:.3f} ms")
     if report.capacity:

@@ -48,6 +48,7 @@ import ipaddress
 import json
 import logging
 import os
+import sys
 import pwd
 import shlex
 import shutil
@@ -79,7 +80,7 @@ Progress = Callable[[str], None]
 MGMT_IFNAME = "enP7s7"  # the Spark's onboard management NIC
 # Real paths that sparkctl renders into on a node; each node gets a private copy.
 PRIVATE_DIRS = ("/etc/sparkctl", "/opt/sparkctl", "/var/lib/sparkctl", "/var/log/sparkctl",
-                "/etc/systemd/system", "/etc/netplan", "/etc/sysctl.d")
+                "/etc/systemd/system", "/etc/netplan", "/etc/sysctl.d", "/srv/models")
 SESSION_BASE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 SSHD = "/usr/sbin/sshd"
 LEDGER_DIR = Path("/run/sparkctl-sim")  # survives a deleted sim root; cleared by a host reboot
@@ -539,16 +540,21 @@ def _sshd_config(p: SimPaths, node: SimNode, rootless: bool) -> str:
 
 
 def _install_tools(p: SimPaths, say: Progress) -> None:
+    from .engine import install_engines
+    from .procshims import install_procshims
+    from .shims import install_shims
+
     p.bin.mkdir(parents=True, exist_ok=True)
     p.pkgs.mkdir(parents=True, exist_ok=True)
-    _hook(say, "sparkctl.sim.shims", "install_shims", p.bin)
-    # The engines helper's installer: engine.py per the brief, or the engines package.
-    for module in ("sparkctl.sim.engine", "sparkctl.sim.engines.install", "sparkctl.sim.engines"):
-        if _hook(say, module, "install_engines", p.bin, p.pkgs, missing_ok=True) is not _MISSING:
-            break
-    else:
-        log.info("optional hook install_engines skipped: no engines installer present")
-    _hook(say, "sparkctl.sim.procshims", "install_procshims", p.bin)
+    install_shims(p.bin)
+    install_engines(p.bin, p.pkgs)
+    install_procshims(p.bin)
+    # The node's python3 is this machine's interpreter (it has llama-cpp-python for
+    # the tiny real engine); a real Spark has its own.
+    py = p.bin / "python3"
+    py.write_text(f"#!/bin/sh\nexec {shlex.quote(sys.executable)} \"$@\"\n")
+    py.chmod(0o755)
+    say("tools installed: GB10 shims, simulated engines, docker/systemctl shims, python3")
 
 
 _MISSING = object()
