@@ -23,7 +23,8 @@ from .inventory import Inventory, load_inventory
 from .profiles import Resolved, describe, resolve
 from .resources import Roots
 
-out = Console(highlight=False, soft_wrap=True)
+# Piped output keeps whole lines (no wrapping at 80 columns).
+out = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 200)
 
 
 @dataclass
@@ -289,6 +290,336 @@ def plan_cmd(c: Ctx, profile: str, sets: tuple[str, ...], as_json: bool) -> None
             out.print(f"      {f}")
 
 
+# --------------------------------------------------------------------------- transport, check
+
+
+transport_options = [
+    click.option("--connect-timeout", "connect_timeout_s", type=float, default=5.0, show_default=True,
+                 help="seconds to wait for a node's ssh connection"),
+    click.option("--command-timeout", "command_timeout_s", type=float, default=60.0, show_default=True,
+                 help="seconds one remote command may take"),
+    click.option("--deadline", "deadline_s", type=float, default=120.0, show_default=True,
+                 help="seconds a whole fan-out step may take"),
+]
+
+
+def with_transport_options(f: Any) -> Any:
+    for opt in reversed(transport_options):
+        f = opt(f)
+    return f
+
+
+def make_transport(inv: Inventory, connect_timeout_s: float, command_timeout_s: float, deadline_s: float) -> Any:
+    import logging
+
+    from .transport import SSHTransport, TransportSettings
+
+    logging.getLogger("paramiko").setLevel(logging.CRITICAL)  # we report connection errors ourselves
+    return SSHTransport(inv.nodes, TransportSettings(connect_timeout_s, command_timeout_s, deadline_s))
+
+
+STATUS_STYLE = {"ok": "green", "warn": "yellow", "fail": "bold red", "waived": "magenta", "skip": "dim"}
+
+
+def print_verdicts(report: Any) -> None:
+    """One table, law x node (the worst verdict in each cell), then every non-ok verdict with its fix."""
+    order = {"fail": 0, "warn": 1, "waived": 2, "ok": 3, "skip": 4}
+    laws_seen = list(dict.fromkeys(v.law for v in report.verdicts))
+    t = Table(box=None, pad_edge=False)
+    t.add_column("law")
+    for n in report.nodes:
+        t.add_column(n)
+    for law in laws_seen:
+        cells = []
+        for n in report.nodes:
+            vs = [v for v in report.verdicts if v.law == law and v.node == n]
+            if not vs:
+                cells.append("[dim]-[/]")
+                continue
+            worst = min(vs, key=lambda v: order.get(v.status, 9))
+            note = worst.observed if len(vs) == 1 else f"{sum(v.status == worst.status for v in vs)}/{len(vs)}"
+            cells.append(f"[{STATUS_STYLE.get(worst.status, '')}]{worst.status}[/] {escape(note[:28])}")
+        t.add_row(law, *cells)
+    out.print(t)
+    bad = [v for v in report.verdicts if v.status not in ("ok", "skip")]
+    if bad:
+        out.print()
+    for v in sorted(bad, key=lambda v: (order.get(v.status, 9), v.law, v.node)):
+        subject = f" {v.subject}" if v.subject else ""
+        out.print(f"[{STATUS_STYLE.get(v.status, '')}]{v.status}[/] {v.law} {escape(v.node)}{escape(subject)}: "
+                  f"{escape(v.observed)} (expected {escape(v.expected)})")
+        if v.fix:
+            out.print(f"    fix: {escape(v.fix)}")
+
+
+def escape(text: str) -> str:
+    from rich.markup import escape as _e
+
+    return _e(str(text))
+
+
+def parse_waivers(waive: tuple[str, ...], reason: str | None) -> dict[str, Any]:
+    from .laws import LAWS, Waiver
+
+    ids = {law.id for law in LAWS}
+    out = {}
+    for w in waive:
+        if w not in ids:
+            raise ConfigError(f"--waive {w}: no such law", hint=f"laws: {', '.join(sorted(ids))}")
+        if not reason or not reason.strip():
+            raise ConfigError(f"--waive {w} needs --reason \"...\"", hint="a waiver is recorded with its reason")
+        out[w] = Waiver(w, reason.strip())
+    return out
+
+
+@cli.command("check")
+@click.argument("profile")
+@inventory_option
+@set_option
+@click.option("--waive", multiple=True, metavar="LAW", help="accept a failing law on purpose (needs --reason)")
+@click.option("--reason", help="why the waived laws are accepted (recorded)")
+@click.option("--fix", is_flag=True, help="apply the safe remedies (the clock cap) and check again")
+@click.option("--bandwidth", "bandwidth_s", type=int, default=2, show_default=True, metavar="SECONDS",
+              help="measure every twin with ib_write_bw for this long (0: skip; stale links show only here)")
+@with_transport_options
+@json_option
+@pass_ctx
+def check_cmd(c: Ctx, profile: str, sets: tuple[str, ...], waive: tuple[str, ...], reason: str | None, fix: bool,
+              bandwidth_s: int, connect_timeout_s: float, command_timeout_s: float, deadline_s: float,
+              as_json: bool) -> None:
+    """Probe every node of PROFILE in parallel and judge every law (changes nothing, except --fix)."""
+    from .check import clear_hw_change_if_done, run_check
+
+    res = c.resolve(profile, sets)
+    inv = c.inventory()
+    waivers = parse_waivers(waive, reason)
+    with make_transport(inv, connect_timeout_s, command_timeout_s, deadline_s) as tr:
+        report = run_check(res, inv, tr, waivers=waivers, fix=fix, bandwidth_s=bandwidth_s,
+                           progress=None if as_json else (lambda m: err_console().print(f"[dim]{escape(m)}[/]")))
+    closed = clear_hw_change_if_done(inv, report)
+    if as_json:
+        emit_json(report.to_dict())
+    else:
+        print_verdicts(report)
+        for f in report.fixed:
+            out.print(f"fixed: {escape(f)}")
+        if closed:
+            out.print("the recorded hardware change is complete: every node booted since and links are healthy")
+        fails = sum(v.failed for v in report.verdicts)
+        out.print(f"\n{'[green]ok[/]' if report.ok else f'[bold red]{fails} failing[/]'}: {len(report.nodes)} nodes, "
+                  f"{len(report.verdicts)} verdicts in {report.duration_s:.1f} s")
+    if not report.ok:
+        raise SystemExit(4)
+
+
+def err_console() -> Console:
+    return Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+@cli.command("hw-change")
+@inventory_option
+@click.option("--note", required=True, help="what changed (a cable moved, a card reseated, ...)")
+@click.option("--node", "nodes", multiple=True, help="affected nodes (default: all)")
+@with_transport_options
+@pass_ctx
+def hw_change_cmd(c: Ctx, note: str, nodes: tuple[str, ...], connect_timeout_s: float, command_timeout_s: float,
+                  deadline_s: float) -> None:
+    """Record a cable or PCIe change: `check` fails until the nodes are AC power-cycled."""
+    from .check import record_hw_change
+
+    inv = c.inventory()
+    for n in nodes:
+        if n not in inv.names:
+            raise ConfigError(f"--node {n}: not in the inventory", hint=f"nodes: {', '.join(inv.names)}")
+    with make_transport(inv, connect_timeout_s, command_timeout_s, deadline_s) as tr:
+        rec = record_hw_change(inv, tr, note, list(nodes) or None)
+    out.print(f"recorded hardware change '{escape(rec.note)}' at {rec.at} for {', '.join(rec.nodes)}.")
+    out.print("until each of them has booted since and its links run at full rate, `check` fails with: "
+              "shut both ends down, unplug them from AC for at least 60 s, reconnect without moving the cables.")
+
+
+@cli.command("trust")
+@click.argument("nodes", nargs=-1, required=True)
+@inventory_option
+@click.option("--fingerprint", help="record only if the node offers this SHA256:... fingerprint")
+@click.option("--yes", is_flag=True, help="record without asking (you checked the fingerprint another way)")
+@click.option("--connect-timeout", "connect_timeout_s", type=float, default=5.0, show_default=True)
+@pass_ctx
+def trust_cmd(c: Ctx, nodes: tuple[str, ...], fingerprint: str | None, yes: bool, connect_timeout_s: float) -> None:
+    """Record NODES' ssh host keys in known_hosts, on purpose (never done silently)."""
+    from .transport import TransportSettings, default_known_hosts, fetch_host_key, trust
+
+    inv = c.inventory()
+    settings = TransportSettings(connect_timeout_s=connect_timeout_s)
+    for name in nodes:
+        if name not in inv.names:
+            raise ConfigError(f"node {name!r} is not in the inventory", hint=f"nodes: {', '.join(inv.names)}")
+        node = inv.node(name)
+        ktype, fp, _ = fetch_host_key(node, settings)
+        out.print(f"{name} ({node.host}:{node.ssh_port}) offers {ktype} {fp}")
+        if fingerprint and fingerprint != fp:
+            raise ConfigError(f"{name} offers {fp}, not the expected {fingerprint}", hint="do not trust this key")
+        if not (yes or fingerprint):
+            if not sys.stdin.isatty():
+                raise ConfigError("refusing to trust a host key without confirmation",
+                                  hint="pass --fingerprint SHA256:... (checked on the node) or --yes")
+            click.confirm(f"record this key for {name}?", abort=True)
+        trust(node, None, expected_fingerprint=fp, settings=settings)
+        out.print(f"recorded in {default_known_hosts(node)}")
+
+
+# --------------------------------------------------------------------------- the simulated cluster
+
+
+@cli.group("sim")
+def sim_group() -> None:
+    """The SIMULATED cluster on this machine (namespaces, real sshd, simulated GB10 tools and engines)."""
+
+
+def _sim_root() -> Path:
+    from .sim.paths import sim_root
+
+    return sim_root()
+
+
+def _sim_call(fn: Any, *args: Any, **kw: Any) -> Any:
+    return fn(*args, **kw)  # the sim raises sparkctl.errors.SimError subclasses
+
+
+@sim_group.command("up")
+@click.option("--nodes", type=click.Choice(["1", "2", "4"]), default="4", show_default=True)
+@click.option("--inventory-out", type=click.Path(dir_okay=False), help="where to write the inventory")
+@click.option("--rootless", is_flag=True, help="degraded mode without namespaces (automatic when not root)")
+def sim_up_cmd(nodes: str, inventory_out: str | None, rootless: bool) -> None:
+    """Build (or converge) the simulated cluster and write its inventory."""
+    from .inventory import loads_inventory
+    from .sim import cluster
+    from .sim.tinymodel import ensure_tiny_model
+    from .sim.topology import sim_inventory_text, spec_from_inventory
+
+    root = _sim_root()
+    rootless = rootless or os.geteuid() != 0
+    root.mkdir(parents=True, exist_ok=True)
+    inv_path = Path(inventory_out) if inventory_out else root / "inventory.yaml"
+    text = sim_inventory_text(int(nodes), root, rootless)
+    inv = loads_inventory(text, str(inv_path))
+    spec = spec_from_inventory(inv, rootless)
+    status = _sim_call(cluster.up, spec, root, progress=lambda m: err_console().print(f"[dim]{escape(m)}[/]"))
+    model = ensure_tiny_model(root / "models")
+    for n in inv.nodes:  # the tiny real engine's weights, on every node's own disk
+        dest = root / "nodes" / n.name / "fs" / "srv" / "models" / model.name
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        if not dest.exists():
+            import shutil
+
+            shutil.copyfile(model, dest)
+    from .state import write_json  # noqa: F401  (atomic text write below)
+
+    inv_path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = inv_path.with_name(f".{inv_path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, inv_path)
+    out.print(f"simulated {inv.topology} of {len(inv.nodes)} nodes is up ({status.mode} mode); inventory: {inv_path}")
+    for lim in status.limitations:
+        out.print(f"  not simulated: {escape(lim)}")
+    out.print(f"try: sparkctl -i {inv_path} check ds41f-tp4-ring" if int(nodes) == 4 else f"try: sparkctl -i {inv_path} inventory")
+
+
+@sim_group.command("down")
+def sim_down_cmd() -> None:
+    """Remove every trace of the simulated cluster (also after a crash)."""
+    from .sim import cluster
+
+    _sim_call(cluster.down, _sim_root())
+    out.print("simulated cluster removed")
+
+
+@sim_group.command("status")
+@json_option
+def sim_status_cmd(as_json: bool) -> None:
+    """Namespaces, sshd, reachability, boot ids and links of the simulated nodes."""
+    from .sim import cluster
+
+    st = _sim_call(cluster.status, _sim_root())
+    if as_json:
+        emit_json(asdict(st))
+        return
+    out.print(f"simulated cluster: {st.mode} ({st.root})")
+    for n in st.nodes:
+        links = " ".join(f"{lk.ifname}:{'up' if lk.oper_up else 'DOWN'}/{lk.mtu}{'/stale' if lk.stale else ''}"
+                         for lk in n.links)
+        out.print(f"  {n.name:<8} {n.mgmt_ip}:{n.ssh_port} sshd {'up' if n.sshd_alive else 'DOWN'} "
+                  f"ssh {'ok' if n.ssh_reachable else 'NO'} boot {str(n.boot_id)[:8]}  {links}", markup=False)
+
+
+@sim_group.command("set")
+@click.argument("node")
+@click.argument("assignments", nargs=-1, required=True)
+def sim_set_cmd(node: str, assignments: tuple[str, ...]) -> None:
+    """Change a simulated node's hardware state: KEY=VALUE (e.g. kernel_release=6.17.0-1031-nvidia)."""
+    from .sim import cluster
+
+    for a in assignments:
+        if "=" not in a:
+            raise ConfigError(f"{a!r} is not KEY=VALUE", hint="e.g. page_size=65536 or held_packages=[]")
+        key, _, value = a.partition("=")
+        new = _sim_call(cluster.set_state, _sim_root(), node, key, value)
+        out.print(f"{node}: {key} = {json.dumps(new)}", markup=False)
+
+
+FAULTS = ("kill-engine", "link-down", "link-up", "stale-link", "mtu", "sshd-stop", "sshd-start",
+          "unreachable", "reachable", "wedge", "unwedge", "leak-on-death")
+
+
+@sim_group.command("fault")
+@click.argument("node")
+@click.argument("kind", type=click.Choice(FAULTS))
+@click.option("--iface", default="enp1s0f0np0", show_default=True, help="the twin netdev for link faults")
+@click.option("--mtu", "mtu_bytes", type=int, default=1500, show_default=True, help="for kind mtu")
+def sim_fault_cmd(node: str, kind: str, iface: str, mtu_bytes: int) -> None:
+    """Inject a fault into a simulated node."""
+    from .sim import cluster
+
+    root = _sim_root()
+    actions = {
+        "kill-engine": lambda: cluster.kill_engines(root, node),
+        "link-down": lambda: cluster.link_down(root, node, iface),
+        "link-up": lambda: cluster.link_up(root, node, iface),
+        "stale-link": lambda: cluster.stale_link(root, node, iface),
+        "mtu": lambda: cluster.set_mtu(root, node, iface, mtu_bytes),
+        "sshd-stop": lambda: cluster.stop_sshd(root, node),
+        "sshd-start": lambda: cluster.start_sshd(root, node),
+        "unreachable": lambda: cluster.unreachable(root, node),
+        "reachable": lambda: cluster.reachable(root, node),
+        "wedge": lambda: cluster.set_state(root, node, "faults.wedged", "true"),
+        "unwedge": lambda: cluster.set_state(root, node, "faults.wedged", "false"),
+        "leak-on-death": lambda: cluster.set_state(root, node, "faults.leak_on_death", "true", allow_new=True),
+    }
+    result = _sim_call(actions[kind])
+    out.print(f"{node}: {kind} done" + (f" ({result})" if result not in (None, []) else ""), markup=False)
+
+
+@sim_group.command("reboot")
+@click.argument("nodes", nargs=-1, required=True)
+def sim_reboot_cmd(nodes: tuple[str, ...]) -> None:
+    """Warm-reboot simulated nodes (new boot id, clock lock lost; stale links stay stale)."""
+    from .sim import cluster
+
+    for n in nodes:
+        _sim_call(cluster.warm_reboot, _sim_root(), n)
+        out.print(f"{n}: rebooted (warm)")
+
+
+@sim_group.command("power-cycle")
+@click.argument("nodes", nargs=-1, required=True)
+def sim_power_cycle_cmd(nodes: tuple[str, ...]) -> None:
+    """AC power-cycle simulated nodes (clears a stale link once both of its ends are cycled)."""
+    from .sim import cluster
+
+    _sim_call(cluster.power_cycle, _sim_root(), list(nodes))
+    out.print(f"power-cycled: {', '.join(nodes)}")
+
+
 # --------------------------------------------------------------------------- entry point
 
 
@@ -301,6 +632,8 @@ def main(argv: list[str] | None = None) -> int:
         return exc.exit_code
     except click.exceptions.Exit as exc:
         return exc.exit_code
+    except SystemExit as exc:
+        return int(exc.code or 0)
     except click.ClickException as exc:
         exc.show()
         return exc.exit_code

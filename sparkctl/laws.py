@@ -89,6 +89,8 @@ class Context:
     link_probes: Sequence[LinkProbe] = ()
     relay_ok: Mapping[tuple[str, str], bool] = field(default_factory=dict)  # (from, to) -> reached
     endpoint_models: Mapping[str, list[str] | None] = field(default_factory=dict)  # head -> served names
+    # "node:netdev" -> the node's boot id when this stale link was first seen (check keeps the history)
+    stale_seen: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -233,7 +235,7 @@ def check_memory(ctx: Context) -> list[Verdict]:
                                f">= {law.min_free_gib:g} GiB",
                                f"lower laws.gpu_memory_utilization or stop what else runs on {node}"))
             continue
-        out.append(Verdict("memory_guard", node, OK, f"MemAvailable {avail:.1f} GiB of {total:.1f}",
+        out.append(Verdict("memory_guard", node, OK, f"{avail:.1f} of {total:.1f} GiB available",
                            f">= {law.min_free_gib:g} GiB, utilization <= 0.92"))
     return out
 
@@ -286,20 +288,22 @@ def remedy_clock(ctx: Context, verdicts: list[Verdict]) -> Remedy | None:
     bad = [v for v in verdicts if v.failed]
     if cap is None or not bad:
         return None
-    return Remedy("clock_cap", True, {v.node: clock_lock_commands(cap, ctx.inventory.node(v.node).prefix) for v in bad},
+    return Remedy("clock_cap", True, {v.node: clock_lock_commands(cap, ctx.inventory.node(v.node).prefix, ctx.inventory.node(v.node).proc_root) for v in bad},
                   readback="nvidia-smi --query-gpu=clocks.sm,clocks_event_reasons.active --format=csv,noheader",
                   text=f"lock the GPU clock at 0,{cap} MHz, record it for this boot, read it back")
 
 
-def clock_lock_commands(cap: int, prefix: str = "/") -> tuple[str, ...]:
-    """Lock the clock, then record (boot id, cap): the driver does not report the lock."""
+def clock_lock_commands(cap: int, prefix: str = "/", proc_root: str = "/proc") -> tuple[str, ...]:
+    """Lock the clock, then record (boot id, cap) atomically: the driver does not report the lock."""
     import shlex
 
     rec = (prefix.rstrip("/") or "") + "/var/lib/sparkctl/clock-lock"
+    boot = (proc_root.rstrip("/") or "") + "/sys/kernel/random/boot_id"
+    q = shlex.quote
     return (
         f"nvidia-smi -lgc 0,{int(cap)}",
-        f"mkdir -p {shlex.quote(rec.rsplit('/', 1)[0])} && "
-        f"printf '%s %s\\n' \"$(cat /proc/sys/kernel/random/boot_id)\" {int(cap)} > {shlex.quote(rec)}",
+        f"mkdir -p {q(rec.rsplit('/', 1)[0])} && printf '%s %s\\n' \"$(cat {q(boot)})\" {int(cap)} > {q(rec + '.tmp')}"
+        f" && mv {q(rec + '.tmp')} {q(rec)}",
     )
 
 
@@ -369,27 +373,41 @@ def check_fabric(ctx: Context) -> list[Verdict]:
     return out
 
 
+def stale_links(ctx: Context) -> dict[str, list[tuple[str, str]]]:
+    """node -> [(netdev, description)] for every twin measured below the floor, at both ends."""
+    out: dict[str, list[tuple[str, str]]] = {}
+    for probe in ctx.link_probes:
+        if probe.bandwidth_gbps is None or probe.bandwidth_gbps >= BANDWIDTH_FLOOR_GBPS:
+            continue
+        desc = f"{probe.bandwidth_gbps:.1f} Gb/s, link up at nominal speed"
+        out.setdefault(probe.node, []).append((probe.netdev, f"{probe.netdev} {desc}"))
+        lk = next((lk for lk in ctx.inventory.links if lk.touches(probe.node) and lk.touches(probe.peer)
+                   and lk.end(probe.node).netdev == probe.netdev), None)
+        if lk is not None:
+            peer = lk.other(probe.node)
+            out.setdefault(peer.node, []).append((peer.netdev, f"{peer.netdev} {desc} (measured from {probe.node})"))
+    return out
+
+
 def check_ac_cycle(ctx: Context) -> list[Verdict]:
     if not ctx.profile.laws.ac_cycle:
         return []
     out: list[Verdict] = []
-    stale_nodes: dict[str, list[str]] = {}
-    for probe in ctx.link_probes:
-        if probe.bandwidth_gbps is not None and probe.bandwidth_gbps < BANDWIDTH_FLOOR_GBPS:
-            stale_nodes.setdefault(probe.node, []).append(
-                f"{probe.netdev} {probe.bandwidth_gbps:.1f} Gb/s (link up at nominal speed)")
+    stale = stale_links(ctx)
     hw = ctx.hw_change
     for node in ctx.nodes:
         f = _facts(ctx, node)
         if f is None:
             continue
+        boot = getattr(f, "boot_id", None)
         reasons = []
-        if hw and node in hw.nodes and hw.boot_ids.get(node) == getattr(f, "boot_id", None):
+        if hw and node in hw.nodes and hw.boot_ids.get(node) == boot:
             reasons.append(f"not rebooted since the hardware change '{hw.note}' ({hw.at})")
-        if node in stale_nodes:
-            rebooted = hw and node in hw.nodes and hw.boot_ids.get(node) != getattr(f, "boot_id", None)
-            reasons.append("stale link: " + ", ".join(stale_nodes[node])
-                           + ("; it has rebooted since the change, and a warm reboot does not clear it" if rebooted else ""))
+        if node in stale:
+            rebooted = any(ctx.stale_seen.get(f"{node}:{nd}") not in (None, boot) for nd, _ in stale[node])
+            rebooted = rebooted or bool(hw and node in hw.nodes and hw.boot_ids.get(node) != boot)
+            reasons.append("stale link: " + "; ".join(d for _, d in stale[node])
+                           + ("; the node has rebooted since, and a warm reboot did not clear it" if rebooted else ""))
         if reasons:
             out.append(Verdict("ac_cycle", node, FAIL, "; ".join(reasons), "booted after the change, links at full rate",
                                f"{node} and its cable peers: {AC_CYCLE_FIX}"))

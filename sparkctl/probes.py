@@ -50,7 +50,7 @@ import ipaddress
 import json
 import re
 import shlex
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -1179,3 +1179,74 @@ def gather(
         tail = err.strip().splitlines()[-1][:200] if err.strip() else ""
         facts.unreadable["batch"] += f" (exit code {code}{': ' + tail if tail else ''})"
     return facts
+
+
+# --------------------------------------------------------------------------- active fabric probes
+#
+# Not read-only facts but harmless traffic between the nodes' own fabric
+# addresses: don't-fragment pings of MTU-28 bytes on every twin, pings to ring
+# non-neighbours (through the relay), and optionally ib_write_bw per twin. One
+# script per node, all nodes at once: the b end of every twin starts its
+# ib_write_bw server, the a end waits a moment and runs the client.
+
+
+@dataclass(frozen=True)
+class FabricTarget:
+    kind: str  # df | relay | bw-server | bw-client
+    netdev: str
+    peer: str
+    address: str  # the peer's address (df, relay, bw-client)
+    rdma: str = ""
+    port: int = 0
+
+
+def build_fabric_script(targets: Sequence[FabricTarget], mtu: int, bandwidth_s: int = 0) -> str:
+    size = int(mtu) - 28
+    lines = [_PRELUDE, f"echo {_q(MARKER_PREFIX + 'manifest:fabric@@')}"]
+    for i, t in enumerate(targets):
+        name = f"fab{i}"
+        if t.kind == "df":
+            body = f"have ping || exit 127; ping -M do -s {size} -c 1 -W 2 -I {_q(t.netdev)} {_q(t.address)}"
+        elif t.kind == "relay":
+            body = f"have ping || exit 127; ping -c 1 -W 2 {_q(t.address)}"
+        elif t.kind == "bw-server" and bandwidth_s:
+            body = (f"have ib_write_bw || exit 127; (ib_write_bw -d {_q(t.rdma)} -p {int(t.port)} -D {int(bandwidth_s)} "
+                    "--report_gbits >/dev/null 2>&1 &) ; echo started")
+        elif t.kind == "bw-client" and bandwidth_s:
+            body = (f"have ib_write_bw || exit 127; sleep 1; ib_write_bw -d {_q(t.rdma)} -p {int(t.port)} "
+                    f"-D {int(bandwidth_s)} --report_gbits {_q(t.address)}")
+        else:
+            continue
+        lines.append(f"sec {name}; ( {body} ); end {name} $?")
+    lines.append(f"echo {_q(MARKER_PREFIX + 'done@@')}")
+    return "\n".join(lines) + "\n"
+
+
+def parse_ib_write_bw(text: str) -> float:
+    """BW average [Gb/sec] from the result row of ``ib_write_bw --report_gbits``."""
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) == 5 and parts[0].isdigit():
+            try:
+                return float(parts[3])
+            except ValueError:
+                break
+    raise ProbeParseError("ib_write_bw", "no result row (#bytes #iterations BW peak BW average MsgRate)")
+
+
+def parse_fabric(targets: Sequence[FabricTarget], stdout: str) -> list[tuple[FabricTarget, bool | None, float | None]]:
+    """Per target: (target, reached?, bandwidth Gb/s). None = not measured."""
+    _, sections, _ = split_batch(stdout)
+    out = []
+    for i, t in enumerate(targets):
+        sec = sections.get(f"fab{i}")
+        if sec is None or sec.rc is None or sec.rc == 127:
+            out.append((t, None, None))
+        elif t.kind in ("df", "relay"):
+            out.append((t, sec.rc == 0, None))
+        elif t.kind == "bw-client":
+            try:
+                out.append((t, sec.rc == 0, parse_ib_write_bw(sec.text)))
+            except ProbeParseError:
+                out.append((t, False, None))
+    return out

@@ -20,7 +20,7 @@ Timing model (``t0`` = the server's ``loop.time()`` when the handler starts):
 
 Each emission is scheduled against its absolute target on ``loop.time()``, so
 lateness never accumulates; a helper thread wakes the handlers to ~0.1 ms
-(:class:`_PreciseWaker`) where ``asyncio.sleep`` alone would be up to 1 ms late. Every setting has a default from the command line
+(:class:`PreciseWaker`) where ``asyncio.sleep`` alone would be up to 1 ms late. Every setting has a default from the command line
 or constructor and can be overridden per request by a ``"ref": {...}`` object
 in the JSON body (unknown keys are a 400), so one server serves every
 configuration of a self-test.
@@ -124,11 +124,11 @@ class RefServer:
         self.port = port
         self.model = model
         self._runner: web.AppRunner | None = None
-        self._waker_: _PreciseWaker | None = None
+        self._waker_: PreciseWaker | None = None
         self._seq = 0
 
     @property
-    def _waker(self) -> _PreciseWaker:
+    def _waker(self) -> PreciseWaker:
         if self._waker_ is None:
             raise RuntimeError("RefServer is not started")
         return self._waker_
@@ -145,7 +145,7 @@ class RefServer:
         return app
 
     async def start(self) -> None:
-        self._waker_ = _PreciseWaker(asyncio.get_running_loop())
+        self._waker_ = PreciseWaker(asyncio.get_running_loop())
         # handler_cancellation: a client that hangs up ends its handler (a stalled
         # stream must not outlive it); shutdown_timeout bounds stop().
         self._runner = web.AppRunner(self.app(), access_log=None, handle_signals=False,
@@ -283,7 +283,7 @@ class RefServer:
         return False
 
 
-class _PreciseWaker:
+class PreciseWaker:
     """Wakes coroutines at ``loop.time()`` targets to ~0.1 ms, without spinning.
 
     A plain ``asyncio.sleep`` wakes up to 1 ms late: the selector rounds its

@@ -12,14 +12,16 @@ Tolerances (and why):
 
 * rates (prefill, decode, aggregate) and their inverses (TPOT, ITL p50):
   +-1 % at concurrency 1, +-2 % at higher concurrency (the brief's budget);
-* TTFT: ``expected <= measured <= expected + 2 ms + w``, ``w`` = the p99
-  lateness of the server's timer on this machine, measured first
-  (:func:`measure_wake_lateness`; ~0.1 ms on a quiet host, a few ms on a busy VM). The lower bound is
-  causal: the server schedules the first visible chunk no earlier than
-  ``a + b*P + (k-1)*g`` after it *received* the request, and the client stamps
-  ``sent`` when the request's last byte left, before that. The upper bound is
-  the loopback + wake-up + parse budget;
-* ITL p99: within +-2 ms of ``g`` (a tail; jitter, not arithmetic);
+* TTFT: ``expected <= measured <= expected + 2 ms + 2w``, ``w`` = the worst
+  lateness of a precise timer on this machine, measured first
+  (:func:`measure_wake_lateness`; ~0.1 ms on a quiet host, ms on a busy VM):
+  the server wakes late to emit and the client wakes late to read. At
+  concurrency > 1 the upper budget doubles, as the rate budget does: the
+  client stamps chunks that arrive together one after another. The lower
+  bound is causal: the server schedules the first visible chunk no earlier
+  than ``a + b*P + (k-1)*g`` after it *received* the request, and the client
+  stamps ``sent`` as the request body goes to the socket, before that;
+* ITL p99: within the same budget of ``g`` (a tail; jitter, not arithmetic);
 * token counts and their source: exact.
 
 Each row reports the *worst* request of its (configuration, concurrency) cell.
@@ -36,7 +38,7 @@ from typing import Any
 from sparkctl.bench.client import BenchClient, ClientTimeouts, LoopLagProbe, RequestSpec
 from sparkctl.bench.events import RequestResult
 from sparkctl.bench.metrics import aggregate_throughput, percentile, request_metrics
-from sparkctl.bench.refserver import RefConfig, RefServer, RefServerProcess, _PreciseWaker, count_prompt_tokens
+from sparkctl.bench.refserver import RefConfig, RefServer, RefServerProcess, PreciseWaker, count_prompt_tokens
 
 TTFT_SLACK_S = 0.002
 
@@ -84,7 +86,7 @@ class SelfTestReport:
     starved_cells: tuple[tuple[str, int], ...] = ()
     """Cells that still failed after their retries while the client's loop was
     starved: their timing rows measure the machine's load, not the client."""
-    wake_lateness_p99_ms: float = 0.0
+    wake_lateness_max_ms: float = 0.0
     """p99 lateness of the reference server's precise timer on this machine,
     measured before the runs; added to the TTFT upper tolerance."""
 
@@ -191,7 +193,10 @@ def check_cell(sc: Scenario, base: RefConfig, concurrency: int,
         psrc.append((m.prompt_token_source, "usage" if cfg.usage else "caller"))
 
     # TTFT: causal lower bound; upper bound = transport budget + the platform's timer lateness
-    slack = TTFT_SLACK_S + wake_slack_s
+    # the server wakes to emit, the client wakes to read; at concurrency > 1 the
+    # budget doubles, as the rate budget does (the client also serializes
+    # chunks that arrive together)
+    slack = (TTFT_SLACK_S + 2 * wake_slack_s) * (1 if concurrency == 1 else 2)
     tol = f"[0, +{slack * 1e3:.2f} ms]"
     worst = max(ttft, key=lambda p: float("inf") if p[0] is None else abs(p[0] - p[1]))
     if worst[0] is None:
@@ -207,8 +212,8 @@ def check_cell(sc: Scenario, base: RefConfig, concurrency: int,
     worst_rel("itl_p50_s", itl50, rate_tol)
     w = max(itl99, key=lambda p: float("inf") if p[0] is None else abs(p[0] - p[1]))
     rows.append(Check(sc.name, concurrency, "itl_p99_s", w[1], "missing" if w[0] is None else w[0],
-                      None if w[0] is None else _rel_err_pct(w[0], w[1]), "+-2 ms",
-                      w[0] is not None and abs(w[0] - w[1]) <= TTFT_SLACK_S, n))
+                      None if w[0] is None else _rel_err_pct(w[0], w[1]), f"+-{slack * 1e3:.2f} ms",
+                      w[0] is not None and abs(w[0] - w[1]) <= slack, n))
     exact("completion_tokens", ctoks)
     exact("prompt_tokens", ptoks)
     exact("token_source", tsrc)
@@ -231,24 +236,27 @@ def check_cell(sc: Scenario, base: RefConfig, concurrency: int,
     return rows
 
 
-async def measure_wake_lateness(n: int = 60, period_s: float = 0.005) -> float:
-    """p99 of how late the reference server's timer (:class:`_PreciseWaker`) fires here, in seconds.
+async def measure_wake_lateness(n_short: int = 40, short_s: float = 0.005, n_long: int = 4,
+                                long_s: float = 0.25) -> float:
+    """Worst lateness of the reference server's timer (:class:`PreciseWaker`) here, in seconds.
 
-    A virtual machine or a busy host wakes sleeping threads late; the server
-    then emits late by that much, by construction, and the TTFT tolerance must
-    include it. Measured on this process's loop, which runs the same code.
+    A virtual machine or a busy host wakes sleeping threads late, most after a
+    long idle sleep (a TTFT wait is one). The server then emits late by that
+    much, by construction, and the client wakes late to read it, so the TTFT
+    and ITL tail tolerances add twice this figure. Short waits (a decode gap)
+    and long ones (a TTFT) are both sampled; the maximum is returned.
     """
     loop = asyncio.get_running_loop()
-    waker = _PreciseWaker(loop)
+    waker = PreciseWaker(loop)
     late: list[float] = []
     try:
-        for _ in range(n):
-            target = loop.time() + period_s
+        for period in [short_s] * n_short + [long_s] * n_long:
+            target = loop.time() + period
             await waker.sleep_until(target)
             late.append(loop.time() - target)
     finally:
         waker.close()
-    return max(percentile(late, 99.0) or 0.0, 0.0)
+    return max(max(late), 0.0)
 
 
 async def measure_client_capacity(base_url: str, *, concurrency: int = 64, max_tokens: int = 256,
@@ -359,7 +367,7 @@ async def run_selftest_async(concurrency_levels: Sequence[int] = (1, 16), *, rep
         duration_s=time.perf_counter() - t_start,
         statuses=statuses,
         starved_cells=tuple(starved),
-        wake_lateness_p99_ms=wake_p99_s * 1e3,
+        wake_lateness_max_ms=wake_p99_s * 1e3,
     )
 
 
@@ -381,7 +389,7 @@ def format_report(report: SelfTestReport) -> str:
         err = "" if r.error_pct is None else f"{r.error_pct:+.3f}"
         lines.append(f"{r.config:<22} {r.concurrency:>3} {r.metric:<20} {fmt(r.expected):>12} {fmt(r.measured):>12} "
                      f"{err:>8}  {r.tolerance:<12} {'yes' if r.passed else 'NO'}")
-    lines.append(f"timer wake lateness p99 (added to the TTFT tolerance): {report.wake_lateness_p99_ms:.3f} ms")
+    lines.append(f"timer wake lateness max (2x added to TTFT / ITL p99 tolerance): {report.wake_lateness_max_ms:.3f} ms")
     for c, lag in report.loop_lag_p99_ms.items():
         lines.append(f"loop lag p99 during c={c}: {lag:.3f} ms")
     if report.capacity:

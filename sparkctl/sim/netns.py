@@ -29,17 +29,17 @@ NETNS_PREFIX = "sparkctl-"
 HOST_VETH_PREFIX = "spkv-"
 # ifalias written on every host-side link the sim creates (bridge, veths): the
 # ownership mark checked before deleting anything in the host namespace.
+from ..errors import SimError as _BaseSimError  # noqa: E402
+
 LINK_ALIAS = "sparkctl-sim"
 IFNAMSIZ = 15  # Linux interface names are at most 15 bytes
 
 
-class SimError(Exception):
+class SimError(_BaseSimError):
     """A simulated-cluster operation failed; carries what went wrong and a hint."""
 
     def __init__(self, message: str, hint: str = "") -> None:
-        super().__init__(message)
-        self.message = message
-        self.hint = hint
+        super().__init__(message, None, hint or None)
 
     def __str__(self) -> str:
         return f"{self.message} (hint: {self.hint})" if self.hint else self.message
