@@ -67,7 +67,12 @@ GPU_QUERY_FIELDS = (
     "name", "compute_cap", "driver_version", "clocks.sm", "clocks.max.sm",
     "clocks_event_reasons.active", "power.draw", "temperature.gpu",
 )
-ENGINE_PATTERN = re.compile(r"ds41f|tensorfold|vllm|sglang|llama|sparkctl", re.IGNORECASE)
+# Engine command lines as the rendered launch scripts start them (docs/engines.md),
+# one ERE for grep on the node and for Python here. The [x]yz classes keep grep
+# from matching its own command line.
+ENGINE_REGEX = ("(^|/| |-m )([d]s41f|[t]ensorfold|[v]llm|[l]lama-server)([ .:]|$)|[s]glang[.]launch_server"
+                "|[l]lama_cpp[.]server|[d]ocker run .*sparkctl-engine|/opt/sparkctl/[l]aunch[.]sh")
+ENGINE_PATTERN = re.compile(ENGINE_REGEX, re.IGNORECASE)
 MARKER_PREFIX = "@@sparkctl:"
 # How long the node may take to answer /v1/models; the brief: curl -m 3.
 MODELS_TIMEOUT_S = 3
@@ -313,7 +318,7 @@ def build_script(node: Node, weights_path: str | None = None, endpoint_port: int
     # The [x]yz classes keep grep from matching its own command line; the header
     # line proves ps ran. parse_engines filters again (it is the contract).
     add("engines", tool("ps", "-eo", "pid,args") + " | grep -iE -e '^ *PID ' -e "
-        + _q("[d]s41f|[t]ensorfold|[v]llm|[s]glang|[l]lama|[s]parkctl"))
+        + _q(ENGINE_REGEX))
     add("ports", (
         "if have ss; then ss -ltnpH 2>/dev/null || ss -ltnp; "
         f"else cat {_q(proc + '/net/tcp')} && {{ cat {_q(proc + '/net/tcp6')} 2>/dev/null; true; }}; fi"

@@ -35,7 +35,7 @@ import subprocess
 import sys
 import time
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -55,6 +55,7 @@ TOOLS = (
     "getconf",
     "apt-mark",
     "ib_write_bw",
+    "ps",
 )
 
 # RoCE device -> (netdev, PCI function). Order is ibdev2netdev's on spark-5c2d
@@ -1530,6 +1531,50 @@ def run_tool(tool: str, state: State, args: Sequence[str], *, now: float, euid: 
     return _result("", f"sparkctl shims: unknown tool {tool!r}\n", 127)
 
 
+def filter_ps(text: str, keep_pid: Callable[[int], bool]) -> str:
+    """Keep the header and the rows whose PID column ``keep_pid`` accepts. Pure."""
+    lines = text.splitlines(keepends=True)
+    if not lines:
+        return text
+    header = lines[0].split()
+    if "PID" not in header:
+        return text
+    col = header.index("PID")
+    out = [lines[0]]
+    for line in lines[1:]:
+        parts = line.split()
+        if len(parts) > col and parts[col].isdigit() and keep_pid(int(parts[col])):
+            out.append(line)
+    return "".join(out)
+
+
+def ps_this_node(args: Sequence[str]) -> int:
+    """``ps`` as a real node sees it. SIMULATION: the simulated nodes share one
+    PID namespace, so rows of processes in another network namespace (another
+    node, or the host) are dropped."""
+    import subprocess
+
+    real = next((p for p in ("/bin/ps", "/usr/bin/ps") if os.access(p, os.X_OK)), None)
+    if real is None:
+        sys.stderr.write("ps: not found\n")
+        return 127
+    r = subprocess.run([real, *args], capture_output=True, text=True)
+    try:
+        me = os.readlink("/proc/self/ns/net")
+    except OSError:
+        me = None
+
+    def mine(pid: int) -> bool:
+        try:
+            return me is None or os.readlink(f"/proc/{pid}/ns/net") == me
+        except OSError:
+            return False
+
+    sys.stdout.write(filter_ps(r.stdout, mine))
+    sys.stderr.write(r.stderr)
+    return r.returncode
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """``python3 -m sparkctl.sim.shims TOOL ARGS...``: the only impure entry."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -1537,6 +1582,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stderr.write(f"usage: python3 -m sparkctl.sim.shims {{{','.join(TOOLS)}}} ARGS...\n")
         return 2
     tool, args = argv[0], argv[1:]
+    if tool == "ps":
+        return ps_this_node(args)
     path = os.environ.get(STATE_ENV)
     if not path:
         sys.stderr.write(f"{tool}: {STATE_ENV} is not set (simulated node state file)\n")

@@ -1,0 +1,322 @@
+"""Weights: the agent's download/serve/pull on loopback, the pure sync plan, and a local sync."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import http.client
+import http.server
+import json
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from sparkctl import weights
+from sparkctl import weights_agent as agent
+from sparkctl.errors import ConfigError
+from sparkctl.inventory import load_inventory, loads_inventory
+from sparkctl.transport import LocalTransport
+
+REPO = Path(__file__).resolve().parent.parent
+AGENT = REPO / "sparkctl" / "weights_agent.py"
+KIB = 1024
+CHUNK = 256 * KIB
+
+
+def _blob(size: int, seed: int = 1) -> bytes:
+    out, block = bytearray(), hashlib.sha256(str(seed).encode()).digest()
+    while len(out) < size:
+        block = hashlib.sha256(block).digest()
+        out += block * 64
+    return bytes(out[:size])
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+class Served:
+    def __init__(self, server: agent.WeightsServer, root: Path) -> None:
+        self.server, self.root = server, root
+        host, port = server.server_address[:2]
+        self.base = f"http://{host}:{port}/"
+
+    def ranges(self) -> list[str]:
+        return [r for _, r, _ in self.server.requests if r]
+
+
+@pytest.fixture
+def served(tmp_path: Path) -> Iterator[Served]:
+    root = tmp_path / "src"
+    (root / "sub").mkdir(parents=True)
+    (root / "model.bin").write_bytes(_blob(5 * CHUNK + 12345))
+    (root / "sub" / "config.json").write_bytes(b'{"layers": 2}\n')
+    (tmp_path / "secret.txt").write_text("outside the root\n")
+    emit = agent.Emitter(open(os.devnull, "w"))
+    server = agent.WeightsServer(str(root), "127.0.0.1", 0, emit=emit)
+    stop = threading.Event()
+    t = threading.Thread(target=agent.serve, args=(server, 30.0, emit, stop), daemon=True)
+    t.start()
+    yield Served(server, root)
+    stop.set()
+    t.join(5)
+
+
+def _quiet() -> agent.Emitter:
+    return agent.Emitter(open(os.devnull, "w"))
+
+
+# --------------------------------------------------------------------------- fetch
+
+
+def test_ranged_parallel_download_equals_source(served: Served, tmp_path: Path) -> None:
+    src = (served.root / "model.bin").read_bytes()
+    dest = tmp_path / "out" / "model.bin"
+    res = agent.fetch_file(served.base + "model.bin", str(dest), emit=_quiet(), connections=4, chunk_bytes=CHUNK,
+                           sha256=_sha(src))
+    assert dest.read_bytes() == src
+    assert res["ranged"] and res["sha256"] == _sha(src) and res["bytes"] == len(src)
+    chunks = sorted(r for r in served.ranges() if r != "bytes=0-0")
+    assert len(chunks) == 6  # 5 full chunks and the tail, one request each
+    assert not Path(str(dest) + ".part").exists() and not Path(str(dest) + ".part.json").exists()
+
+
+def test_interrupted_download_resumes_only_missing_chunks(served: Served, tmp_path: Path) -> None:
+    src = (served.root / "model.bin").read_bytes()
+    dest = tmp_path / "model.bin"
+    # the command line, stopped as if killed after ~2.5 chunks
+    run = subprocess.run(
+        [sys.executable, str(AGENT), "fetch", "--url", served.base + "model.bin", "--dest", str(dest),
+         "--connections", "1", "--chunk-mb", str(CHUNK / (1 << 20)), "--max-bytes", str(CHUNK * 5 // 2)],
+        capture_output=True, text=True, timeout=20,
+    )
+    last = json.loads(run.stdout.splitlines()[-1])
+    assert run.returncode == agent.EXIT_INTERRUPTED and last["event"] == "error" and last["resumable"]
+    assert not dest.exists()
+    side = json.loads(Path(str(dest) + ".part.json").read_text())
+    done = set(side["done"])
+    assert done == {0, 1}
+    served.server.requests.clear()
+
+    res = agent.fetch_file(served.base + "model.bin", str(dest), emit=_quiet(), connections=2, chunk_bytes=CHUNK)
+    assert dest.read_bytes() == src
+    asked = {r for r in served.ranges() if r != "bytes=0-0"}
+    n = 6
+    missing = {f"bytes={i * CHUNK}-{min((i + 1) * CHUNK, len(src)) - 1}" for i in range(n) if i not in done}
+    assert asked == missing
+    assert res["resumed_bytes"] == 2 * CHUNK and res["bytes"] == len(src) - 2 * CHUNK
+
+
+def test_single_stream_fallback_without_range(tmp_path: Path) -> None:
+    root = tmp_path / "plain"
+    root.mkdir()
+    data = _blob(3 * CHUNK + 7, seed=2)
+    (root / "f.bin").write_bytes(data)
+    handler = functools.partial(_SilentHandler, directory=str(root))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)  # ignores Range: answers 200
+    t = threading.Thread(target=server.serve_forever, daemon=True)
+    t.start()
+    try:
+        dest = tmp_path / "got.bin"
+        res = agent.fetch_file(f"http://127.0.0.1:{server.server_address[1]}/f.bin", str(dest), emit=_quiet(),
+                               connections=4, chunk_bytes=CHUNK, sha256=_sha(data))
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert not res["ranged"] and dest.read_bytes() == data
+
+
+class _SilentHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+        pass
+
+
+def test_sha256_mismatch_is_an_error_and_leaves_no_file(served: Served, tmp_path: Path) -> None:
+    dest = tmp_path / "model.bin"
+    with pytest.raises(agent.AgentError, match="sha256 mismatch"):
+        agent.fetch_file(served.base + "model.bin", str(dest), emit=_quiet(), connections=2, chunk_bytes=CHUNK,
+                         sha256="0" * 64)
+    assert sorted(os.listdir(tmp_path)) == ["secret.txt", "src"]
+
+
+def test_fetch_cli_reports_json_lines(served: Served, tmp_path: Path) -> None:
+    dest = tmp_path / "cfg.json"
+    run = subprocess.run([sys.executable, str(AGENT), "fetch", "--url", served.base + "sub/config.json",
+                          "--dest", str(dest)], capture_output=True, text=True, timeout=20)
+    events = [json.loads(line) for line in run.stdout.splitlines()]
+    assert run.returncode == 0 and events[-1]["event"] == "done" and dest.read_bytes() == b'{"layers": 2}\n'
+    assert any(e["event"] == "progress" and e["bytes_total"] == 14 for e in events)
+
+
+# --------------------------------------------------------------------------- serve
+
+
+def _status(served: Served, path: str) -> int:
+    host, port = served.server.server_address[:2]
+    conn = http.client.HTTPConnection(host, port, timeout=5)
+    conn.request("GET", path)
+    resp = conn.getresponse()
+    resp.read()
+    conn.close()
+    return resp.status
+
+
+@pytest.mark.parametrize("path", [
+    "/../secret.txt", "/%2e%2e/secret.txt", "/sub/../../secret.txt", "/sub/%2E%2E/%2E%2E/secret.txt",
+    "/..%2fsecret.txt", "/%00", "/", "/sub", "/nothere",
+])
+def test_serve_refuses_paths_outside_the_root(served: Served, path: str) -> None:
+    assert _status(served, path) == 404
+
+
+def test_serve_ranges_and_allowlist(served: Served) -> None:
+    assert _status(served, "/sub/config.json") == 200
+    host, port = served.server.server_address[:2]
+    conn = http.client.HTTPConnection(host, port, timeout=5)
+    conn.request("GET", "/sub/config.json", headers={"Range": "bytes=1-6"})
+    resp = conn.getresponse()
+    assert resp.status == 206 and resp.read() == b'"layer' and resp.getheader("Content-Range") == "bytes 1-6/14"
+    conn.request("GET", "/sub/config.json", headers={"Range": "bytes=99-"})
+    resp = conn.getresponse()
+    resp.read()
+    assert resp.status == 416
+    served.server.allow = {"model.bin"}
+    assert _status(served, "/sub/config.json") == 404
+
+
+@pytest.mark.parametrize("bind", ["0.0.0.0", "::", "", "spark-a"])
+def test_serve_refuses_wildcard_or_name_binds(bind: str) -> None:
+    with pytest.raises(agent.AgentError):
+        agent.check_bind(bind)
+
+
+@pytest.mark.parametrize("header,want", [
+    ("bytes=0-0", (0, 0)), ("bytes=5-", (5, 9)), ("bytes=-3", (7, 9)), ("bytes=2-100", (2, 9)),
+    ("bytes=10-", "416"), ("bytes=0-1,4-5", None), ("items=0-1", None), (None, None), ("bytes=x-1", None),
+])
+def test_parse_range(header: str | None, want: object) -> None:
+    assert agent.parse_range(header, 10) == want
+
+
+# --------------------------------------------------------------------------- manifest and pull
+
+
+def test_manifest_of_a_directory_and_of_one_file(served: Served) -> None:
+    (served.root / "half.bin.part").write_bytes(b"x")  # a download in progress is not part of the weights
+    m = agent.build_manifest(str(served.root), emit=_quiet())
+    data = (served.root / "model.bin").read_bytes()
+    assert m["kind"] == "dir" and sorted(m["files"]) == ["model.bin", "sub/config.json"]
+    assert m["files"]["model.bin"] == {"size": len(data), "sha256": _sha(data)}
+    one = agent.build_manifest(str(served.root / "model.bin"), emit=_quiet())
+    assert one == {"kind": "file", "files": {"model.bin": m["files"]["model.bin"]}}
+
+
+def test_pull_verifies_and_skips_complete_files(served: Served, tmp_path: Path) -> None:
+    m = agent.build_manifest(str(served.root), emit=_quiet())
+    dest = tmp_path / "copy"
+    first = agent.pull(served.base, m, str(dest), emit=_quiet(), connections=3, chunk_bytes=CHUNK)
+    assert first["fetched"] == 2 and first["verified"]
+    for rel in m["files"]:
+        assert (dest / rel).read_bytes() == (served.root / rel).read_bytes()
+    again = agent.pull(served.base, m, str(dest), emit=_quiet(), connections=3, chunk_bytes=CHUNK)
+    assert again["fetched"] == 0 and again["skipped"] == 2 and again["bytes"] == 0
+    (dest / "sub" / "config.json").write_bytes(b'{"layers": 3}\n')  # same size, wrong content
+    third = agent.pull(served.base, m, str(dest), emit=_quiet(), connections=3, chunk_bytes=CHUNK)
+    assert third["fetched"] == 1 and (dest / "sub" / "config.json").read_bytes() == b'{"layers": 2}\n'
+
+
+# --------------------------------------------------------------------------- plan (pure)
+
+
+def _names(plan: list[list[weights.Transfer]]) -> list[list[tuple[str, str, str]]]:
+    return [[(t.receiver, t.sender, t.sender_address) for t in stage] for stage in plan]
+
+
+def test_plan_ring_chains_the_far_node_through_a_neighbour() -> None:
+    inv = load_inventory(REPO / "inventory.yaml")
+    plan = weights.plan_sync(inv, "spark-a", inv.names)
+    assert _names(plan) == [
+        [("spark-b", "spark-a", "10.20.0.1"), ("spark-d", "spark-a", "10.20.6.1")],
+        [("spark-c", "spark-b", "10.20.2.2")],
+    ]
+    for stage in plan:
+        for t in stage:
+            assert t.via is None
+            assert t.sender_address == inv.link_between(t.sender, t.receiver, twin=0).end(t.sender).address
+            assert t.sender_address not in {n.host for n in inv.nodes}  # never the management address
+
+
+def test_plan_ring_from_another_source_and_relay_only_without_a_chain() -> None:
+    inv = load_inventory(REPO / "inventory.yaml")
+    plan = weights.plan_sync(inv, "spark-c")
+    assert [[(t.receiver, t.sender) for t in s] for s in plan] == [
+        [("spark-b", "spark-c"), ("spark-d", "spark-c")], [("spark-a", "spark-b")]]
+    only = weights.plan_sync(inv, "spark-a", ["spark-a", "spark-c"])
+    assert only == [[weights.Transfer("spark-c", "spark-a", "10.20.0.1", via="spark-b")]]
+
+
+def test_plan_pair_and_errors() -> None:
+    inv = loads_inventory("cluster: {fabric_pool: 10.30.0.0/16}\nnodes: [{name: a, host: h1}, {name: b, host: h2}]\n"
+                          "cables: [[a:p0, b:p0], [a:p1, b:p1]]\n")
+    assert _names(weights.plan_sync(inv, "a")) == [[("b", "a", "10.30.0.1")]]
+    assert _names(weights.plan_sync(inv, "b")) == [[("a", "b", "10.30.0.2")]]
+    assert weights.plan_sync(inv, "a", ["a"]) == []
+    with pytest.raises(ConfigError):
+        weights.plan_sync(inv, "z")
+    with pytest.raises(ConfigError):
+        weights.plan_sync(inv, "a", ["a", "q"])
+
+
+# --------------------------------------------------------------------------- orchestration, locally
+
+
+def _local_ring(tmp_path: Path) -> tuple:
+    nodes = "\n".join(f"  - {{name: n{c}, host: 192.0.2.{i + 1}, prefix: {tmp_path / c}}}" for i, c in enumerate("abcd"))
+    text = (
+        "cluster: {name: t, fabric_pool: 127.20.0.0/16}\ndefaults: {sudo: false}\n"
+        f"nodes:\n{nodes}\n"
+        "cables:\n  - [na:p0, nb:p1]\n  - [nb:p0, nc:p1]\n  - [nc:p0, nd:p1]\n  - [nd:p0, na:p1]\n"
+    )
+    inv = loads_inventory(text)
+    return inv, LocalTransport(inv.names, sudo=False)
+
+
+def test_sync_over_a_local_ring(tmp_path: Path) -> None:
+    inv, tr = _local_ring(tmp_path)
+    src = tmp_path / "a" / "models" / "m"
+    (src / "tok").mkdir(parents=True)
+    (src / "w.safetensors").write_bytes(_blob(6 * CHUNK + 5, seed=3))
+    (src / "tok" / "t.json").write_text("{}\n")
+    seen: list[weights.Progress] = []
+    rep = weights.sync(inv, tr, "/models/m", "na", progress=seen.append, connections=2, chunk_mb=0.25, poll_s=0.05,
+                       serve_ttl_s=20)
+    assert rep.ok and rep.files == 2 and set(rep.nodes) == {"nb", "nc", "nd"}
+    assert rep.nodes["nc"].sender == "nb" and rep.nodes["nc"].address == "127.20.2.2"
+    for c in "bcd":
+        for rel in ("w.safetensors", "tok/t.json"):
+            assert (tmp_path / c / "models" / "m" / rel).read_bytes() == (src / rel).read_bytes()
+        assert rep.nodes[f"n{c}"].bytes == rep.total_bytes
+    assert {p.node for p in seen if p.phase == "pull"} <= {"nb", "nc", "nd"}
+    assert (tmp_path / "b" / "opt" / "sparkctl" / "weights_agent.py").stat().st_mode & 0o777 == 0o755
+
+    again = weights.sync(inv, tr, "/models/m", "na", connections=2, chunk_mb=0.25, poll_s=0.05, serve_ttl_s=20)
+    assert again.ok and all(n.bytes == 0 and n.skipped_files == 2 for n in again.nodes.values())
+    # every server and job was stopped
+    for c in "abcd":
+        for log in (tmp_path / c / "opt" / "sparkctl" / "weights").glob("*.jsonl"):
+            started = json.loads(log.read_text().splitlines()[0])
+            assert not agent._is_agent(started["pid"])
+
+
+def test_fetch_on_one_node(served: Served, tmp_path: Path) -> None:
+    inv, tr = _local_ring(tmp_path)
+    rep = weights.fetch(inv, tr, "na", served.base + "model.bin", "/models/x/model.bin", connections=3, chunk_mb=0.25,
+                        poll_s=0.05)
+    got = tmp_path / "a" / "models" / "x" / "model.bin"
+    assert got.read_bytes() == (served.root / "model.bin").read_bytes()
+    assert rep.dest == str(got) and rep.sha256 == _sha(got.read_bytes()) and not rep.skipped
