@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -466,6 +467,229 @@ def trust_cmd(c: Ctx, nodes: tuple[str, ...], fingerprint: str | None, yes: bool
             click.confirm(f"record this key for {name}?", abort=True)
         trust(node, None, expected_fingerprint=fp, settings=settings)
         out.print(f"recorded in {default_known_hosts(node)}")
+
+
+# --------------------------------------------------------------------------- up / down / switch / status / logs
+
+
+class NodeProgress:
+    """Per-node progress lines: phase, elapsed, last log line (rich live table on a terminal)."""
+
+    def __init__(self, quiet: bool = False) -> None:
+        self.t0 = time.monotonic()
+        self.quiet = quiet
+        self.console = err_console()
+
+    def __call__(self, node: str, phase: str, message: str) -> None:
+        if self.quiet:
+            return
+        el = time.monotonic() - self.t0
+        who = "" if node == "*" else f"{node:<9} "
+        self.console.print(f"[dim]{el:6.1f}s[/] {who}[bold]{phase:<10}[/] {escape(message)}")
+
+
+def _up_summary(result: Any) -> None:
+    if result.action == "noop":
+        out.print(f"{result.profile}: already serving with the same rendered files; nothing to do")
+        return
+    rec = result.record
+    phases = ", ".join(f"{p.phase} {p.seconds:.1f}s" for p in result.phases)
+    own = sum(p.seconds for p in result.phases if p.phase != "ready")
+    out.print(f"[green]{result.profile} serving[/] {rec.served_name} on "
+              f"{', '.join(rec.heads)}:{rec.port} ({result.action}; {phases}; sparkctl's own time {own:.1f} s)")
+
+
+@cli.command("up")
+@click.argument("profile")
+@inventory_option
+@set_option
+@click.option("--waive", multiple=True, metavar="LAW", help="accept a failing law on purpose (needs --reason)")
+@click.option("--reason", help="why the waived laws are accepted (recorded)")
+@with_transport_options
+@json_option
+@pass_ctx
+def up_cmd(c: Ctx, profile: str, sets: tuple[str, ...], waive: tuple[str, ...], reason: str | None,
+           connect_timeout_s: float, command_timeout_s: float, deadline_s: float, as_json: bool) -> None:
+    """Check, push, start PROFILE's ranks in order and wait until it serves its model name."""
+    from .lifecycle import up
+
+    res = c.resolve(profile, sets)
+    inv = c.inventory()
+    waivers = parse_waivers(waive, reason)
+    with make_transport(inv, connect_timeout_s, command_timeout_s, deadline_s) as tr:
+        result = up(res, inv, tr, c.roots(), sets=sets, waivers=waivers, secrets=_secrets_from_env(res),
+                    progress=NodeProgress(quiet=as_json))
+    if as_json:
+        emit_json({"profile": result.profile, "action": result.action,
+                   "phases": {p.phase: round(p.seconds, 3) for p in result.phases},
+                   "ready_s": round(result.ready_s, 3), "record": result.record.to_dict() if result.record else None})
+    else:
+        _up_summary(result)
+
+
+@cli.command("down")
+@inventory_option
+@click.option("--reset-clocks", is_flag=True, help="also reset the GPU clock lock (nvidia-smi -rgc)")
+@with_transport_options
+@json_option
+@pass_ctx
+def down_cmd(c: Ctx, reset_clocks: bool, connect_timeout_s: float, command_timeout_s: float, deadline_s: float,
+             as_json: bool) -> None:
+    """Stop what sparkctl started, verify processes gone and ports closed (idempotent)."""
+    from .lifecycle import down
+
+    inv = c.inventory()
+    with make_transport(inv, connect_timeout_s, command_timeout_s, deadline_s) as tr:
+        result = down(inv, tr, reset_clocks=reset_clocks, progress=NodeProgress(quiet=as_json))
+    if as_json:
+        emit_json({"stopped": list(result.stopped), "leftovers": dict(result.leftovers), "leaks_gib": dict(result.leaks),
+                   "clocks_reset": list(result.clocks_reset)})
+    else:
+        out.print(f"stopped sparkctl engines on {', '.join(result.stopped)}")
+        for n, what in result.leftovers.items():
+            out.print(f"[bold red]still there[/] on {n}: {escape(what)}")
+        for n, gib in result.leaks.items():
+            out.print(f"[yellow]memory not given back[/] on {n}: {gib:.1f} GiB held with no engine (reboot {n})")
+        if result.clocks_reset:
+            out.print(f"clock lock reset on {', '.join(result.clocks_reset)}")
+    if result.leftovers:
+        raise SystemExit(5)
+
+
+@cli.command("switch")
+@click.argument("profile")
+@inventory_option
+@set_option
+@click.option("--waive", multiple=True, metavar="LAW")
+@click.option("--reason")
+@with_transport_options
+@json_option
+@pass_ctx
+def switch_cmd(c: Ctx, profile: str, sets: tuple[str, ...], waive: tuple[str, ...], reason: str | None,
+               connect_timeout_s: float, command_timeout_s: float, deadline_s: float, as_json: bool) -> None:
+    """Replace the serving stack with PROFILE; if it does not become ready, bring the previous one back."""
+    from .lifecycle import switch
+
+    res = c.resolve(profile, sets)
+    inv = c.inventory()
+    waivers = parse_waivers(waive, reason)
+    with make_transport(inv, connect_timeout_s, command_timeout_s, deadline_s) as tr:
+        result = switch(res, inv, tr, c.roots(), sets=sets, waivers=waivers, secrets=_secrets_from_env(res),
+                        progress=NodeProgress(quiet=as_json))
+    if as_json:
+        emit_json({"serving": result.serving, "switched": result.switched, "rolled_back": result.rolled_back,
+                   "downtime_s": round(result.downtime_s, 3), "error": result.error})
+    elif result.switched:
+        out.print(f"[green]switched[/]: {result.serving} serves now; endpoint unavailable for {result.downtime_s:.1f} s")
+    else:
+        out.print(f"[bold red]switch to {profile} failed[/]: {escape(result.error)}")
+        out.print(f"rolled back: {result.serving} serves again (endpoint unavailable for {result.downtime_s:.1f} s)")
+    if not result.switched:
+        raise SystemExit(5)
+
+
+@cli.command("status")
+@inventory_option
+@click.option("--watch", "watch_s", type=float, default=None, metavar="SECONDS", help="refresh every SECONDS")
+@with_transport_options
+@json_option
+@pass_ctx
+def status_cmd(c: Ctx, watch_s: float | None, connect_timeout_s: float, command_timeout_s: float, deadline_s: float,
+               as_json: bool) -> None:
+    """What runs on every node, and where it drifted from the record."""
+    from .status import cluster_status
+
+    inv = c.inventory()
+    with make_transport(inv, connect_timeout_s, command_timeout_s, deadline_s) as tr:
+        while True:
+            st = cluster_status(inv, tr)
+            if as_json:
+                emit_json(st)
+            else:
+                _print_status(st)
+            if watch_s is None:
+                break
+            time.sleep(watch_s)
+
+
+def _print_status(st: dict[str, Any]) -> None:
+    rec = st["record"]
+    if rec:
+        out.print(f"[bold]{rec['profile']}[/] ({rec['engine']} {rec['engine_version']}, {rec['served_name']}): "
+                  f"{rec['state']} since {rec['started_at']}"
+                  + (f"; waivers: {', '.join(rec['waivers'])}" if rec["waivers"] else ""))
+    else:
+        out.print("no sparkctl record: nothing started by sparkctl")
+    t = Table(box=None, pad_edge=False)
+    for col in ("node", "rank", "engine", "alive", "SM MHz", "cap", "W", "C", "MemAvail GiB"):
+        t.add_column(col)
+    for n in st["nodes"]:
+        if not n["reachable"]:
+            t.add_row(n["node"], "-", "-", f"[red]unreachable[/] {escape(str(n['error']))[:40]}", "", "", "", "", "")
+            continue
+        t.add_row(n["node"], str(n.get("rank", "-")), str(n.get("engine") or "-"),
+                  "[green]yes[/]" if n["alive"] else "no", str(n["sm_mhz"]), str(n["clock_lock"] or "-"),
+                  str(n["power_w"]), str(n["temp_c"]), str(n["mem_available_gib"]))
+    out.print(t)
+    for h, e in st["endpoint"].items():
+        if "error" in e:
+            out.print(f"endpoint {e['url']}: [red]{e['error']}[/]")
+        else:
+            out.print(f"endpoint {e['url']}: serves {', '.join(e['models'])}; tokens generated {e['tokens_generated']}")
+    for d in st["drift"]:
+        out.print(f"[yellow]drift[/] {escape(d)}")
+
+
+@cli.command("logs")
+@click.argument("node", required=False)
+@inventory_option
+@click.option("-n", "lines", type=int, default=50, show_default=True, help="lines per node")
+@click.option("-f", "follow", is_flag=True, help="keep printing new lines")
+@with_transport_options
+@pass_ctx
+def logs_cmd(c: Ctx, node: str | None, lines: int, follow: bool, connect_timeout_s: float, command_timeout_s: float,
+             deadline_s: float) -> None:
+    """Engine logs of every node (or NODE), each line prefixed by its node."""
+    import shlex
+
+    from .render import LOG_DIR, under
+
+    inv = c.inventory()
+    nodes = [node] if node else list(inv.names)
+    for n in nodes:
+        if n not in inv.names:
+            raise ConfigError(f"node {n!r} is not in the inventory", hint=f"nodes: {', '.join(inv.names)}")
+    paths = {n: shlex.quote(under(inv.node(n).prefix, LOG_DIR + "/engine.log")) for n in nodes}
+    with make_transport(inv, connect_timeout_s, command_timeout_s, deadline_s) as tr:
+        offsets: dict[str, int] = {}
+        res = tr.run_all({n: f"tail -n {int(lines)} {p} 2>/dev/null; echo; wc -c < {p} 2>/dev/null || echo 0"
+                          for n, p in paths.items()})
+        for n in nodes:
+            body = res[n].stdout.rstrip("\n").split("\n")
+            offsets[n] = int(body[-1]) if body and body[-1].strip().isdigit() else 0
+            for line in body[:-2] if len(body) >= 2 else []:
+                click.echo(f"[{n}] {line}")
+        while follow:
+            time.sleep(1.0)
+            res = tr.run_all({n: f"tail -c +{offsets[n] + 1} {p} 2>/dev/null" for n, p in paths.items()})
+            for n in nodes:
+                text = res[n].stdout if res[n].ok else ""
+                offsets[n] += len(text.encode())
+                for line in text.splitlines():
+                    click.echo(f"[{n}] {line}")
+
+
+@cli.command("unlock")
+@inventory_option
+@pass_ctx
+def unlock_cmd(c: Ctx) -> None:
+    """Remove the cluster lock left by a process that is gone."""
+    from .lifecycle import break_lock
+
+    inv = c.inventory()
+    with make_transport(inv, 5.0, 30.0, 60.0) as tr:
+        holder = break_lock(inv, tr)
+    out.print(f"lock removed (was: {escape(holder) or 'none'})")
 
 
 # --------------------------------------------------------------------------- the simulated cluster

@@ -65,6 +65,7 @@ import urllib.parse
 MIB = 1 << 20
 HASH_BLOCK = 8 * MIB  # read size for hashing (the brief's 8 MiB blocks)
 RECV_BUF = 1 * MIB  # one receive buffer per connection
+FLUSH_BYTES = 64 * MIB  # write back completed chunks in steps of this much during a download
 MAX_REDIRECTS = 8
 PART_SUFFIX = ".part"
 SIDECAR_SUFFIX = ".part.json"
@@ -477,6 +478,24 @@ def _fetch_ranged(
                 pos += len(block)
         hashed[0] = pos
 
+    def flush_behind() -> None:
+        # Writes back completed data while the transfer runs, so the fsync before
+        # the rename has little left to do (the disk works in parallel with the network).
+        flushed = len(sidecar.done)
+        while True:
+            with cond:
+                while not stop.is_set() and len(sidecar.done) < n_chunks and (
+                    (len(sidecar.done) - flushed) * chunk_bytes < FLUSH_BYTES
+                ):
+                    cond.wait(0.5)
+                if stop.is_set():
+                    return
+                now_done = len(sidecar.done)
+            os.fdatasync(fd)
+            flushed = now_done
+            if now_done >= n_chunks:
+                return
+
     def worker() -> None:
         client = Client(timeout_s)
         buf = bytearray(RECV_BUF)
@@ -503,6 +522,8 @@ def _fetch_ranged(
 
     hash_thread = threading.Thread(target=_guard(hash_behind, errors, stop, cond), name="hash", daemon=True)
     hash_thread.start()
+    flush_thread = threading.Thread(target=_guard(flush_behind, errors, stop, cond), name="flush", daemon=True)
+    flush_thread.start()
     threads = [threading.Thread(target=worker, name=f"chunk-{k}", daemon=True) for k in range(max(1, connections))]
     for t in threads:
         t.start()
@@ -510,6 +531,7 @@ def _fetch_ranged(
         for t in threads:
             t.join()
         hash_thread.join()
+        flush_thread.join()
     finally:
         os.close(fd)
     if errors:

@@ -65,6 +65,9 @@ class RequestSpec:
     salt: bool = True
     extra_body: Mapping[str, Any] = field(default_factory=dict)
     labels: Mapping[str, str] = field(default_factory=dict)
+    keep_text: bool = False
+    """Keep the generated content text in :attr:`RequestResult.text` (off by
+    default: the timing path only counts characters)."""
 
     def body(self, salt: str) -> dict[str, Any]:
         """The JSON body, with ``salt`` ("" for none) at the start of the prompt."""
@@ -168,9 +171,10 @@ class _Malformed(Exception):
 class _StreamState:
     """Turns frames into events; decides ``malformed_sse`` and ``error_mid_stream``."""
 
-    def __init__(self, endpoint: Endpoint, events: list[Event]) -> None:
+    def __init__(self, endpoint: Endpoint, events: list[Event], keep_text: bool = False) -> None:
         self.endpoint = endpoint
         self.events = events
+        self.texts: list[str] | None = [] if keep_text else None
         self.done = False
         self.finish_seen = False
         self.error: tuple[Status, str] | None = None
@@ -204,11 +208,15 @@ class _StreamState:
         if usage is not None and not isinstance(usage, dict):
             raise _Malformed("usage is not an object")
         usage_completion = _int_or_none(usage.get("completion_tokens")) if usage else None
+        details = usage.get("prompt_tokens_details") if usage else None
+        cached = _int_or_none(details.get("cached_tokens")) if isinstance(details, dict) else None
         if choices:
             c0 = choices[0]
             if not isinstance(c0, dict):
                 raise _Malformed("choice is not an object")
             text = self._text(c0)
+            if self.texts is not None:
+                self.texts.append(self._content(c0))
             hint = _logprob_count(c0)
             if hint == 0 and usage_completion is not None and text:
                 # per-chunk ("continuous") usage: the growth is what this chunk carried
@@ -225,10 +233,17 @@ class _StreamState:
                     raw_len=len(frame) if not choices else 0,
                     prompt_tokens=_int_or_none(usage.get("prompt_tokens")),
                     completion_tokens=usage_completion,
+                    cached_tokens=cached,
                 )
             )
             if usage_completion is not None:
                 self._last_usage_completion = usage_completion
+
+    def _content(self, choice: dict[str, Any]) -> str:
+        """The answer text of a chunk, without reasoning text (already validated by _text)."""
+        if self.endpoint == "completions":
+            return choice.get("text") or ""
+        return (choice.get("delta") or {}).get("content") or ""
 
     def _text(self, choice: dict[str, Any]) -> str:
         if self.endpoint == "completions":
@@ -359,6 +374,7 @@ class BenchClient:
                 endpoint=spec.endpoint,
                 t_release_s=t_release,
                 labels=dict(spec.labels),
+                text="".join(state.texts) if state.texts is not None else None,
             )
 
         t_release = time.perf_counter()
@@ -376,7 +392,7 @@ class BenchClient:
         req = self._client.build_request("POST", self.base_url + _PATHS[spec.endpoint], content=content,
                                          headers={"Content-Type": "application/json"},
                                          extensions={"trace": trace})
-        state = _StreamState(spec.endpoint, events)
+        state = _StreamState(spec.endpoint, events, keep_text=spec.keep_text)
         try:
             async with asyncio.timeout(self.timeouts.request_s):
                 resp = await self._client.send(req, stream=True)

@@ -51,6 +51,8 @@ class Event:
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     detail: str = ""
+    cached_tokens: int | None = None
+    """``usage.prompt_tokens_details.cached_tokens`` when the server reports it."""
 
     def to_dict(self, t_origin_s: float = 0.0) -> dict[str, Any]:
         d = asdict(self)
@@ -86,6 +88,10 @@ class RequestResult:
     t_release_s: float | None = None
     """When the client released the request (before any of its bytes were
     written); ``sent - t_release_s`` is the client's own queueing delay."""
+    text: str | None = None
+    """The generated content text, kept only when the request asked for it
+    (``RequestSpec.keep_text``: quality scoring, needle retrieval); reasoning
+    text is not included."""
 
     @property
     def ok(self) -> bool:
@@ -112,6 +118,8 @@ def result_to_jsonl(result: RequestResult, t_origin_s: float = 0.0) -> str:
         "t_release_s": None if result.t_release_s is None else result.t_release_s - t_origin_s,
         "n_events": len(result.events),
     }
+    if result.text is not None:
+        head["text"] = result.text
     lines = [json.dumps({"request": head}, sort_keys=True)]
     for e in result.events:
         lines.append(json.dumps({"request_id": result.request_id, **e.to_dict(t_origin_s)}, sort_keys=True))

@@ -1,0 +1,66 @@
+"""The run record: what sparkctl started, where, from which files. Pure data.
+
+Kept on the inventory's first node (``/var/lib/sparkctl/record.json`` under its
+prefix) and cached on the operator's side, so ``status`` works from any
+workstation that has the inventory.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+SCHEMA = 1
+RECORD_PATH = "/var/lib/sparkctl/record.json"
+LOCK_DIR = "/var/lib/sparkctl/lock.d"
+
+
+@dataclass(frozen=True)
+class NodeRecord:
+    rank: int
+    replica: int
+    hash: str
+    files: dict[str, str]  # path -> sha256
+    supervisor: str  # systemd | detached
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    profile: str
+    sets: tuple[str, ...]
+    digest: str
+    engine: str
+    engine_version: str
+    served_name: str
+    port: int
+    heads: tuple[str, ...]
+    nodes: dict[str, NodeRecord]
+    state: str  # starting | serving | failed | stopped
+    started_at: str
+    updated_at: str
+    clock_cap_mhz: int | None = None
+    waivers: dict[str, str] = field(default_factory=dict)
+    note: str = ""
+    schema: int = SCHEMA
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["sets"] = list(self.sets)
+        d["heads"] = list(self.heads)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "RunRecord":
+        nodes = {k: NodeRecord(**v) for k, v in d.get("nodes", {}).items()}
+        return cls(
+            profile=d["profile"], sets=tuple(d.get("sets", ())), digest=d["digest"], engine=d["engine"],
+            engine_version=d.get("engine_version", ""), served_name=d["served_name"], port=int(d["port"]),
+            heads=tuple(d.get("heads", ())), nodes=nodes, state=d["state"], started_at=d["started_at"],
+            updated_at=d.get("updated_at", d["started_at"]), clock_cap_mhz=d.get("clock_cap_mhz"),
+            waivers=dict(d.get("waivers", {})), note=d.get("note", ""), schema=int(d.get("schema", SCHEMA)),
+        )
+
+    def with_state(self, state: str, updated_at: str, note: str = "") -> "RunRecord":
+        from dataclasses import replace
+
+        return replace(self, state=state, updated_at=updated_at, note=note or self.note)
