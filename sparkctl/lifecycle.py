@@ -332,8 +332,12 @@ def probe_endpoint(url: str, served_name: str, tokens_metric: str | None, timeou
                                                       "temperature": 0})
             if r.status_code != 200:
                 return False, f"1-token completion: HTTP {r.status_code} {r.text[:120]}"
-            usage = r.json().get("usage") or {}
-            if int(usage.get("completion_tokens", 0)) < 1:
+            body = r.json()
+            usage = body.get("usage")
+            finish = ((body.get("choices") or [{}])[0] or {}).get("finish_reason")
+            if not usage:
+                return False, "1-token completion carried no usage block"
+            if int(usage.get("completion_tokens", 0)) < 1 and finish != "stop":
                 return False, "1-token completion returned no tokens (a wedged engine answers 200 with nothing)"
             if tokens_metric:
                 after = _metric_value(c.get(f"{url}/metrics").text, tokens_metric)
@@ -478,6 +482,10 @@ def _up(res: Resolved, inv: Inventory, transport: Transport, roots: Roots, sets:
         rec = _record_for(res, rendering, sets, "starting", waivers, started_at)
         write_record(inv, transport, rec)
         phase("push")
+        # A fresh log per start, so progress and failure reports show this run's lines.
+        logs = {n: f"f={shlex.quote(_p(inv, n, LOG_DIR + '/engine.log'))}; [ -e \"$f\" ] && mv -f \"$f\" \"$f.1\"; true"
+                for n in restart}
+        transport.run_all(logs, sudo=any(_sudo(inv, n) for n in restart))
         systemd_nodes = [n for n in restart if res.for_node(n).supervisor == "systemd"]
         if systemd_nodes:
             _fail_on(transport.run_all({n: "systemctl daemon-reload" for n in systemd_nodes},

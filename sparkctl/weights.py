@@ -415,7 +415,7 @@ def sync(
 
     def dest_of(node: str) -> str:
         p = under(inv.node(node).prefix, weights_path)
-        return p.rsplit("/", 1)[0] or "/" if single else p
+        return (p.rsplit("/", 1)[0] or "/") if single else p
 
     servers: dict[tuple[str, str], tuple[int, int]] = {}  # (node, address) -> (pid, port)
 

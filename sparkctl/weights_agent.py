@@ -52,10 +52,8 @@ import http.server
 import ipaddress
 import json
 import os
-import posixpath
 import queue
 import signal
-import socket
 import socketserver
 import sys
 import threading

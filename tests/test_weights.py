@@ -320,3 +320,20 @@ def test_fetch_on_one_node(served: Served, tmp_path: Path) -> None:
     got = tmp_path / "a" / "models" / "x" / "model.bin"
     assert got.read_bytes() == (served.root / "model.bin").read_bytes()
     assert rep.dest == str(got) and rep.sha256 == _sha(got.read_bytes()) and not rep.skipped
+
+
+def test_sync_of_a_single_file_to_a_pair(tmp_path: Path) -> None:
+    inv = loads_inventory(
+        "cluster: {name: t, fabric_pool: 127.21.0.0/16}\ndefaults: {sudo: false}\nnodes:\n"
+        f"  - {{name: a, host: 192.0.2.1, prefix: {tmp_path / 'a'}}}\n"
+        f"  - {{name: b, host: 192.0.2.2, prefix: {tmp_path / 'b'}}}\n"
+        "cables: [[a:p0, b:p0], [a:p1, b:p1]]\n"
+    )
+    gguf = tmp_path / "a" / "models" / "m.gguf"
+    gguf.parent.mkdir(parents=True)
+    gguf.write_bytes(_blob(CHUNK + 3, seed=4))
+    (gguf.parent / "unrelated.txt").write_text("not part of the weights\n")
+    rep = weights.sync(inv, LocalTransport(inv.names, sudo=False), "/models/m.gguf", "a", poll_s=0.05, serve_ttl_s=20)
+    assert rep.ok and rep.files == 1 and rep.nodes["b"].address == "127.21.0.1"
+    assert (tmp_path / "b" / "models" / "m.gguf").read_bytes() == gguf.read_bytes()
+    assert not (tmp_path / "b" / "models" / "unrelated.txt").exists()
