@@ -8,5 +8,14 @@ Layout (measurement core):
 * :mod:`sparkctl.bench.refserver` -- a loopback OpenAI-compatible server with known rates;
 * :mod:`sparkctl.bench.selftest` -- client + metrics checked against the refserver's closed forms.
 
-Definitions of every metric: ``docs/bench-metrics.md``.
+Suites, runs and reports:
+
+* :mod:`sparkctl.bench.workloads` -- PURE: prompts with exact token counts and every suite's plan;
+* :mod:`sparkctl.bench.quality`   -- PURE: the structured-output scenarios and their rule-based scorers;
+* :mod:`sparkctl.bench.runner`    -- runs suites against an endpoint, writes the run directory;
+* :mod:`sparkctl.bench.results`   -- the run directory's files: columns, atomic writes, reading back;
+* :mod:`sparkctl.bench.report`    -- comparison table (markdown/HTML), plots, compare;
+* :mod:`sparkctl.bench.cluster_hooks` -- profile + inventory -> endpoint, configuration, telemetry.
+
+Definitions of every metric: ``docs/bench-metrics.md``; the suites: ``docs/bench.md``.
 """

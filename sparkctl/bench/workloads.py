@@ -232,9 +232,10 @@ def repeats_for(requested: int | None, record: bool, profile_default: int | None
 
 
 PREFILL_INSTRUCTION = "Summarize the text above in one word."
-DECODE_INSTRUCTION = ("Write a long and detailed technical essay about how a ring of small computers serves a "
-                      "large language model. Cover the wiring, the software, and the measurements. Keep writing "
-                      "until you are told to stop.")
+# Short on purpose ("a short prompt, 256 tokens out"): with c requests released
+# together, the engine prefills them one after another, and every prompt token
+# delays the last stream's first token, which the aggregate window includes.
+DECODE_INSTRUCTION = "Write a long, detailed essay about how computer clusters serve language models. Keep writing."
 
 
 def prefill_plan(lengths: Sequence[int], repeats: int) -> list[Point]:

@@ -239,17 +239,23 @@ def test_link_and_reachability_faults(ring: tuple[Path, ClusterSpec]) -> None:
 
 @pytest.mark.e2e
 @pytest.mark.needs_root
-def test_kill_engines_leaks_their_memory(ring: tuple[Path, ClusterSpec]) -> None:
+@pytest.mark.parametrize("kernel,leaked", [("6.17.0-1031-nvidia", 40.0), ("6.17.0-1029-nvidia", 0.0)])
+def test_kill_engines_leaks_their_memory_on_the_leaky_kernel_only(ring: tuple[Path, ClusterSpec], kernel: str,
+                                                                  leaked: float) -> None:
     root, _ = ring
     pid = int(ssh(root, "spark-b", "setsid sleep 300 </dev/null >/dev/null 2>&1 & echo $!").strip())
     state = root / "nodes/spark-b/state.json"
     with nodestate.edit(state) as st:
         st["engine_mem_gib"][str(pid)] = 40.0
+        st["kernel_release"] = kernel
+        st["leaked_mem_gib"] = 0.0
     killed = cluster.kill_engines(root, "spark-b")
     assert pid in killed
     st = nodestate.load(state)
-    assert st["engine_mem_gib"] == {} and st["leaked_mem_gib"] == 40.0
+    assert st["engine_mem_gib"] == {} and st["leaked_mem_gib"] == leaked
     assert ssh(root, "spark-b", "hostname").strip() == "spark-b"  # sshd survived
+    with nodestate.edit(state) as st:
+        st["kernel_release"], st["leaked_mem_gib"] = "6.17.0-1029-nvidia", 0.0
 
 
 @pytest.mark.e2e

@@ -1,0 +1,78 @@
+"""Where `sparkctl bench PROFILE` meets the cluster: endpoint, configuration, telemetry.
+
+Owns: turning a resolved profile and the inventory into what the runner
+needs: the head's endpoint URL, the served model name, the configuration dict
+recorded in every results row, and the telemetry hook. The runner itself
+never sees a profile, an inventory or a transport.
+
+Must not: print, or change any host. The cluster check (probes, laws) is not
+done here: the caller passes it in as ``check_fn``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from sparkctl.bench.runner import Telemetry
+
+CheckFn = Callable[[Any, Any, bool], Mapping[str, Any]]
+"""``check_fn(resolved, inventory, force) -> facts``: probe the nodes, judge the laws,
+raise :class:`~sparkctl.errors.CheckFailed` when a law fails and ``force`` is
+false; return facts to record in every row (``kernel``, ``page_size_kib``,
+``clock_cap_mhz`` as measured, ``waivers``, ``check_ok``, ...)."""
+
+
+def config_from_profile(resolved: Any) -> dict[str, Any]:
+    """The configuration a profile alone can tell (no cluster needed)."""
+    p = resolved.profile
+    return {
+        "profile": resolved.name,
+        "profile_digest": resolved.digest(),
+        "profile_files": list(resolved.files),
+        "engine": p.engine.name,
+        "engine_version": p.engine.version,
+        "model": p.model.id,
+        "served_name": p.model.served_name,
+        "weights_format": p.model.weights_format,
+        "topology": p.topology.layout,
+        "tp_size": p.topology.tp_size,
+        "replicas": p.topology.replicas,
+        "clock_cap_mhz": p.laws.clock_cap_mhz,
+        "page_size_kib": p.laws.page_size_kib,   # what the profile asks for; check_fn records what runs
+        "kernel": None,
+        "waivers": [],
+        "bench": p.bench.model_dump(mode="json"),
+        "thinking": p.thinking.model_dump(mode="json"),
+    }
+
+
+def prepare(ctx_obj: Any, profile: str, force: bool, check_fn: CheckFn | None = None
+            ) -> tuple[str, str, dict[str, Any], Telemetry | None]:
+    """``(base_url, model, config, telemetry)`` for benchmarking PROFILE on the inventory's cluster.
+
+    ``ctx_obj`` is the CLI's context object (``resolve(name)``, ``inventory()``).
+    The endpoint is the head node of the first replica (``http://HOST:serve.port``,
+    HOST = the inventory's ssh/management address); the model is
+    ``model.served_name``. ``telemetry`` is None until a transport-backed
+    sampler is wired in.
+    """
+    from sparkctl.layout import bind
+
+    res = ctx_obj.resolve(profile)
+    inv = ctx_obj.inventory()
+    layout = bind(res, inv)
+    head = inv.node(layout.heads()[0].node)
+    p = res.profile
+    base_url = f"http://{head.host}:{p.serve.port}"
+    config = config_from_profile(res)
+    config["inventory"] = inv.file
+    config["nodes"] = list(layout.nodes)
+    config["head"] = head.name
+    # The lead wires the cluster check here: check_fn probes every node and judges the laws
+    # (refusing to bench a failing cluster unless force), and its facts overwrite the
+    # profile's declared values with what the nodes really run.
+    if check_fn is not None:
+        config.update(dict(check_fn(res, inv, force)))
+    config["forced"] = bool(force)
+    return base_url, p.model.served_name, config, None

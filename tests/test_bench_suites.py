@@ -1,0 +1,373 @@
+"""Bench suites: workloads and quality scorers (pure), then the runner, report and
+CLI against SIMULATED engines on 127.0.0.1 (sped up; /sim/info gives the rates in effect).
+
+Budget: about 40 s on 2 cores. Prompt lengths and repeats are small on purpose.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from sparkctl.bench import quality as q
+from sparkctl.bench import workloads as wl
+from sparkctl.bench.results import CONFIG_COLUMNS, CSV_COLUMNS, TELEMETRY_COLUMNS, load_run
+from sparkctl.bench.runner import RunOptions, run, summarize_rows, telemetry_summary
+
+SPEEDUP = 10.0
+SALT = "0123456789abcdef\n"
+
+# --------------------------------------------------------------------------- workloads (pure)
+
+
+@pytest.mark.parametrize("target", [64, 100, 2048, 8191])
+def test_prompts_have_exact_token_counts_with_the_salt_first(target: int) -> None:
+    msgs = wl.render_messages(wl.Prompt(wl.PREFILL_INSTRUCTION, target_tokens=target), SALT)
+    assert wl.sim_prompt_tokens(msgs) == target
+    assert msgs[0]["content"].startswith(SALT)
+    assert msgs[0]["content"].rstrip().endswith(wl.PREFILL_INSTRUCTION)
+
+
+def test_a_prompt_too_short_for_its_fixed_parts_is_refused() -> None:
+    with pytest.raises(ValueError):
+        wl.render_messages(wl.Prompt(wl.DECODE_INSTRUCTION, target_tokens=5), SALT)
+
+
+def test_needle_prompts_exact_length_and_depth() -> None:
+    (n, d, p), = wl.longctx_prompts([4096], [0.25])
+    assert (n, d) == (4096, 0.25) and p.needle is not None
+    msgs = wl.render_messages(p, SALT)
+    assert wl.sim_prompt_tokens(msgs) == 4096
+    content = msgs[0]["content"]
+    assert content.count(p.needle.sentence) == 1 and content.endswith(p.needle.question)
+    depth = wl.sim_needle_depth_tokens(p, SALT)
+    assert 0.2 < depth / 4096 < 0.3
+    # the probe is the exact text before the needle: the full prompt starts with it
+    assert content.startswith(wl.needle_prefix_messages(p, SALT)[0]["content"])
+    assert wl.needle_found(f"It is {p.needle.code.lower()}.", p.needle)
+    assert not wl.needle_found("I do not know", p.needle) and not wl.needle_found(None, p.needle)
+
+
+def test_warm_prefix_pair_shares_the_document_word_for_word() -> None:
+    a, b = wl.warm_prefix_prompts(1000)
+    ca, cb = (wl.render_messages(x, SALT)[0]["content"] for x in (a, b))
+    assert wl.sim_prompt_tokens(wl.render_messages(a, SALT)) == wl.sim_prompt_tokens(wl.render_messages(b, SALT))
+    doc_a, doc_b = ca.rsplit("\n\n", 1)[0], cb.rsplit("\n\n", 1)[0]
+    assert doc_a == doc_b and ca != cb
+
+
+def test_suite_plans_follow_the_methods() -> None:
+    pre = wl.prefill_plan([8192, 32768], repeats=2)
+    assert [p.params["length_tokens"] for p in pre] == [8192, 32768]
+    assert all(a.max_tokens == 1 and not p.together for p in pre for a in p.asks)
+    (dec,) = wl.decode_plan(256, 2, "ds41f")
+    assert dec.asks[0].extra_body == {"ignore_eos": True, "min_tokens": 256} and dec.asks[0].expect_tokens == 256
+    assert wl.decode_plan(256, 2, "tensorfold")[0].asks[0].extra_body == {}  # TensorFold ignores them
+    assert wl.decode_plan(256, 2, None)[0].asks[0].extra_body == {}
+    conc = wl.concurrency_plan([1, 4, 16], 256, 2, "vllm")
+    assert [len(p.asks) for p in conc] == [1, 4, 16] and all(p.together for p in conc)
+    peak = wl.peak_plan(512, 2, "ds41f")
+    assert all(p.warm and p.params["ruler"] == "community" for p in peak)
+    assert wl.repeats_for(None, False) == 2 and wl.repeats_for(1, False) == 2
+    assert wl.repeats_for(None, True) == 3 and wl.repeats_for(5, True) == 5
+    assert wl.thinking_modes({"reasoning_effort": "high"}) == [("off", {}), ("on", {"reasoning_effort": "high"})]
+    assert wl.thinking_modes({}) == [("off", {})]
+
+
+def test_agent_sessions_stagger_and_grow_their_history() -> None:
+    plans = wl.agent_sessions("draftable", 3, stagger_s=0.5)
+    assert [p.start_offset_s for p in plans] == [0.0, 0.5, 1.0]
+    m0 = wl.agent_turn_messages(plans[0], SALT, [], 0)
+    hist = [m0[-1], {"role": "assistant", "content": "SELECT 1"}]
+    m1 = wl.agent_turn_messages(plans[0], SALT, hist, 1)
+    assert m1[0] == m0[0] and m1[1:3] == hist and m1[-1]["content"] != m0[-1]["content"]
+    assert m0[0]["content"].startswith(SALT)
+    with pytest.raises(ValueError):
+        wl.agent_sessions("poetry", 1)
+
+
+# --------------------------------------------------------------------------- quality scorers (pure)
+
+GOOD_ANSWERS = {
+    "json_person": '{"name": "Ada Lovelace", "age": 36, "email": "ada@example.org"}',
+    "json_primes": "```json\n[2, 3, 5, 7, 11]\n```",
+    "json_sentiment": '{"sentiment": "negative", "confidence": 0.9}',
+    "json_extract": '{"item": "QSFP cables", "quantity": 12, "unit_price": 39.5}',
+    "json_valid_date": '<think>February has 28 days</think>{"valid": false}',
+    "tool_weather": '{"name": "get_weather", "arguments": {"city": "Oslo", "unit": "celsius"}}',
+    "tool_calendar": '{"name": "create_event", "arguments": "{\\"title\\": \\"Ring maintenance\\", '
+                     '\\"date\\": \\"2026-11-03\\", \\"duration_minutes\\": 45}"}',
+    "tool_choice": '{"name": "calculator", "arguments": {"expression": "17*23"}}',
+    "sql_filter": "SELECT name FROM employees WHERE dept = 'sales' AND salary > 50000;",
+    "sql_group": "```sql\nSELECT dept, count(id) AS n FROM employees GROUP BY dept ORDER BY dept\n```",
+    "sql_anti_join": "SELECT c.name FROM customers c LEFT JOIN orders o ON o.customer_id = c.id WHERE o.id IS NULL",
+    "sql_top": "SELECT c.name, SUM(o.total) AS spend FROM customers c JOIN orders o ON c.id = o.customer_id "
+               "GROUP BY c.name ORDER BY spend DESC LIMIT 1",
+    "math_product": "9,396",
+    "math_speed": "The average speed is 72",
+    "math_sum": "5050",
+    "math_power": "12240 J",
+}
+
+
+def test_at_least_14_scenarios_each_scored_by_rule() -> None:
+    assert len(q.SCENARIOS) >= 14
+    assert {s.category for s in q.SCENARIOS} == {"json", "tool_call", "sql", "arithmetic"}
+    assert set(GOOD_ANSWERS) == {s.id for s in q.SCENARIOS}
+    for s in q.SCENARIOS:
+        good = q.score(s.id, GOOD_ANSWERS[s.id])
+        assert good.passed, (s.id, good.reason)
+        bad = q.score(s.id, "the ring carries every token across four nodes")
+        assert not bad.passed, s.id
+    assert not q.score("json_person", '{"name": "Ada Lovelace", "age": "36", "email": "ada@example.org"}').passed
+    assert not q.score("sql_filter", "SELECT name FROM employees").passed
+    assert not q.score("math_sum", "<think>5050").passed  # unterminated thinking answers nothing
+
+
+# --------------------------------------------------------------------------- pure summaries
+
+
+def test_summaries_skip_flagged_repeats_and_energy_integrates_power() -> None:
+    rows = [{"suite": "decode", "point": "decode/1", "params": {}, "valid": True, "flags": "", "decode_tok_s": 60.0},
+            {"suite": "decode", "point": "decode/1", "params": {}, "valid": True, "flags": "", "decode_tok_s": 70.0},
+            {"suite": "decode", "point": "decode/1", "params": {}, "valid": False, "flags": "short:1",
+             "decode_tok_s": 500.0}]
+    (p,) = summarize_rows(rows)
+    assert p["metrics"]["decode_tok_s"] == {"n": 2, "median": 65.0, "min": 60.0, "max": 70.0}
+    assert p["repeats"] == 3 and p["valid_repeats"] == 2 and p["flags"] == ["short:1"]
+    tele = [{"suite": "decode", "node": n, "t_s": t, "power_w": w}
+            for n in ("a", "b") for t, w in ((0.0, 30.0), (1.0, 40.0), (2.0, 40.0))]
+    s = telemetry_summary(tele, {"decode": (100, 20)})["decode"]
+    assert s["nodes"]["a"] == {"mean_w": pytest.approx(110 / 3), "peak_w": 40.0, "energy_j": 75.0, "samples": 3}
+    assert s["energy_j"] == 150.0 and s["j_per_completion_token"] == 1.5 and s["j_per_token"] == 1.25
+
+
+# --------------------------------------------------------------------------- simulated engines
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _start_engine(engine: str, name: str, tmp: Path) -> Iterator[str]:
+    port, mport = _free_port(), _free_port()
+    if engine == "ds41f":
+        args = ["serve", "--model", "/m", "--served-model-name", name, "--tp", "1", "--nnodes", "1",
+                "--node-rank", "0", "--master-addr", "127.0.0.1", "--master-port", str(mport),
+                "--host", "127.0.0.1", "--port", str(port), "--max-model-len", "1048576",
+                "--gpu-memory-utilization", "0.85"]
+    else:
+        args = ["serve", "--weights", "/m", "--name", name, "--tp", "1", "--world", "1", "--rank", "0",
+                "--listen", f"127.0.0.1:{port}", "--ctx", "1048576", "--mem-fraction", "0.85"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SPARKCTL_SIM_STATE", "WORLD_SIZE", "NODE_RANK"))}
+    env.update(SPARKCTL_SIM_SPEEDUP=str(SPEEDUP), SPARKCTL_SIM_LOAD_S="0.2")
+    log = (tmp / f"{engine}.log").open("w")
+    proc = subprocess.Popen([sys.executable, "-m", "sparkctl.sim.engine", engine, *args], env=env,
+                            stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    try:
+        while True:
+            try:
+                if httpx.get(url + "/v1/models", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"{engine} did not start: {(tmp / f'{engine}.log').read_text()[-2000:]}")
+            time.sleep(0.1)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+
+
+@pytest.fixture(scope="module")
+def ds41f(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    yield from _start_engine("ds41f", "dsv41-ds41f", tmp_path_factory.mktemp("ds41f"))
+
+
+@pytest.fixture(scope="module")
+def tensorfold(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    yield from _start_engine("tensorfold", "dsv41-tf", tmp_path_factory.mktemp("tf"))
+
+
+def _interp_log(points: dict[str, float], x: float) -> float:
+    pts = sorted((float(k), v) for k, v in points.items())
+    if x <= pts[0][0]:
+        return pts[0][1]
+    for (x0, y0), (x1, y1) in zip(pts, pts[1:]):
+        if x0 <= x <= x1:
+            return y0 + (math.log(x) - math.log(x0)) / (math.log(x1) - math.log(x0)) * (y1 - y0)
+    return pts[-1][1]
+
+
+CONFIG = {"profile": "ds41f-sim", "profile_digest": "0123abcd", "engine": "ds41f", "engine_version": "sim-1023",
+          "model": "deepseek-ai/DeepSeek-V4.1-Flash-1017", "topology": "single", "tp_size": 1, "nodes": ["n1", "n2"],
+          "clock_cap_mhz": 2000, "kernel": "6.17.0-1029-nvidia", "page_size_kib": 4,
+          "waivers": ["page_size: stock kernel"], "thinking": {"request_fields": {"reasoning_effort": "high"}}}
+
+
+@pytest.fixture(scope="module")
+def ds41f_run(ds41f: str, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any], Any]:
+    calls = {"n": 0}
+
+    async def telemetry() -> dict[str, dict[str, Any]]:
+        calls["n"] += 1
+        return {n: {"power_w": 34.0 + i, "sm_mhz": 2000, "temp_c": 55.0, "event_reasons": ["sw_power_cap"],
+                    "mem_available_gib": 20.0} for i, n in enumerate(("n1", "n2"))}
+
+    info = httpx.get(ds41f + "/sim/info").json()
+    out = tmp_path_factory.mktemp("run") / "ds41f"
+    opts = RunOptions(suites=("prefill", "decode", "concurrency"), lengths=(8192, 16384), concurrency=(1, 2, 4),
+                      decode_tokens=384, telemetry_interval_s=0.25)
+    summary = run(ds41f, "dsv41-ds41f", out, CONFIG, opts, telemetry=telemetry)
+    return out, info, summary
+
+
+@pytest.mark.e2e
+def test_runner_recovers_the_engines_configured_rates(ds41f_run: tuple[Path, dict[str, Any], Any]) -> None:
+    out, info, summary = ds41f_run
+    assert info["speedup"] == SPEEDUP and summary.n_errors == 0
+    eff = info["perf"]["effective"]
+    pts = {p["point"]: p for p in summary.points}
+    errors: dict[str, float] = {}
+
+    def check(point: str, metric: str, expected: float) -> None:
+        got = pts[point]["metrics"][metric]["median"] / SPEEDUP
+        errors[f"{point} {metric}"] = 100.0 * (got / expected - 1.0)
+
+    for n in (8192, 16384):
+        check(f"prefill/{n}", "prefill_tok_s", _interp_log(eff["prefill_tok_s"], n))
+    check("decode/1", "decode_tok_s", eff["per_stream_tok_s"]["1"])
+    for c in (1, 2, 4):
+        check(f"concurrency/{c}", "aggregate_tok_s", eff["aggregate_tok_s"][str(c)])
+        check(f"concurrency/{c}", "stream_decode_median_tok_s", eff["per_stream_tok_s"][str(c)])
+    print("recovery errors (%):", json.dumps({k: round(v, 2) for k, v in errors.items()}, indent=1))
+    assert all(abs(e) <= 2.0 for e in errors.values()), errors
+    assert all(p["valid_repeats"] == p["repeats"] == 2 for p in summary.points)
+
+
+@pytest.mark.e2e
+def test_results_files_carry_the_full_configuration(ds41f_run: tuple[Path, dict[str, Any], Any]) -> None:
+    out, _info, summary = ds41f_run
+    with (out / "results.csv").open() as fh:
+        reader = csv.DictReader(fh)
+        assert tuple(reader.fieldnames or ()) == CSV_COLUMNS
+        rows = list(reader)
+    assert len(rows) == 2 * (2 + 1 + 3)  # points x repeats
+    for r in rows:
+        for col in CONFIG_COLUMNS:
+            assert r[col] != "", col
+        assert r["engine"] == "ds41f" and r["clock_cap_mhz"] == "2000" and r["kernel"] == "6.17.0-1029-nvidia"
+        assert r["token_source"] == "usage" and r["salt"] and r["t_start_utc"] <= r["t_end_utc"]
+        assert json.loads(r["params"]) and r["valid"] == "1"
+    assert {r["prompt_tokens"] for r in rows if r["suite"] == "prefill"} == {"8192", "16384"}
+    assert {r["completion_tokens"] for r in rows if r["point"] == "concurrency/4"} == {str(4 * 384)}
+    heads = [json.loads(line)["request"] for line in (out / "events.jsonl").read_text().splitlines()
+             if line.startswith('{"request"')]
+    assert len([h for h in heads if not h["labels"].get("warmup")]) == summary.n_requests == 2 * (2 + 1 + 7)
+    meta = json.loads((out / "run.json").read_text())
+    assert meta["config"]["waivers"] == CONFIG["waivers"] and meta["effective"]["repeats"] == 2
+    with (out / "telemetry.csv").open() as fh:
+        tele = list(csv.DictReader(fh))
+    assert tele and tuple(tele[0]) == TELEMETRY_COLUMNS and {t["node"] for t in tele} == {"n1", "n2"}
+    t = summary.telemetry["decode"]
+    assert t["nodes"]["n2"]["peak_w"] == 35.0 and t["j_per_completion_token"] > 0
+
+
+@pytest.mark.e2e
+def test_report_and_compare_two_stacks(ds41f_run: tuple[Path, dict[str, Any], Any], tensorfold: str,
+                                       tmp_path: Path, sparkctl: Any) -> None:
+    ds_dir = ds41f_run[0]
+    tf_dir = tmp_path / "tf"
+    tf_cfg = {"engine": "tensorfold", "profile": "tensorfold-sim", "clock_cap_mhz": None, "tp_size": 1}
+    # TensorFold ignores ignore_eos: 100 tokens stay below its shortest natural answer (120)
+    s = run(tensorfold, "dsv41-tf", tf_dir, tf_cfg,
+            RunOptions(suites=("prefill", "decode", "concurrency"), lengths=(8192,), concurrency=(1, 4),
+                       decode_tokens=100))
+    assert s.n_errors == 0 and all(p["flags"] == [] for p in s.points)
+    r = sparkctl("bench", "report", str(ds_dir), str(tf_dir), "--out", str(tmp_path / "rep"), "--html")
+    assert r.code == 0, r.err
+    out = r.out
+    md = (tmp_path / "rep" / "report.md").read_text()
+    header = md.splitlines()[4]
+    for col in ("ds41f-sim", "tensorfold-sim", "ds41f (published)", "tensorfold (published)", "TP2 (published)"):
+        assert col in header, header
+    assert "| Prefill 128K (tok/s) | – | – | 6,239 | 5,985 | 2,928 | 4,058 |" in md
+    assert "Decode, 1 stream (tok/s)" in out and "5,783" in out
+    for png in ("prefill_by_length", "aggregate_by_concurrency", "ttft_distribution", "itl_distribution",
+                "clock_cap"):
+        assert (tmp_path / "rep" / f"{png}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", png
+    assert "<table>" in (tmp_path / "rep" / "report.html").read_text()
+    r = sparkctl("bench", "compare", str(ds_dir), str(tf_dir), "--json")
+    assert r.code == 0, r.err
+    ratios = {(x["point"], x["metric"]): x for x in json.loads(r.out)["ratios"]}
+    agg = ratios[("concurrency/4", "aggregate_tok_s")]
+    assert agg["ratio"] == pytest.approx(agg["b"] / agg["a"]) and 0 < agg["ratio"] < 1.5
+    r = sparkctl("bench", "compare", str(ds_dir), str(tf_dir))
+    assert r.code == 0 and "B/A" in r.out and "decode/1" in r.out
+
+
+@pytest.mark.e2e
+def test_quality_scores_every_scenario_by_rule_with_thinking_on_and_off(ds41f: str, tmp_path: Path) -> None:
+    s = run(ds41f, "dsv41-ds41f", tmp_path / "q", CONFIG, RunOptions(suites=("quality",), quality_concurrency=16))
+    rows = load_run(tmp_path / "q").rows
+    for mode in ("off", "on"):
+        per = [r for r in rows if r["point"].startswith(f"quality/{mode}/")]
+        assert len({r["scenario"] for r in per}) >= 14 and len(per) == 2 * len(q.SCENARIOS)
+        assert all(r["score"] in ("0.0", "1.0") and "why:" in r["flags"] for r in per)
+        totals = [r for r in rows if r["point"] == f"quality/{mode}"]
+        assert len(totals) == 2 and all(0.0 <= float(r["score"]) <= 100.0 for r in totals)
+    heads = [json.loads(x)["request"] for x in (tmp_path / "q" / "events.jsonl").read_text().splitlines()
+             if x.startswith('{"request"')]
+    assert all(h.get("text") for h in heads if h["labels"].get("suite") == "quality")  # answers kept for audit
+    assert s.n_errors == 0
+
+
+@pytest.mark.e2e
+def test_the_other_suites_run_and_reject_what_they_must(ds41f: str, tmp_path: Path, sparkctl: Any,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    opts = RunOptions(suites=("warm-prefix", "longctx", "peak", "agent", "soak"), lengths=(2048,),
+                      concurrency=(2,), decode_tokens=64, warm_prefix_tokens=4096, agent_warmup_s=0.3,
+                      agent_measure_s=0.8, agent_corpora=("draftable",), duration_s=1.0, soak_scale=0.25)
+    s = run(ds41f, "dsv41-ds41f", tmp_path / "o", {"engine": "ds41f"}, opts)
+    pts = {p["point"]: p for p in s.points}
+    wp = pts["warm-prefix/4096"]["metrics"]
+    assert wp["cold_warm_ratio"]["min"] > 3 and wp["cached_tokens"]["min"] >= 3840
+    lc = [r for r in load_run(tmp_path / "o").rows if r["suite"] == "longctx"]
+    assert {r["prompt_tokens"] for r in lc} == {"2048"} and all(900 < int(r["depth_tokens"]) < 1100 for r in lc)
+    assert {r["found"] for r in lc} == {"0"}  # the simulator does not read
+    assert pts["agent/draftable/2"]["metrics"]["aggregate_tok_s"]["median"] > 0
+    assert pts["soak"]["metrics"]["error_rate"]["median"] == 0.0
+    assert all(f"peak/{c}" in pts for c in wl.PEAK_CONTENT)
+    # a "cold" point that read the cache is rejected: the same salt twice makes the cold request warm
+    monkeypatch.setattr("sparkctl.bench.runner.new_salt", lambda: "fixedsaltfixedsa\n")
+    s2 = run(ds41f, "dsv41-ds41f", tmp_path / "w", {"engine": "ds41f"},
+             RunOptions(suites=("warm-prefix",), warm_prefix_tokens=4096))
+    monkeypatch.undo()
+    (p,) = s2.points
+    assert p["valid_repeats"] == 1 and any(f.startswith("rejected:") for f in p["flags"])
+    # the CLI: no endpoint, no profile -> a usage error; a wrong model -> named in the error
+    r = sparkctl("bench", "--suite", "decode")
+    assert r.code == 2 and "nothing to benchmark" in r.err
+    r = sparkctl("bench", "--base-url", ds41f, "--model", "nope", "--out", str(tmp_path / "x"))
+    assert r.code == 2 and "dsv41-ds41f" in r.err
