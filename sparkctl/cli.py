@@ -923,6 +923,46 @@ def bench_run_cmd(c: Ctx, profile: str | None, base_url: str | None, model: str 
                   decode_tokens: int | None, warmup_s: float, measure_s: float, label: str | None,
                   as_json: bool) -> None:
     """Run bench suites against PROFILE's cluster, or against --base-url URL --model NAME."""
+    import contextlib
+
+    with contextlib.ExitStack() as stack:
+        _bench_run(c, profile, base_url, model, out_dir, suites, record, force, lengths, concurrency, repeats,
+                   duration_s, decode_tokens, warmup_s, measure_s, label, as_json, stack)
+
+
+def bench_check(res: Any, inv: Any, transport: Any, force: bool) -> dict[str, Any]:
+    """Pre-bench health check: every law on every node; waivers come from the run record."""
+    from .check import run_check
+    from .errors import CheckFailed
+    from .laws import Waiver
+    from .lifecycle import read_record
+
+    rec = read_record(inv, transport)
+    waivers = {k: Waiver(k, v) for k, v in (rec.waivers if rec and rec.profile == res.name else {}).items()}
+    report = run_check(res, inv, transport, waivers=waivers, bandwidth_s=0)
+    fails = [v for v in report.verdicts if v.failed]
+    if fails and not force:
+        v = fails[0]
+        raise CheckFailed(f"pre-bench check: {len(fails)} law(s) fail; first: {v.law} on {v.node}: {v.observed}",
+                          hint="fix it, or --force to bench anyway (recorded in every row)")
+    facts = [f for f in report.facts.values() if f is not None]
+    return {
+        "kernel": ",".join(sorted({f.kernel for f in facts if f.kernel})) or None,
+        "page_size_kib": ",".join(sorted({str((f.page_size_bytes or 0) // 1024) for f in facts})) or None,
+        "clock_lock_mhz": ",".join(sorted({str(f.clock_lock_record[1]) for f in facts
+                                           if f.clock_lock_record and f.clock_lock_record[0] == f.boot_id})) or None,
+        "waivers": [f"{k}: {w.reason}" for k, w in waivers.items()],
+        "unqualified": bool(waivers),
+        "check_ok": report.ok,
+        "check_failures": [f"{v.law}@{v.node}" for v in fails],
+    }
+
+
+def _bench_run(c: Ctx, profile: str | None, base_url: str | None, model: str | None, out_dir: str | None,
+               suites: tuple[str, ...], record: bool, force: bool, lengths: tuple[int, ...] | None,
+               concurrency: tuple[int, ...] | None, repeats: int | None, duration_s: float,
+               decode_tokens: int | None, warmup_s: float, measure_s: float, label: str | None,
+               as_json: bool, stack: Any) -> None:
     import time as _time
 
     from .bench import runner as bench_runner
@@ -937,7 +977,18 @@ def bench_run_cmd(c: Ctx, profile: str | None, base_url: str | None, model: str 
         if not model:
             raise ConfigError("--base-url needs --model NAME (or a PROFILE to take model.served_name from)")
     elif profile:
-        base_url, served, config, telemetry = prepare(c, profile, force)
+        inv = c.inventory()
+        transport = make_transport(inv, 5.0, 60.0, 120.0)
+        stack.callback(transport.close)
+
+        def check_fn(res: Any, inv: Any, force: bool) -> dict[str, Any]:
+            return bench_check(res, inv, transport, force)
+
+        base_url, served, config, _ = prepare(c, profile, force, check_fn=check_fn)
+        from .layout import bind
+        from .telemetry import sampler
+
+        telemetry = sampler(inv, transport, list(bind(c.resolve(profile), inv).nodes))
         model = model or served
     else:
         raise ConfigError("nothing to benchmark", hint="give a PROFILE, or --base-url URL --model NAME")
@@ -1041,6 +1092,52 @@ def bench_selftest_cmd(concurrency: tuple[int, ...] | None, as_json: bool) -> No
     if not report.ok:
         raise CheckFailed(f"bench selftest failed: {len(report.failures())} checks out of tolerance",
                           hint="a busy machine skews timing: rerun when it is quiet")
+
+
+# --------------------------------------------------------------------------- demo
+
+
+@cli.command("demo")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
+              help="where the runs and the report go (default ./runs/demo-<time>)")
+@click.option("--keep", is_flag=True, help="leave the simulated cluster up at the end")
+def demo_cmd(out_dir: str | None, keep: bool) -> None:
+    """The whole tour on the SIMULATED 4-node ring: sim up, check, up ds41f, bench, switch TensorFold, bench, report, down."""
+    from .sim.paths import default_inventory
+
+    base = Path(out_dir) if out_dir else Path("runs") / f"demo-{time.strftime('%Y%m%d-%H%M%S')}"
+    inv = str(default_inventory())
+    waive = ["--waive", "page_size", "--reason", "stock 4 KiB kernel, as in the field report"]
+    bench = ["--suite", "prefill", "--suite", "decode", "--suite", "concurrency", "--lengths", "8K,32K",
+             "--concurrency", "1,4,16", "--decode-tokens", "64", "--force"]
+    steps: list[tuple[str, list[str], bool]] = [
+        ("build the simulated ring (namespaces, real sshd, simulated GB10 tools)", ["sim", "up", "--nodes", "4"], False),
+        ("the inventory: ring order, fabric addresses, routes", ["-i", inv, "inventory"], False),
+        ("check every law; apply the clock cap; waive the 64 KiB page size like the field report",
+         ["-i", inv, "check", "ds41f-tp4-ring", "--fix", *waive], False),
+        ("up ds41f TP4 over the ring", ["-i", inv, "up", "ds41f-tp4-ring", *waive], False),
+        ("status", ["-i", inv, "status"], False),
+        ("bench ds41f", ["-i", inv, "bench", "ds41f-tp4-ring", *bench, "--out", str(base / "ds41f")], False),
+        ("switch to TensorFold", ["-i", inv, "switch", "tensorfold-tp4-ring"], False),
+        ("bench TensorFold", ["-i", inv, "bench", "tensorfold-tp4-ring", *bench, "--out", str(base / "tensorfold")],
+         False),
+        ("report: the two stacks beside the published figures, with plots",
+         ["bench", "report", str(base / "ds41f"), str(base / "tensorfold"), "--out", str(base / "report"), "--html"],
+         False),
+        ("down", ["-i", inv, "down"], True),
+    ]
+    if not keep:
+        steps.append(("remove the simulated cluster", ["sim", "down"], True))
+    for i, (title, args, always) in enumerate(steps, 1):
+        out.print(f"\n[bold]== {i}/{len(steps)} {escape(title)}[/]  [dim]sparkctl {escape(' '.join(args))}[/]")
+        code = main(args)
+        if code != 0:
+            out.print(f"[bold red]step failed (exit {code})[/]; cleaning up")
+            main(["-i", inv, "down"])
+            if not keep:
+                main(["sim", "down"])
+            raise SystemExit(code)
+    out.print(f"\n[green]demo complete[/]: report in {base / 'report'}/report.md (and report.html, PNG plots)")
 
 
 # --------------------------------------------------------------------------- entry point

@@ -1255,3 +1255,40 @@ def parse_fabric(targets: Sequence[FabricTarget], stdout: str) -> list[tuple[Fab
             except ProbeParseError:
                 out.append((t, False, None))
     return out
+
+
+# --------------------------------------------------------------------------- telemetry (bench, >= 1 Hz)
+
+
+def telemetry_command(node: Node) -> str:
+    """One cheap read of what the bench samples every second."""
+    mem = _q((node.proc_root.rstrip("/") or "") + "/meminfo")
+    return ("nvidia-smi --query-gpu=power.draw,clocks.sm,temperature.gpu,clocks_event_reasons.active "
+            f"--format=csv,noheader,nounits 2>/dev/null; grep -m1 '^MemAvailable:' {mem}")
+
+
+def parse_telemetry(text: str) -> dict[str, Any]:
+    """-> {power_w, sm_mhz, temp_c, event_reasons, mem_available_gib}; None where unreadable."""
+    out: dict[str, Any] = {"power_w": None, "sm_mhz": None, "temp_c": None, "event_reasons": None,
+                           "mem_available_gib": None}
+    for line in text.splitlines():
+        if line.startswith("MemAvailable:"):
+            parts = line.split()
+            if len(parts) >= 2 and parts[1].isdigit():
+                out["mem_available_gib"] = round(int(parts[1]) / 1024 / 1024, 2)
+        elif line.count(",") == 3:
+            vals = [v.strip() for v in line.split(",")]
+
+            def num(v: str) -> float | None:
+                try:
+                    return float(v)
+                except ValueError:
+                    return None
+
+            out["power_w"], out["sm_mhz"], out["temp_c"] = num(vals[0]), num(vals[1]), num(vals[2])
+            try:
+                mask = int(vals[3], 16)
+                out["event_reasons"] = ",".join(decode_reasons(mask)) or "none"
+            except ValueError:
+                pass
+    return out

@@ -289,6 +289,12 @@ class _Run:
 
         def on_signal(signum: int) -> None:
             self.stop_signal = signum
+            # Give the memory back at once, as the real driver frees it when the
+            # process starts tearing down (a stop that escalates to SIGKILL must
+            # not look like a leak on a kernel that does not leak).
+            on_stop = getattr(self, "on_stop", None)
+            if on_stop is not None:
+                on_stop()
             stop.set()
 
         for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
@@ -428,6 +434,8 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
     _banner(cfg, log)
     state_path = env.get("SPARKCTL_SIM_STATE") or None
     registered = register_memory(state_path, os.getpid(), cfg.mem_gib, log)
+    if registered:
+        run.on_stop = lambda: release_memory(state_path, os.getpid(), log)  # type: ignore[attr-defined]
     try:
         return asyncio.run(run.main())
     except KeyboardInterrupt:
