@@ -1,0 +1,87 @@
+#!/usr/bin/env python3
+"""N up / switch / down cycles on the SIMULATED ring: failures, orphans, time per phase.
+
+Also reports sparkctl's own overhead in `up` (everything but the engine's
+readiness wait) and `switch` downtime beyond the new engine's load time.
+Prints figures; asserts nothing. Usage: python3 bench/lifecycle_soak.py --cycles 50
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import time
+from collections import defaultdict
+
+from sparkctl.inventory import load_inventory
+from sparkctl.laws import Waiver
+from sparkctl.lifecycle import down, switch, up
+from sparkctl.profiles import resolve
+from sparkctl.resources import Roots
+from sparkctl.sim.paths import default_inventory
+from sparkctl.transport import SSHTransport
+
+ENGINE_PS = "ps -eo pid,args | grep -cE '[d]s41f serve|[t]ensorfold serve|[d]ocker run|[l]aunch.sh' || true"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--cycles", type=int, default=50)
+    args = ap.parse_args()
+    if not default_inventory().is_file():
+        subprocess.run([sys.executable, "-m", "sparkctl.cli", "sim", "up", "--nodes", "4"], check=True)
+    inv = load_inventory(default_inventory())
+    roots = Roots.make()
+    ds = resolve("ds41f-tp4-ring", roots)
+    tf = resolve("tensorfold-tp4-ring", roots)
+    waive = {"page_size": Waiver("page_size", "stock 4 KiB kernel (soak)")}
+    phases: dict[str, list[float]] = defaultdict(list)
+    failures, orphans = [], 0
+    overhead, downtime_extra = [], []
+    t_all = time.perf_counter()
+    with SSHTransport(inv.nodes) as tr:
+        for i in range(args.cycles):
+            try:
+                t0 = time.perf_counter()
+                r = up(ds, inv, tr, roots, waivers=waive)
+                phases["up"].append(time.perf_counter() - t0)
+                for p in r.phases:
+                    phases[f"up.{p.phase}"].append(p.seconds)
+                overhead.append(sum(p.seconds for p in r.phases if p.phase != "ready"))
+                t0 = time.perf_counter()
+                s = switch(tf, inv, tr, roots, waivers=waive)
+                phases["switch"].append(time.perf_counter() - t0)
+                if not s.switched:
+                    failures.append(f"cycle {i}: switch rolled back: {s.error}")
+                elif s.up is not None:
+                    load = next((p.seconds for p in s.up.phases if p.phase == "ready"), 0.0)
+                    downtime_extra.append(s.downtime_s - load)
+                t0 = time.perf_counter()
+                down(inv, tr)
+                phases["down"].append(time.perf_counter() - t0)
+            except Exception as exc:  # noqa: BLE001 - counted, the soak goes on
+                failures.append(f"cycle {i}: {type(exc).__name__}: {exc}")
+                try:
+                    down(inv, tr)
+                except Exception:  # noqa: BLE001
+                    pass
+            left = sum(int(r.stdout.strip() or 0) for r in tr.run_all({n: ENGINE_PS for n in inv.names}).values())
+            orphans += left
+    print(f"{args.cycles} cycles in {time.perf_counter() - t_all:.0f} s: {len(failures)} failures, "
+          f"{orphans} orphan processes after down")
+    for f in failures[:10]:
+        print("  ", f)
+    for name, vals in sorted(phases.items()):
+        print(f"  {name:<16} median {statistics.median(vals):6.2f} s  max {max(vals):6.2f} s")
+    if overhead:
+        print(f"sparkctl's own overhead in up (all but readiness): median {statistics.median(overhead):.2f} s "
+              f"(target < 5 s)")
+    if downtime_extra:
+        print(f"switch downtime beyond the new engine's load/readiness: median {statistics.median(downtime_extra):.2f} s "
+              f"(target < 3 s)")
+
+
+if __name__ == "__main__":
+    main()
