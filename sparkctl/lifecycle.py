@@ -453,14 +453,21 @@ def _up(res: Resolved, inv: Inventory, transport: Transport, roots: Roots, sets:
     report = None
     if not skip_check:
         say("*", "check", "probing every node and judging the laws")
-        report = run_check(res, inv, transport, waivers=waivers, fix=True, bandwidth_s=0,
+        report = run_check(res, inv, transport, waivers=waivers, fix=False, bandwidth_s=0,
                            progress=lambda m: say("*", "check", m))
-        failures = [v for v in report.verdicts if v.failed and v.law != "served_model"]
+        # served_model: the endpoint about to be replaced; clock_cap: applied next.
+        failures = [v for v in report.verdicts if v.failed and v.law not in ("served_model", "clock_cap")]
         phase("check")
         if failures:
             first = failures[0]
             raise CheckFailed(f"{len(failures)} law(s) fail; first: {first.law} on {first.node}: {first.observed}",
                               Ref(node=first.node), hint=first.fix or "run `sparkctl check PROFILE` for the table")
+    if p.laws.clock_cap_mhz is not None:
+        cmds = {n: " && ".join(laws.clock_lock_commands(p.laws.clock_cap_mhz, inv.node(n).prefix, inv.node(n).proc_root))
+                for n in layout.nodes}
+        say("*", "clock", f"nvidia-smi -lgc 0,{p.laws.clock_cap_mhz} on {len(cmds)} nodes")
+        _fail_on(transport.run_all(cmds, sudo=any(_sudo(inv, n) for n in cmds)), "applying the clock cap")
+        phase("clock")
     started_at = now_iso()
     # Stop what runs: the previous stack anywhere in the inventory, or the replicas we restart.
     stale_nodes = list(inv.names) if not prev or prev.profile != res.name or restart == list(layout.nodes) else restart

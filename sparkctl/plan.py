@@ -28,11 +28,12 @@ def plan_up(res: Resolved, inv: Inventory, rendering: Rendering) -> list[Step]:
     nodes = lay.nodes
     steps: list[Step] = [
         Step("check", nodes, "probe every node in parallel and judge the laws (a failure stops here)"),
-        Step("stop-stale", nodes,
-             "stop any sparkctl engine still running (a new rank must never join an old head's rendezvous)"),
     ]
     if p.laws.clock_cap_mhz is not None:
-        steps.append(Step("clock", nodes, f"apply the clock cap: nvidia-smi -lgc 0,{p.laws.clock_cap_mhz}, read it back"))
+        steps.append(Step("clock", nodes, f"apply the clock cap: nvidia-smi -lgc 0,{p.laws.clock_cap_mhz} and record "
+                                          "it for this boot"))
+    steps.append(Step("stop-stale", nodes,
+                      "stop any sparkctl engine still running (a new rank must never join an old head's rendezvous)"))
     for r in lay.ranks:
         files = tuple(sorted(rendering.files[r.node]))
         steps.append(Step("push", (r.node,), f"write {len(files)} files atomically (temp name, then rename)",

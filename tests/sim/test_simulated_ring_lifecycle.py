@@ -84,6 +84,11 @@ def test_simulated_up_status_switch_rollback_down(sim_ring, tmp_path) -> None:
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["serving"] == "tensorfold-tp4-ring"
     assert served(sim_ring) == ["dsv41-flash-tensorfold"]
+    # the served-model law: port 8000 answers, but with another stack's model
+    r = sim_ring.sparkctl("-i", inv, "check", "ds41f-tp4-ring", *WAIVE, "--json", "--bandwidth", "0")
+    bad = [v for v in json.loads(r.stdout)["verdicts"] if v["status"] == "fail"]
+    assert r.returncode == 4 and [(v["law"], v["node"]) for v in bad] == [("served_model", "spark-a")], bad
+    assert "dsv41-flash-tensorfold" in bad[0]["observed"]
 
     root = tmp_path / "root"
     (root / "profiles").mkdir(parents=True)
