@@ -304,6 +304,12 @@ transport_options = [
 ]
 
 
+def with_waive_options(f: Any) -> Any:
+    f = click.option("--reason", help="why the waived laws are accepted (recorded)")(f)
+    return click.option("--waive", multiple=True, metavar="LAW",
+                        help="accept a failing law on purpose (needs --reason)")(f)
+
+
 def with_transport_options(f: Any) -> Any:
     for opt in reversed(transport_options):
         f = opt(f)
@@ -377,8 +383,7 @@ def parse_waivers(waive: tuple[str, ...], reason: str | None) -> dict[str, Any]:
 @click.argument("profile")
 @inventory_option
 @set_option
-@click.option("--waive", multiple=True, metavar="LAW", help="accept a failing law on purpose (needs --reason)")
-@click.option("--reason", help="why the waived laws are accepted (recorded)")
+@with_waive_options
 @click.option("--fix", is_flag=True, help="apply the safe remedies (the clock cap) and check again")
 @click.option("--bandwidth", "bandwidth_s", type=int, default=2, show_default=True, metavar="SECONDS",
               help="measure every twin with ib_write_bw for this long (0: skip; stale links show only here)")
@@ -503,8 +508,7 @@ def _up_summary(result: Any) -> None:
 @click.argument("profile")
 @inventory_option
 @set_option
-@click.option("--waive", multiple=True, metavar="LAW", help="accept a failing law on purpose (needs --reason)")
-@click.option("--reason", help="why the waived laws are accepted (recorded)")
+@with_waive_options
 @with_transport_options
 @json_option
 @pass_ctx
@@ -560,8 +564,7 @@ def down_cmd(c: Ctx, reset_clocks: bool, connect_timeout_s: float, command_timeo
 @click.argument("profile")
 @inventory_option
 @set_option
-@click.option("--waive", multiple=True, metavar="LAW")
-@click.option("--reason")
+@with_waive_options
 @with_transport_options
 @json_option
 @pass_ctx

@@ -10,7 +10,7 @@ Magic numbers carry a comment naming their source in ../shared/reference.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -123,20 +123,26 @@ def _unreadable(law: str, node: str, what: str, f: Any) -> Verdict | None:
     return None
 
 
+def _each(ctx: Context, law: str, what: str, out: list[Verdict]) -> Iterator[tuple[str, Any]]:
+    """The nodes that answered, with their facts; an unreadable fact becomes a verdict in ``out``."""
+    for node in ctx.nodes:
+        f = _facts(ctx, node)
+        if f is None:
+            continue
+        u = _unreadable(law, node, what, f)
+        if u:
+            out.append(u)
+            continue
+        yield node, f
+
+
 # --------------------------------------------------------------------------- kernel pin
 
 
 def check_kernel(ctx: Context) -> list[Verdict]:
     law = ctx.profile.laws
-    out = []
-    for node in ctx.nodes:
-        f = _facts(ctx, node)
-        if f is None:
-            continue
-        u = _unreadable("kernel_pin", node, "kernel", f)
-        if u:
-            out.append(u)
-            continue
+    out: list[Verdict] = []
+    for node, f in _each(ctx, "kernel_pin", "kernel", out):
         k = f.kernel
         pin = law.kernel_allow[0] if law.kernel_allow else None
         if k in law.kernel_deny:
@@ -180,15 +186,8 @@ def remedy_kernel(ctx: Context, verdicts: list[Verdict]) -> Remedy | None:
 
 def check_page_size(ctx: Context) -> list[Verdict]:
     want = ctx.profile.laws.page_size_kib
-    out = []
-    for node in ctx.nodes:
-        f = _facts(ctx, node)
-        if f is None:
-            continue
-        u = _unreadable("page_size", node, "page_size", f)
-        if u:
-            out.append(u)
-            continue
+    out: list[Verdict] = []
+    for node, f in _each(ctx, "page_size", "page_size", out):
         have = (f.page_size_bytes or 0) // 1024
         if want is None or have == want:
             out.append(Verdict("page_size", node, OK, f"{have} KiB", f"{want} KiB" if want else "any"))
@@ -209,15 +208,8 @@ def check_page_size(ctx: Context) -> list[Verdict]:
 
 def check_memory(ctx: Context) -> list[Verdict]:
     law = ctx.profile.laws
-    out = []
-    for node in ctx.nodes:
-        f = _facts(ctx, node)
-        if f is None:
-            continue
-        u = _unreadable("memory_guard", node, "meminfo", f)
-        if u:
-            out.append(u)
-            continue
+    out: list[Verdict] = []
+    for node, f in _each(ctx, "memory_guard", "meminfo", out):
         avail = f.mem_available_kib / 1024 / 1024
         total = f.mem_total_kib / 1024 / 1024
         running = bool(getattr(f, "engines", ()))
@@ -249,15 +241,8 @@ def check_clock(ctx: Context) -> list[Verdict]:
     clock, by the remedy or by sparkctl-clock-cap.service at boot) against the
     node's current boot id, and from evidence: a busy GPU above the cap."""
     cap = ctx.profile.laws.clock_cap_mhz
-    out = []
-    for node in ctx.nodes:
-        f = _facts(ctx, node)
-        if f is None:
-            continue
-        u = _unreadable("clock_cap", node, "gpu", f)
-        if u:
-            out.append(u)
-            continue
+    out: list[Verdict] = []
+    for node, f in _each(ctx, "clock_cap", "gpu", out):
         rec = getattr(f, "clock_lock_record", None)
         in_force = rec is not None and rec[0] == f.boot_id
         locked_cap = rec[1] if in_force else None
