@@ -596,7 +596,10 @@ def switch(res: Resolved, inv: Inventory, transport: Transport, roots: Roots, *,
         try:
             result = up(res, inv, transport, roots, sets=sets, waivers=waivers, secrets=secrets, progress=progress,
                         lock=False)
-            return SwitchResult(res.name, True, False, time.monotonic() - t_down if prev_res else 0.0, up=result)
+            # The old endpoint serves through plan, check and clock; it is gone from
+            # stop-stale until the new one is ready.
+            unavailable = sum(p.seconds for p in result.phases if p.phase in ("stop-stale", "push", "start", "ready"))
+            return SwitchResult(res.name, True, False, unavailable if prev_res else 0.0, up=result)
         except KeyboardInterrupt:
             raise
         except Exception as exc:  # noqa: BLE001 - any failure: restore the previous stack

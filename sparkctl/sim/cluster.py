@@ -1178,19 +1178,8 @@ def _node_pids(p: SimPaths, node: str, rootless: bool) -> set[int]:
     return pids
 
 
-# The field report: 6.17.0-1031-nvidia "leaks ~80 GiB on engine death"; 1029 does not.
-LEAKY_KERNELS = ("6.17.0-1031-nvidia",)
-
-
 def _settle_engine_mem(st: dict[str, Any]) -> None:
-    """Memory of engines that died without cleaning up: leaked (the leak law) on a
-    leaky kernel or with the leak_on_death fault, given back otherwise."""
-    leaky = st.get("kernel_release") in LEAKY_KERNELS or bool(st.get("faults", {}).get("leak_on_death"))
-    for pid, gib in list(st.get("engine_mem_gib", {}).items()):
-        if not (str(pid).isdigit() and nx.pid_alive(int(pid))):
-            if leaky:
-                st["leaked_mem_gib"] = float(st.get("leaked_mem_gib", 0.0)) + float(gib)
-            del st["engine_mem_gib"][pid]
+    nodestate.settle(st)
 
 
 def kill_engines(root: Path, node: str) -> list[int]:

@@ -108,9 +108,10 @@ def _write(p: Path, state: dict[str, Any]) -> None:
     """
     from .shims import render_boot_id, render_meminfo  # late: shims imports this module
 
+    derived = (("meminfo", render_meminfo(state)), ("boot_id", render_boot_id(state)))
     _atomic_text(p, json.dumps(state, indent=2, sort_keys=True) + "\n")
     # Write in place (not rename): a bind mount pins the inode it was mounted on.
-    for name, text in (("meminfo", render_meminfo(state)), ("boot_id", render_boot_id(state))):
+    for name, text in derived:
         with open(p.with_name(name), "w") as fh:
             fh.write(text)
 
@@ -130,14 +131,18 @@ def save(path: str | os.PathLike[str], state: dict[str, Any]) -> None:
 
 
 @contextlib.contextmanager
-def edit(path: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
-    """Read-modify-write under the lock: ``with edit(p) as s: s["x"] = 1``."""
+def edit(path: str | os.PathLike[str], *, rewrite: bool = False) -> Iterator[dict[str, Any]]:
+    """Read-modify-write under the lock: ``with edit(p) as s: s["x"] = 1``.
+
+    ``rewrite`` writes even when nothing changed, which also re-renders the
+    derived /proc views (a writer killed between the two writes leaves them stale).
+    """
     p = Path(path)
     with _locked(p):
         state = json.loads(p.read_text())
         before = copy.deepcopy(state)
         yield state
-        if state != before:
+        if rewrite or state != before:
             _write(p, state)
 
 
@@ -145,3 +150,33 @@ def mem_available_kib(state: dict[str, Any]) -> int:
     held_gib = sum(state["engine_mem_gib"].values()) + state["leaked_mem_gib"]
     return max(0, int(state["mem_idle_available_kib"] - held_gib * 1024 * 1024))
 
+
+
+# The field report: 6.17.0-1031-nvidia "leaks ~80 GiB on engine death"; 1029 does not.
+LEAKY_KERNELS = ("6.17.0-1031-nvidia",)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().split(") ", 1)[1][:1] not in ("Z", "X")  # a zombie holds no memory
+    except (OSError, IndexError):
+        return False
+
+
+def settle(state: dict[str, Any]) -> None:
+    """Engines that died without giving their memory back: leaked on a leaky kernel
+    (or with the ``leak_on_death`` fault), given back otherwise."""
+    leaky = state.get("kernel_release") in LEAKY_KERNELS or bool(state.get("faults", {}).get("leak_on_death"))
+    for pid, gib in list(state.get("engine_mem_gib", {}).items()):
+        if not (str(pid).isdigit() and _pid_alive(int(pid))):
+            if leaky:
+                state["leaked_mem_gib"] = float(state.get("leaked_mem_gib", 0.0)) + float(gib)
+            del state["engine_mem_gib"][pid]
+
+
+def settle_file(path: str | os.PathLike[str] | None) -> None:
+    """``settle`` the node's state file, if there is one (called by the shims that stop things)."""
+    if path and Path(path).is_file():
+        with edit(path, rewrite=True) as state:
+            settle(state)

@@ -2136,6 +2136,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as exc:  # a malformed unit or argument, reported like systemd does
         print(f"{tool}: {exc}", file=sys.stderr)
         return 1
+    finally:
+        if rest and rest[0] in ("stop", "rm", "kill", "restart"):
+            # An engine killed before it gave its memory back: settle the node's
+            # simulated memory now, as the driver would when the process is gone.
+            from sparkctl.sim import nodestate
+
+            with contextlib.suppress(OSError, ValueError):
+                time.sleep(0.05)
+                nodestate.settle_file(os.environ.get("SPARKCTL_SIM_STATE"))
 
 
 def _entry() -> NoReturn:

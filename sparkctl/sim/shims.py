@@ -1572,6 +1572,10 @@ def ps_this_node(args: Sequence[str]) -> int:
 
     sys.stdout.write(filter_ps(r.stdout, mine))
     sys.stderr.write(r.stderr)
+    try:  # dead engines' memory: settled whenever someone looks at the processes
+        nodestate.settle_file(os.environ.get(STATE_ENV))
+    except (OSError, ValueError):
+        pass
     return r.returncode
 
 
