@@ -19,7 +19,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from .errors import InventoryError, Ref
+from .errors import InventoryError
 from .schema import InventoryFile, NodeSpec, PortSpec, default_ports
 from .yamlsrc import Located, load, loads, pydantic_errors
 

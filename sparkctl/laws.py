@@ -353,7 +353,7 @@ def check_fabric(ctx: Context) -> list[Verdict]:
     for (src, dst), ok in ctx.relay_ok.items():
         if not ok:
             out.append(Verdict("fabric", src, FAIL, f"{dst} unreachable", "reachable through the relay",
-                               f"enable IP forwarding on the neighbours (net.ipv4.ip_forward=1) and check the routes; "
+                               "enable IP forwarding on the neighbours (net.ipv4.ip_forward=1) and check the routes; "
                                "Docker's FORWARD DROP policy looks exactly like a dead cable", f"-> {dst}"))
     return out
 

@@ -29,7 +29,7 @@ from .layout import Layout, Rank
 from .plan import plan_up
 from .profiles import Resolved, resolve
 from .record import LOCK_DIR, RECORD_PATH, NodeRecord, RunRecord
-from .render import DETACHED, LAUNCH, LOG_DIR, UNIT, Rendering, render, under
+from .render import DETACHED, LOG_DIR, UNIT, Rendering, render, under
 from .resources import Roots
 from .state import cluster_dir, read_json, write_json
 from .transport import CommandResult, Transport

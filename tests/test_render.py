@@ -93,7 +93,7 @@ def _hostile_root(tmp_path: Path) -> Path:
     root = tmp_path / "root"
     (root / "profiles").mkdir(parents=True)
     args = "".join(f"\n    - {json_str(a)}" for a in HOSTILE)
-    (root / "profiles" / "evil.yaml").write_text(textwrap.dedent(f"""\
+    (root / "profiles" / "evil.yaml").write_text(textwrap.dedent("""\
         extends: tiny-llamacpp
         engine:
           binary: "sh -c 'for a; do printf \\"<%s>\\\\n\\" \\"$a\\"; done; printf \\"EVIL=<%s>\\\\n\\" \\"$EVIL\\"' argv0"

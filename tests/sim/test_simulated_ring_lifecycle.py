@@ -146,7 +146,7 @@ def test_simulated_ctrl_c_during_up_leaves_everything_stopped_and_recorded(sim_r
     p = subprocess.Popen([sys.executable, "-m", "sparkctl.cli", "-i", inv, "up", "tensorfold-tp4-ring"],
                          env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and "waiting" not in (line := p.stderr.readline()):
+    while time.monotonic() < deadline and "waiting" not in p.stderr.readline():
         pass
     p.send_signal(signal.SIGINT)
     p.communicate(timeout=120)
