@@ -565,17 +565,44 @@ def down_cmd(c: Ctx, reset_clocks: bool, connect_timeout_s: float, command_timeo
 @inventory_option
 @set_option
 @with_waive_options
+@click.option("--supervise", is_flag=True,
+              help="run the switch under a supervisor on the head node, detached from this session")
+@click.option("--wait", "wait", is_flag=True, help="with --supervise: follow the supervisor until it finishes")
 @with_transport_options
 @json_option
 @pass_ctx
 def switch_cmd(c: Ctx, profile: str, sets: tuple[str, ...], waive: tuple[str, ...], reason: str | None,
-               connect_timeout_s: float, command_timeout_s: float, deadline_s: float, as_json: bool) -> None:
-    """Replace the serving stack with PROFILE; if it does not become ready, bring the previous one back."""
-    from .lifecycle import switch
+               supervise: bool, wait: bool, connect_timeout_s: float, command_timeout_s: float, deadline_s: float,
+               as_json: bool) -> None:
+    """Replace the serving stack with PROFILE; if it does not become ready, bring the previous one back.
+
+    With --supervise the switch runs on the head node, so a laptop that sleeps
+    mid-switch still ends with a serving stack; `sparkctl status` shows its progress.
+    """
+    from .lifecycle import switch, switch_supervised
 
     res = c.resolve(profile, sets)
     inv = c.inventory()
     waivers = parse_waivers(waive, reason)
+    if wait and not supervise:
+        raise click.UsageError("--wait goes with --supervise")
+    if supervise:
+        with make_transport(inv, connect_timeout_s, command_timeout_s, deadline_s) as tr:
+            sup = switch_supervised(res, inv, tr, c.roots(), sets=sets, waivers=waivers,
+                                    secrets=_secrets_from_env(res), progress=NodeProgress(quiet=as_json), wait=wait)
+        if as_json:
+            emit_json({"supervised": True, "profile": sup.profile, "previous": sup.previous, "head": sup.head,
+                       "pid": sup.pid, "log": sup.log, "phase": sup.phase, "events": list(sup.events)})
+        elif not wait:
+            out.print(f"supervisor pid {sup.pid} on {sup.head} switches to {sup.profile}; "
+                      f"`sparkctl status` shows its progress (log {sup.log})")
+        elif sup.phase == "done":
+            out.print(f"[green]switched[/]: {sup.profile} serves now (supervised)")
+        else:
+            out.print(f"[bold red]switch to {profile} failed[/]: supervisor ended {sup.phase}")
+        if wait and sup.phase != "done":
+            raise SystemExit(5)
+        return
     with make_transport(inv, connect_timeout_s, command_timeout_s, deadline_s) as tr:
         result = switch(res, inv, tr, c.roots(), sets=sets, waivers=waivers, secrets=_secrets_from_env(res),
                         progress=NodeProgress(quiet=as_json))
@@ -639,6 +666,14 @@ def _print_status(st: dict[str, Any]) -> None:
             out.print(f"endpoint {e['url']}: [red]{e['error']}[/]")
         else:
             out.print(f"endpoint {e['url']}: serves {', '.join(e['models'])}; tokens generated {e['tokens_generated']}")
+    sup = st.get("supervisor")
+    if sup:
+        state = "[green]running[/]" if sup["alive"] else "exited"
+        out.print(f"switch supervisor on {sup['head']} (pid {sup['pid']}, {state}): "
+                  f"[bold]{escape(str(sup['phase']))}[/]; log {escape(sup['log'])}")
+        for e in sup["events"]:
+            out.print(f"  {escape(str(e.get('t', '')))}  {escape(str(e.get('phase', '')))[:14]:<14} "
+                      f"{escape(str(e.get('node', '')))[:10]:<10} {escape(str(e.get('message', '')))}")
     for d in st["drift"]:
         out.print(f"[yellow]drift[/] {escape(d)}")
 

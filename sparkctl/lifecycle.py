@@ -25,11 +25,14 @@ from . import laws, probes
 from .check import CheckReport, run_check
 from .errors import CheckFailed, LifecycleError, LockHeld, Ref
 from .inventory import Inventory
-from .layout import Layout, Rank
+from .layout import Layout, Rank, bind
 from .plan import plan_up
 from .profiles import Resolved, resolve
 from .record import LOCK_DIR, RECORD_PATH, NodeRecord, RunRecord
 from .render import DETACHED, LOG_DIR, UNIT, Rendering, render, under
+from .render import (
+    _env as template_env,  # one jinja environment: StrictUndefined, the sh filter
+)
 from .resources import Roots
 from .state import cluster_dir, read_json, write_json
 from .transport import CommandResult, Transport
@@ -620,3 +623,398 @@ def switch(res: Resolved, inv: Inventory, transport: Transport, roots: Roots, *,
             if not ok:
                 raise LifecycleError(f"restored {prev_res.name} but it does not serve {prev.served_name}: {detail}")  # type: ignore[union-attr]
             return SwitchResult(prev_res.name, False, True, time.monotonic() - t_down, error=str(exc))
+
+
+# --------------------------------------------------------------------------- supervised switch
+#
+# `switch --supervise`: the operator's side checks, renders and stages the new
+# stack's files on every node, then hands the switch (and the cluster lock) to a
+# POSIX sh supervisor started detached on the head. The supervisor reaches its
+# peers by ssh over the fabric with a key of its own, keeps the files in place
+# for the way back, and either ends with the new stack serving (phase "done") or
+# with the previous one serving its own name again (phase "rolled-back").
+
+SUPERVISOR_SCRIPT = "/var/lib/sparkctl/supervisor.sh"
+SUPERVISOR_EVENTS = "/var/lib/sparkctl/supervisor.jsonl"
+SUPERVISOR_PID = "/var/lib/sparkctl/supervisor.pid"
+SUPERVISOR_MANIFEST = "/var/lib/sparkctl/supervisor-manifest.json"
+SUPERVISOR_LOG = "/var/log/sparkctl/supervisor.log"
+SUPERVISOR_KEY = "/var/lib/sparkctl/id_supervisor"
+SUPERVISOR_KNOWN_HOSTS = "/var/lib/sparkctl/known_hosts"
+STAGED_DIR = "/var/lib/sparkctl/staged"
+PREVIOUS_DIR = "/var/lib/sparkctl/previous"
+NODE_AUTHORIZED_KEYS = "/etc/sparkctl/authorized_keys"
+FINAL_PHASES = ("done", "rolled-back", "failed", "aborted")
+
+
+@dataclass(frozen=True)
+class SupervisedSwitch:
+    profile: str
+    previous: str | None
+    head: str
+    pid: int
+    log: str
+    events_path: str
+    events: tuple[dict[str, Any], ...] = ()  # with --wait: every event, the last one final
+
+    @property
+    def phase(self) -> str:
+        return self.events[-1].get("phase", "") if self.events else "started"
+
+
+def _staged(inv: Inventory, node: str, profile: str, path: str) -> str:
+    return _p(inv, node, f"{STAGED_DIR}/{profile}") + path
+
+
+def _as_node(inv: Inventory, node: str, head: str, cmd: str) -> str:
+    """A command as the supervisor runs it on ``node``; the head's already runs with its sudo."""
+    if node != head and _sudo(inv, node):
+        return f"sudo -n sh -c {shlex.quote(cmd)}"
+    return cmd
+
+
+def fabric_address_from(inv: Inventory, head: str, peer: str) -> str:
+    """The address the head reaches ``peer`` at over the fabric: a shared link, else the peer's own."""
+    link = inv.link_between(head, peer)
+    if link is not None:
+        return link.end(peer).address
+    addr = inv.primary_address(peer)
+    if not addr:
+        raise LifecycleError(f"{peer} has no fabric address the supervisor on {head} could reach", Ref(node=peer),
+                             hint="a supervised switch needs a cabled fabric between the head and every peer")
+    return addr
+
+
+def _known_hosts_name(addr: str, port: int) -> str:
+    return addr if port == 22 else f"[{addr}]:{port}"
+
+
+def _provision_supervisor_ssh(inv: Inventory, transport: Transport, head: str, say: Progress) -> dict[str, str]:
+    """The supervisor's key pair, authorized on every peer; the head's known_hosts for the fabric.
+
+    The key pair is generated once on the operator's side. Host keys come from the
+    operator's own verified connections (no trust-on-first-use from the head).
+    Returns peer -> fabric address.
+    """
+    import os
+    import subprocess
+
+    local = cluster_dir(inv) / "id_supervisor"
+    local.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    if not local.exists() or not local.with_suffix(".pub").exists():
+        local.unlink(missing_ok=True)
+        local.with_suffix(".pub").unlink(missing_ok=True)
+        r = subprocess.run(["ssh-keygen", "-q", "-N", "", "-t", "ed25519", "-C", f"sparkctl-supervisor@{inv.name}",
+                            "-f", str(local)], capture_output=True, text=True, check=False)
+        if r.returncode != 0:
+            raise LifecycleError(f"ssh-keygen failed: {r.stderr.strip()}", hint="is OpenSSH's ssh-keygen installed?")
+    os.chmod(local, 0o600)
+    pub = local.with_suffix(".pub").read_text().strip()
+    fetch = getattr(transport, "fetch_host_key", None)
+    if fetch is None:
+        raise LifecycleError("a supervised switch needs the SSH transport (to read the peers' host keys)")
+    peers = [n for n in inv.names if n != head]
+    addrs = {n: fabric_address_from(inv, head, n) for n in peers}
+    head_addrs = sorted({e.address for e in inv.endpoints(head)})
+    # restrict: no forwarding or pty; from=: only the head's fabric addresses may use the key.
+    opts = "restrict" + (f',from="{",".join(head_addrs)}"' if head_addrs else "")
+    line = f"{opts} {pub}"
+    known: list[str] = []
+    for n in peers:
+        try:
+            ktype, _fp, blob = fetch(n)
+        except Exception as exc:  # noqa: BLE001 - a transport error names the node
+            raise LifecycleError(f"cannot read the host key of {n}: {exc}", Ref(node=n)) from None
+        known.append(f"{_known_hosts_name(addrs[n], inv.node(n).ssh_port)} {ktype} {blob}")
+    q = shlex.quote
+    add = ("f={f}; mkdir -p \"$(dirname \"$f\")\"; touch \"$f\"; chmod 600 \"$f\"; "
+           "grep -qxF {line} \"$f\" || printf '%s\\n' {line} >> \"$f\"")
+    for sudo in (True, False):
+        cmds = {n: add.format(f=q(_p(inv, n, NODE_AUTHORIZED_KEYS)), line=q(line)) for n in peers if _sudo(inv, n) == sudo}
+        if cmds:
+            _fail_on(transport.run_all(cmds, sudo=sudo), "authorizing the supervisor's key")
+    # On a real host sshd reads the ssh user's ~/.ssh/authorized_keys; a simulated node
+    # (SPARKCTL_SIM_NODE in its session) reads the file above, and its ~ is the host's.
+    user = {n: ("[ -n \"${SPARKCTL_SIM_NODE:-}\" ] && exit 0; "
+                + add.format(f="\"$HOME/.ssh/authorized_keys\"", line=q(line)).replace("mkdir -p", "mkdir -m 700 -p"))
+            for n in peers}
+    if user:
+        _fail_on(transport.run_all(user), "authorizing the supervisor's key in ~/.ssh/authorized_keys")
+    hs = _sudo(inv, head)
+    for path, data, mode in ((SUPERVISOR_KEY, local.read_bytes(), 0o600),
+                             (SUPERVISOR_KNOWN_HOSTS, ("\n".join(known) + "\n").encode(), 0o644)):
+        r = transport.put(head, _p(inv, head, path), data, mode, sudo=hs)
+        if not r.ok:
+            raise LifecycleError(f"cannot write {path} on {head}: {r.error or r.stderr.strip()}", Ref(node=head))
+    say("*", "supervisor-ssh", f"supervisor key authorized on {', '.join(peers) or 'no peers'}; "
+                               f"fabric host keys for {head} from verified connections")
+    return addrs
+
+
+def _ssh_prefix(inv: Inventory, head: str, peer: str, addr: str) -> str:
+    n = inv.node(peer)
+    argv = ["ssh", "-F", "/dev/null", "-n", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
+            "-o", f"UserKnownHostsFile={_p(inv, head, SUPERVISOR_KNOWN_HOSTS)}",
+            "-o", "GlobalKnownHostsFile=/dev/null", "-o", "IdentitiesOnly=yes", "-o", "ConnectTimeout=10",
+            "-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3",
+            "-i", _p(inv, head, SUPERVISOR_KEY), "-p", str(n.ssh_port), f"{n.ssh_user}@{addr}"]
+    return " ".join(shlex.quote(a) for a in argv)
+
+
+def _ready_probe(served_name: str) -> tuple[str, str]:
+    """(substring of /v1/models with whitespace removed, 1-token completion body)."""
+    pattern = '"id":' + json.dumps(served_name, ensure_ascii=False).replace(" ", "")
+    body = json.dumps({"model": served_name, "prompt": "ping", "max_tokens": 1, "temperature": 0})
+    return pattern, body
+
+
+def _backup_cmd(inv: Inventory, node: str, paths: Sequence[str]) -> str:
+    """Copy each file in place to previous/ (or mark it absent), for the way back."""
+    prev_dir = _p(inv, node, PREVIOUS_DIR)
+    lines = [f"rm -rf {shlex.quote(prev_dir)}", f"mkdir -p {shlex.quote(prev_dir)}"]
+    for path in sorted(set(paths)):
+        b = prev_dir + path
+        lines.append(f"mkdir -p {shlex.quote(b.rsplit('/', 1)[0])} && "
+                     f"if [ -e {shlex.quote(path)} ]; then cp -p {shlex.quote(path)} {shlex.quote(b)}; "
+                     f"else : > {shlex.quote(b + '.absent')}; fi")
+    return " && ".join(lines) if len(lines) > 2 else "; ".join(lines)
+
+
+def _restore_cmd(inv: Inventory, node: str, paths: Sequence[str], systemd: bool) -> str:
+    prev_dir = _p(inv, node, PREVIOUS_DIR)
+    lines = ["set -e"]
+    for path in sorted(set(paths)):
+        b, q = prev_dir + path, shlex.quote
+        lines.append(f"if [ -e {q(b)} ]; then cp -p {q(b)} {q(path + '.sparkctl-new')} && "
+                     f"mv -f {q(path + '.sparkctl-new')} {q(path)}; elif [ -e {q(b + '.absent')} ]; then rm -f {q(path)}; fi")
+    if systemd:
+        lines.append("systemctl daemon-reload")
+    return "\n".join(lines)
+
+
+def _install_cmd(inv: Inventory, node: str, profile: str, rendering: Rendering, systemd: bool) -> str:
+    q = shlex.quote
+    log = _p(inv, node, LOG_DIR + "/engine.log")
+    lines = ["set -e"]
+    for f in sorted(rendering.files[node].values(), key=lambda f: f.path):
+        src, tmp = _staged(inv, node, profile, f.path), f.path + ".sparkctl-new"
+        lines.append(f"mkdir -p {q(f.path.rsplit('/', 1)[0] or '/')}; cp {q(src)} {q(tmp)}; chmod {f.mode:o} {q(tmp)}; "
+                     f"mv -f {q(tmp)} {q(f.path)}")
+    lines.append(f"rm -rf {q(_p(inv, node, f'{STAGED_DIR}/{profile}'))}")
+    if systemd:
+        lines.append("systemctl daemon-reload")
+    # a fresh log per start, as `up` does
+    lines.append(f"f={q(log)}; if [ -e \"$f\" ]; then mv -f \"$f\" \"$f.1\"; fi")
+    return "\n".join(lines)
+
+
+def switch_supervised(res: Resolved, inv: Inventory, transport: Transport, roots: Roots, *,
+                      sets: Sequence[str] = (), waivers: Mapping[str, laws.Waiver] | None = None,
+                      secrets: Mapping[str, str] | None = None, progress: Progress | None = None,
+                      wait: bool = False, wait_timeout_s: float | None = None,
+                      skip_check: bool = False) -> SupervisedSwitch:
+    """Stage the new stack, then hand the switch to a detached supervisor on the head.
+
+    Returns as soon as the supervisor has taken the lock (or, with ``wait``,
+    when it reports a final phase). Nothing is stopped on the operator's side.
+    """
+    say = progress or (lambda *_: None)
+    waivers = dict(waivers or {})
+    head = head_node(inv)
+    guard = ClusterLock(inv, transport, f"switch --supervise {res.name}")
+    guard.acquire()
+    try:
+        p = res.profile
+        prev = read_record(inv, transport)
+        if not skip_check:
+            say("*", "check", "probing every node and judging the laws")
+            report = run_check(res, inv, transport, waivers=waivers, fix=False, bandwidth_s=0,
+                               progress=lambda m: say("*", "check", m))
+            failures = [v for v in report.verdicts if v.failed and v.law not in ("served_model", "clock_cap")]
+            if failures:
+                first = failures[0]
+                raise CheckFailed(f"{len(failures)} law(s) fail; first: {first.law} on {first.node}: {first.observed}",
+                                  Ref(node=first.node), hint=first.fix or "run `sparkctl check PROFILE` for the table")
+        rendering = render(res, inv, roots, secrets or {}, reveal_secrets=True)
+        layout = rendering.layout
+        if layout.heads()[0].node != head:
+            raise LifecycleError(f"{res.name} serves from {layout.heads()[0].node}, not from {head} where the "
+                                 "supervisor runs", hint="use `switch` without --supervise")
+        if p.laws.clock_cap_mhz is not None:
+            cmds = {n: " && ".join(laws.clock_lock_commands(p.laws.clock_cap_mhz, inv.node(n).prefix,
+                                                             inv.node(n).proc_root)) for n in layout.nodes}
+            _fail_on(transport.run_all(cmds, sudo=any(_sudo(inv, n) for n in cmds)), "applying the clock cap")
+        # 1. stage the new files beside their final paths (atomic puts)
+        say("*", "stage", f"staging {sum(len(rendering.files[n]) for n in layout.nodes)} files on "
+                          f"{len(layout.nodes)} nodes")
+        staged = Rendering(layout, {n: {_staged(inv, n, res.name, f.path): replace(f, path=_staged(inv, n, res.name, f.path))
+                                        for f in rendering.files[n].values()} for n in layout.nodes})
+        push_files(inv, transport, staged, list(layout.nodes))
+        # 2. the supervisor's own ssh to its peers
+        addrs = _provision_supervisor_ssh(inv, transport, head, say)
+        # 3. the plan, rendered into one script
+        prev_res = resolve(prev.profile, roots, prev.sets) if prev and prev.state == "serving" else None
+        prev_layout = bind(prev_res, inv) if prev_res else None
+        all_ports = sorted({p.serve.port, p.serve.master_port} | ({prev.port} if prev else set()))
+        new_systemd = {n for n in layout.nodes if res.for_node(n).supervisor == "systemd"}
+        prev_systemd = {n for n, r in prev.nodes.items() if r.supervisor == "systemd"} if prev_res and prev else set()
+        prev_files = {n: list(r.files) for n, r in prev.nodes.items()} if prev_res and prev else {}
+        nodes_info: dict[str, dict[str, Any]] = {}
+        for n in inv.names:
+            touched = list(rendering.files.get(n, {})) + prev_files.get(n, [])
+            stop = STOP_SCRIPT.format(
+                unit=shlex.quote(_p(inv, n, UNIT)), detached=shlex.quote(_p(inv, n, DETACHED)),
+                wait_ds=int(p.serve.stop_timeout_s * 10), pattern=shlex.quote(probes.ENGINE_REGEX),
+                ports=" ".join(str(int(x)) for x in all_ports) or "0")
+            nodes_info[n] = {
+                "name": n, "head": n == head,
+                "ssh": "" if n == head else _ssh_prefix(inv, head, n, addrs[n]),
+                "fabric_address": None if n == head else addrs[n],
+                "stop": _as_node(inv, n, head, stop),
+                "backup": _as_node(inv, n, head, _backup_cmd(inv, n, touched)),
+                "restore": _as_node(inv, n, head, _restore_cmd(inv, n, touched, n in prev_systemd)),
+                "install": (_as_node(inv, n, head, _install_cmd(inv, n, res.name, rendering, n in new_systemd))
+                            if n in rendering.files else ""),
+            }
+        start_groups = [[{**nodes_info[r.node], "rank": r.rank,
+                          "start": _as_node(inv, r.node, head, _start_command(inv, r.node, res.for_node(r.node).supervisor))}
+                         for r in g] for g in layout.start_sequence()]
+        stop_order = [nodes_info[r.node] for g in layout.stop_sequence() for r in g]
+        if prev_layout:
+            stop_order = [nodes_info[r.node] for g in prev_layout.stop_sequence() for r in g
+                          if r.node not in layout.nodes] + stop_order
+        stop_order += [nodes_info[n] for n in inv.names if n not in {x["name"] for x in stop_order}]
+        started_at = now_iso()
+        new_rec = replace(_record_for(res, rendering, sets, "serving", waivers, started_at),
+                          note="switched by the supervisor")
+        failed_rec = replace(new_rec, state="failed", note="supervised switch failed; nothing serves")
+        pattern, body = _ready_probe(p.model.served_name)
+        prev_ctx = None
+        if prev_res and prev and prev_layout:
+            ppat, pbody = _ready_probe(prev.served_name)
+            prev_ctx = {
+                "profile": prev.profile, "served_name": prev.served_name, "port": prev.port,
+                "pattern": ppat, "body": pbody, "deadline_s": int(prev_res.profile.serve.ready_timeout_s),
+                "nodes": list(prev_layout.nodes),
+                "start": [[{**nodes_info[r.node], "start": _as_node(inv, r.node, head, _start_command(
+                    inv, r.node, prev.nodes[r.node].supervisor if r.node in prev.nodes else "detached"))}
+                           for r in g] for g in prev_layout.start_sequence()],
+                "record_json": json.dumps(replace(prev, state="serving", updated_at=started_at,
+                                                  note="rolled back by supervisor").to_dict(), sort_keys=True),
+            }
+        events = _p(inv, head, SUPERVISOR_EVENTS)
+        ctx = dict(
+            version=__import__("sparkctl").__version__, profile=res.name, prev_profile=prev.profile if prev_ctx else None,
+            head=head, head_json=json.dumps(head), operation_json=json.dumps(f"switch --supervise {res.name}"),
+            events=events, pid_file=_p(inv, head, SUPERVISOR_PID), lock_dir=_p(inv, head, LOCK_DIR), record_path=_p(inv, head, RECORD_PATH),
+            nodes=[nodes_info[n] for n in inv.names], stop_order=stop_order, start=start_groups,
+            alive_cmd=f"ps -eo pid,args | grep -iE -e {shlex.quote(probes.ENGINE_REGEX)} >/dev/null",
+            port=p.serve.port, served_name=p.model.served_name, pattern=pattern, body=body,
+            deadline_s=int(p.serve.ready_timeout_s), new_nodes=list(layout.nodes),
+            record_json=json.dumps(new_rec.to_dict(), sort_keys=True),
+            failed_record_json=json.dumps(failed_rec.to_dict(), sort_keys=True), prev=prev_ctx,
+        )
+        script = template_env(roots).get_template("supervisor.sh.j2").render(**ctx)
+        manifest = {
+            "profile": res.name, "previous": prev_ctx and {k: prev_ctx[k] for k in ("profile", "served_name", "port",
+                                                                                    "deadline_s", "nodes")},
+            "head": head, "endpoint": {"port": p.serve.port, "served_name": p.model.served_name,
+                                       "ready_timeout_s": p.serve.ready_timeout_s},
+            "start_order": [[r.node for r in g] for g in layout.start_sequence()],
+            "previous_start_order": [[r.node for r in g] for g in prev_layout.start_sequence()] if prev_layout else None,
+            "stop_order": [x["name"] for x in stop_order],
+            "nodes": {n: {"fabric_address": nodes_info[n]["fabric_address"],
+                          "supervisor": res.for_node(n).supervisor if n in rendering.files else None,
+                          "files": [{"staged": _staged(inv, n, res.name, f.path), "final": f.path, "mode": f"{f.mode:o}"}
+                                    for f in sorted(rendering.files.get(n, {}).values(), key=lambda f: f.path)]}
+                      for n in inv.names},
+        }
+        hs = _sudo(inv, head)
+        for path, data, mode in ((SUPERVISOR_MANIFEST, json.dumps(manifest, indent=2, sort_keys=True) + "\n", 0o644),
+                                 (SUPERVISOR_SCRIPT, script, 0o700)):
+            r = transport.put(head, _p(inv, head, path), data.encode(), mode, sudo=hs)
+            if not r.ok:
+                raise LifecycleError(f"cannot write {path} on {head}: {r.error or r.stderr.strip()}", Ref(node=head))
+        # 4. start it detached from this session; it takes the lock over and says "started"
+        q = shlex.quote
+        log = _p(inv, head, SUPERVISOR_LOG)
+        launch = (f"mkdir -p {q(log.rsplit('/', 1)[0])} && : > {q(events)} && "
+                  f"setsid sh {q(_p(inv, head, SUPERVISOR_SCRIPT))} </dev/null >>{q(log)} 2>&1 & "
+                  f"echo \"pid:$!\"")
+        # Recorded before the supervisor starts, so its final record can never be overwritten by ours.
+        if prev:
+            write_record(inv, transport, prev.with_state(
+                "switching", now_iso(), f"switching to {res.name}: supervised on {head}, log {log}"))
+        r = transport.run(head, launch, sudo=hs)
+        pid = next((int(x[4:]) for x in r.stdout.split() if x.startswith("pid:") and x[4:].isdigit()), 0)
+        if not r.ok or not pid:
+            if prev:
+                write_record(inv, transport, prev)
+            raise LifecycleError(f"cannot start the supervisor on {head}: {r.error or r.stderr.strip()}", Ref(node=head))
+        t0 = time.monotonic()
+        while True:
+            evs = read_supervisor_events(inv, transport)
+            first = next((e for e in evs if e.get("phase") == "started"), None)
+            if first is not None:
+                pid = int(first.get("pid") or pid)  # setsid may fork: the script's own $$ counts
+                break
+            if time.monotonic() - t0 > 15:
+                raise LifecycleError(f"the supervisor (pid {pid}) on {head} did not start", Ref(node=head),
+                                     hint=f"see {log} on {head}")
+            time.sleep(0.2)
+        say(head, "supervisor", f"pid {pid} switches to {res.name}; progress in {events}")
+    finally:
+        guard.release()  # a no-op once the supervisor holds the lock: the holder is no longer us
+    result = SupervisedSwitch(res.name, prev.profile if prev else None, head, pid, log, events)
+    if not wait:
+        return result
+    deadline = time.monotonic() + (wait_timeout_s or (p.serve.ready_timeout_s * 2 + 120))
+    seen = 0
+    while time.monotonic() < deadline:
+        evs = read_supervisor_events(inv, transport)
+        for e in evs[seen:]:
+            say(e.get("node", "*"), e.get("phase", "?"), e.get("message", ""))
+        seen = len(evs)
+        if evs and evs[-1].get("phase") in FINAL_PHASES:
+            return replace(result, events=tuple(evs))
+        time.sleep(0.5)
+    raise LifecycleError(f"the supervisor on {head} did not finish in time", Ref(node=head),
+                         hint="`sparkctl status` shows its progress; it keeps going without you")
+
+
+def read_supervisor_events(inv: Inventory, transport: Transport, tail: int | None = None) -> list[dict[str, Any]]:
+    head = head_node(inv)
+    path = shlex.quote(_p(inv, head, SUPERVISOR_EVENTS))
+    cmd = f"tail -n {int(tail)} {path} 2>/dev/null || true" if tail else f"cat {path} 2>/dev/null || true"
+    r = transport.run(head, cmd)
+    out = []
+    for line in r.stdout.splitlines() if r.ok else []:
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            continue
+    return out
+
+
+def supervisor_progress(inv: Inventory, transport: Transport, tail: int = 10) -> dict[str, Any] | None:
+    """The supervisor's last events and whether it still runs; None when there never was one."""
+    head = head_node(inv)
+    q = shlex.quote
+    ev, pidf = _p(inv, head, SUPERVISOR_EVENTS), _p(inv, head, SUPERVISOR_PID)
+    r = transport.run(head, f"[ -e {q(ev)} ] || exit 0; echo exists; p=$(cat {q(pidf)} 2>/dev/null); echo \"pid:$p\"; "
+                            f"if [ -n \"$p\" ] && kill -0 \"$p\" 2>/dev/null; then echo alive; fi; "
+                            f"tail -n {int(tail)} {q(ev)}")
+    if not r.ok or "exists" not in r.stdout.splitlines()[:1]:
+        return None
+    lines = r.stdout.splitlines()
+    pid = next((ln[4:] for ln in lines if ln.startswith("pid:")), "")
+    events = []
+    for ln in lines:
+        if ln.startswith("{"):
+            try:
+                events.append(json.loads(ln))
+            except ValueError:
+                pass
+    return {"head": head, "pid": int(pid) if pid.isdigit() else None, "alive": "alive" in lines[:3],
+            "phase": events[-1].get("phase") if events else None, "events": events,
+            "log": _p(inv, head, SUPERVISOR_LOG)}

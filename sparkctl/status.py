@@ -9,13 +9,16 @@ import httpx
 
 from . import probes
 from .inventory import Inventory
-from .lifecycle import _metric_value, read_record
+from .lifecycle import _metric_value, read_record, supervisor_progress
 from .record import RunRecord
 from .render import TOKENS_METRIC
 from .transport import Transport
 
 
 def cluster_status(inv: Inventory, transport: Transport) -> dict[str, Any]:
+    # The supervisor's events first: it writes its final record before its final
+    # event, so a final phase seen here implies the record read next is final too.
+    supervisor = supervisor_progress(inv, transport)
     rec: RunRecord | None = read_record(inv, transport)
     nodes = list(inv.names)
     heads = set(rec.heads) if rec else set()
@@ -76,4 +79,10 @@ def cluster_status(inv: Inventory, transport: Transport) -> dict[str, Any]:
                 endpoint[h] = {"url": url, "error": f"{type(exc).__name__}"}
             if rec.state == "serving" and not endpoint[h].get("serves_record"):
                 drift.append(f"{h}: endpoint does not serve {rec.served_name}")
-    return {"record": rec.to_dict() if rec else None, "nodes": out_nodes, "endpoint": endpoint, "drift": drift}
+    # A supervised switch: its last events, and whether it still runs (only when
+    # one is under way or has left its events behind).
+    if rec and rec.state == "switching" and supervisor and not supervisor["alive"] \
+            and supervisor["phase"] not in ("done", "rolled-back", "failed"):
+        drift.append(f"{supervisor['head']}: the switch supervisor (pid {supervisor['pid']}) is gone before it finished")
+    return {"record": rec.to_dict() if rec else None, "nodes": out_nodes, "endpoint": endpoint, "drift": drift,
+            "supervisor": supervisor}

@@ -513,10 +513,14 @@ def _sshd_config(p: SimPaths, node: SimNode, rootless: bool) -> str:
     return "\n".join([
         f"# sparkctl sim: sshd of simulated node {node.name} (SIMULATION ONLY)",
         f"Port {node.ssh_port}",
-        f"ListenAddress {node.mgmt_ip}:{node.ssh_port}",
+        # Root mode: the node's own namespace, so every address it holds, the fabric
+        # ones included (a supervisor on the head reaches its peers over the fabric).
+        f"ListenAddress {node.mgmt_ip if rootless else '0.0.0.0'}:{node.ssh_port}",
         f'HostKey "{nd.host_key}"',
         f'PidFile "{nd.pidfile}"',
-        f'AuthorizedKeysFile "{p.pubkey}"',
+        # The operator's key, and keys sparkctl authorizes on the node itself (the
+        # switch supervisor's); the second file stands in for ~/.ssh/authorized_keys.
+        f'AuthorizedKeysFile "{p.pubkey}" "{nd.private("/etc/sparkctl") / "authorized_keys"}"',
         "StrictModes no",  # keys live outside a home directory
         "PubkeyAuthentication yes",
         "PasswordAuthentication no",
