@@ -744,10 +744,6 @@ def _sim_root() -> Path:
     return sim_root()
 
 
-def _sim_call(fn: Any, *args: Any, **kw: Any) -> Any:
-    return fn(*args, **kw)  # the sim raises sparkctl.errors.SimError subclasses
-
-
 @sim_group.command("up")
 @click.option("--nodes", type=click.Choice(["1", "2", "4"]), default="4", show_default=True)
 @click.option("--inventory-out", type=click.Path(dir_okay=False), help="where to write the inventory")
@@ -766,7 +762,7 @@ def sim_up_cmd(nodes: str, inventory_out: str | None, rootless: bool) -> None:
     text = sim_inventory_text(int(nodes), root, rootless)
     inv = loads_inventory(text, str(inv_path))
     spec = spec_from_inventory(inv, rootless)
-    status = _sim_call(cluster.up, spec, root, progress=lambda m: err_console().print(f"[dim]{escape(m)}[/]"))
+    status = cluster.up(spec, root, progress=lambda m: err_console().print(f"[dim]{escape(m)}[/]"))
     model = ensure_tiny_model(root / "models")
     for n in inv.nodes:  # the tiny real engine's weights, on every node's own disk
         dest = root / "nodes" / n.name / "fs" / "srv" / "models" / model.name
@@ -792,7 +788,7 @@ def sim_down_cmd() -> None:
     """Remove every trace of the simulated cluster (also after a crash)."""
     from .sim import cluster
 
-    _sim_call(cluster.down, _sim_root())
+    cluster.down(_sim_root())
     out.print("simulated cluster removed")
 
 
@@ -802,7 +798,7 @@ def sim_status_cmd(as_json: bool) -> None:
     """Namespaces, sshd, reachability, boot ids and links of the simulated nodes."""
     from .sim import cluster
 
-    st = _sim_call(cluster.status, _sim_root())
+    st = cluster.status(_sim_root())
     if as_json:
         emit_json(asdict(st))
         return
@@ -825,7 +821,7 @@ def sim_set_cmd(node: str, assignments: tuple[str, ...]) -> None:
         if "=" not in a:
             raise ConfigError(f"{a!r} is not KEY=VALUE", hint="e.g. page_size=65536 or held_packages=[]")
         key, _, value = a.partition("=")
-        new = _sim_call(cluster.set_state, _sim_root(), node, key, value)
+        new = cluster.set_state(_sim_root(), node, key, value)
         out.print(f"{node}: {key} = {json.dumps(new)}", markup=False)
 
 
@@ -857,7 +853,7 @@ def sim_fault_cmd(node: str, kind: str, iface: str, mtu_bytes: int) -> None:
         "unwedge": lambda: cluster.set_state(root, node, "faults.wedged", "false"),
         "leak-on-death": lambda: cluster.set_state(root, node, "faults.leak_on_death", "true", allow_new=True),
     }
-    result = _sim_call(actions[kind])
+    result = actions[kind]()
     out.print(f"{node}: {kind} done" + (f" ({result})" if result not in (None, []) else ""), markup=False)
 
 
@@ -868,7 +864,7 @@ def sim_reboot_cmd(nodes: tuple[str, ...]) -> None:
     from .sim import cluster
 
     for n in nodes:
-        _sim_call(cluster.warm_reboot, _sim_root(), n)
+        cluster.warm_reboot(_sim_root(), n)
         out.print(f"{n}: rebooted (warm)")
 
 
@@ -878,7 +874,7 @@ def sim_power_cycle_cmd(nodes: tuple[str, ...]) -> None:
     """AC power-cycle simulated nodes (clears a stale link once both of its ends are cycled)."""
     from .sim import cluster
 
-    _sim_call(cluster.power_cycle, _sim_root(), list(nodes))
+    cluster.power_cycle(_sim_root(), list(nodes))
     out.print(f"power-cycled: {', '.join(nodes)}")
 
 
