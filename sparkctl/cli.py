@@ -771,8 +771,6 @@ def sim_up_cmd(nodes: str, inventory_out: str | None, rootless: bool) -> None:
             import shutil
 
             shutil.copyfile(model, dest)
-    from .state import write_json  # noqa: F401  (atomic text write below)
-
     inv_path.parent.mkdir(parents=True, exist_ok=True)
     tmp = inv_path.with_name(f".{inv_path.name}.tmp")
     tmp.write_text(text)

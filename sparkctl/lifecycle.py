@@ -307,7 +307,7 @@ def endpoint_url(inv: Inventory, rank: Rank) -> str:
     return f"http://{inv.node(rank.node).host}:{rank.http_port}"
 
 
-def _metric_value(text: str, name: str) -> float | None:
+def metric_value(text: str, name: str) -> float | None:
     total = None
     for line in text.splitlines():
         if line.startswith(name) and not line.startswith("#"):
@@ -330,7 +330,7 @@ def probe_endpoint(url: str, served_name: str, tokens_metric: str | None, timeou
                 return False, f"/v1/models lists {models or 'nothing'}, not {served_name!r}"
             if not smoke:
                 return True, "model listed"
-            before = _metric_value(c.get(f"{url}/metrics").text, tokens_metric) if tokens_metric else None
+            before = metric_value(c.get(f"{url}/metrics").text, tokens_metric) if tokens_metric else None
             r = c.post(f"{url}/v1/completions", json={"model": served_name, "prompt": "ping", "max_tokens": 1,
                                                       "temperature": 0})
             if r.status_code != 200:
@@ -343,7 +343,7 @@ def probe_endpoint(url: str, served_name: str, tokens_metric: str | None, timeou
             if int(usage.get("completion_tokens", 0)) < 1 and finish != "stop":
                 return False, "1-token completion returned no tokens (a wedged engine answers 200 with nothing)"
             if tokens_metric:
-                after = _metric_value(c.get(f"{url}/metrics").text, tokens_metric)
+                after = metric_value(c.get(f"{url}/metrics").text, tokens_metric)
                 if after is None or before is None or after <= before:
                     return False, f"generated-token counter {tokens_metric} did not advance"
             return True, "serving"

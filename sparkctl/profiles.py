@@ -24,7 +24,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 from pydantic_core import PydanticUndefined
 
-from .errors import ProfileError, Ref
+from .errors import ProfileError, Ref, SparkctlError
 from .resources import Roots
 from .schema import MERGED_DICTS, NodeOverlay, Profile
 from .yamlsrc import KeyPath, Located, load, pydantic_errors
@@ -270,14 +270,8 @@ def resolve(name: str, roots: Roots, sets: list[str] | tuple[str, ...] = ()) -> 
         seen.append(cur)
         try:
             path = roots.profile_path(cur)
-        except ProfileError as exc:
-            raise ProfileError(exc.message, ref or exc.ref, exc.hint) from None
-        except Exception as exc:  # NotFound is a ConfigError, not a ProfileError
-            from .errors import SparkctlError
-
-            if isinstance(exc, SparkctlError):
-                raise type(exc)(exc.message, ref or exc.ref, exc.hint) from None
-            raise
+        except SparkctlError as exc:  # point at the `extends:` that named it, when there is one
+            raise type(exc)(exc.message, ref or exc.ref, exc.hint) from None
         src = load(path)
         if not isinstance(src.data, dict):
             raise ProfileError("a profile is a mapping of keys", src.ref(()), hint="see docs/profile-schema.md")

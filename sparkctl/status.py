@@ -9,7 +9,7 @@ import httpx
 
 from . import probes
 from .inventory import Inventory
-from .lifecycle import _metric_value, read_record, supervisor_progress
+from .lifecycle import metric_value, read_record, supervisor_progress
 from .record import RunRecord
 from .render import TOKENS_METRIC
 from .transport import Transport
@@ -72,7 +72,7 @@ def cluster_status(inv: Inventory, transport: Transport) -> dict[str, Any]:
             try:
                 with httpx.Client(timeout=3, trust_env=False) as c:
                     models = [m.get("id") for m in c.get(f"{url}/v1/models").json().get("data", [])]
-                    tokens = _metric_value(c.get(f"{url}/metrics").text, metric) if metric else None
+                    tokens = metric_value(c.get(f"{url}/metrics").text, metric) if metric else None
                 endpoint[h] = {"url": url, "models": models, "serves_record": rec.served_name in models,
                                "tokens_generated": tokens}
             except (httpx.HTTPError, ValueError) as exc:
