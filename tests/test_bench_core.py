@@ -177,6 +177,43 @@ def test_fault_modes_are_classified_and_the_run_goes_on() -> None:
     assert request_metrics(by["ok0"].events).completion_tokens == 8
 
 
+def test_hostile_servers_each_request_gets_an_outcome_and_the_run_goes_on() -> None:
+    """Issue 7: a frame without "data:", an 8 MiB single line, HTTP 500, a disconnect
+    and a stall past the read timeout, released together with healthy requests."""
+    quick = {"ttft_base_s": 0.01, "gap_s": 0.002}
+    cases = [
+        ("ok", {}),
+        ("malformed_sse", {"fault": "no_data_prefix", "fault_after_tokens": 0}),
+        ("malformed_sse", {"fault": "malformed_sse", "fault_after_tokens": 2}),
+        ("error_mid_stream", {"fault": "error_mid_stream", "fault_after_tokens": 3}),
+        ("ok", {"fault": "huge_frame", "huge_frame_bytes": 8 << 20}),
+        ("http_error", {"fault": "http_error", "http_error_status": 500}),
+        ("disconnected", {"fault": "disconnect", "fault_after_tokens": 2}),
+        ("timeout", {"fault": "stall", "fault_after_tokens": 2, "stall_s": 5.0}),
+        ("ok", {}),
+    ]
+
+    async def go() -> list[RequestResult]:
+        specs = [RequestSpec("completions", "m", 8, prompt="hi", extra_body={"ref": {**quick, **ref}})
+                 for _, ref in cases]
+        async with RefServer() as srv:
+            # read_s (0.5 s) is the stall limit; request_s leaves room for the 8 MiB frame
+            async with BenchClient(srv.base_url, concurrency=len(specs),
+                                   timeouts=ClientTimeouts(read_s=0.5, request_s=20.0)) as client:
+                return await client.run_batch(specs)
+
+    results = asyncio.run(go())
+    assert [r.status for r in results] == [want for want, _ in cases], [(r.status, r.detail) for r in results]
+    by = dict(zip(range(len(cases)), results))
+    assert "without a data field" in by[1].detail and "not JSON" in by[2].detail
+    assert by[5].http_status == 500 and "HTTP 500" in by[5].detail
+    assert "ReadTimeout" in by[7].detail
+    huge = request_metrics(by[4].events)
+    assert max(e.n_text_chars for e in by[4].events) == 8 << 20 and huge.completion_tokens == 8
+    for r in results:  # every request: a sent event first; an error event last exactly when not ok
+        assert r.events[0].kind == "sent" and (r.events[-1].kind == "error") == (r.status != "ok")
+
+
 def test_connection_refused_is_a_value_not_an_exception() -> None:
     async def go() -> RequestResult:
         async with RefServer() as srv:
@@ -207,20 +244,56 @@ def test_salt_is_fresh_per_request_and_can_be_turned_off() -> None:
 # -- the self-test -------------------------------------------------------------------
 
 
+def _served(sc_words: int, max_tokens: int, cfg: RefConfig, t_sent: float, *, late_first_s: float = 0.0,
+            extra_s: float = 0.0004, scale: float = 1.0) -> RequestResult:
+    """A request as the reference server schedules it, seen ``extra_s`` later; the first
+    content chunk ``late_first_s`` later still (a scheduler stall); ``scale`` stretches
+    every interval (a wrong formula)."""
+    p = sc_words + 1  # the salt is one more word
+    first = t_sent + extra_s + cfg.first_visible_s(p, max_tokens) * scale
+    times = [first + late_first_s] + [first + i * cfg.gap_s * scale for i in range(1, max_tokens)]
+    ev = log(t_sent, times, usage=(p, max_tokens))
+    return RequestResult("r", "ok", tuple(ev), salt="s\n", labels={"prompt_words": str(sc_words)})
+
+
+def test_selftest_cell_judges_the_median_request_and_reports_the_worst() -> None:
+    from sparkctl.bench.selftest import BASE_TIMING, Scenario, check_cell
+
+    sc = Scenario("completions", "completions", 300, 64)
+    cfg = BASE_TIMING
+    # one of three requests has its first chunk 5 ms late (what a shared core did):
+    # that request is 1.2 % off in prefill and +1.6 % in decode, the cell is not
+    stalled = [[_served(300, 64, cfg, 10.0)], [_served(300, 64, cfg, 20.0, late_first_s=0.005)],
+               [_served(300, 64, cfg, 30.0)]]
+    rows = {c.metric: c for c in check_cell(sc, cfg, 1, stalled)}
+    assert all(c.passed for c in rows.values()), rows
+    assert rows["decode_tok_s"].worst_error_pct > 1.5 and abs(rows["decode_tok_s"].error_pct) < 0.01
+    assert rows["prefill_tok_s"].worst_error_pct < -1.0
+    assert rows["ttft_excess_ms"].measured == pytest.approx(0.4)
+    # a wrong formula (every interval 1.5 % long) fails every request, so the median too
+    wrong = [[_served(300, 64, cfg, t, scale=1.015)] for t in (10.0, 20.0, 30.0)]
+    failed = {c.metric for c in check_cell(sc, cfg, 1, wrong) if not c.passed}
+    assert {"decode_tok_s", "tpot_s", "itl_p50_s", "ttft_s", "prefill_tok_s", "aggregate_tok_s"} <= failed
+    # TTFT: one request earlier than the closed form breaks causality, whatever the median
+    early = [[_served(300, 64, cfg, 10.0)], [_served(300, 64, cfg, 20.0, extra_s=-0.0001)],
+             [_served(300, 64, cfg, 30.0)]]
+    assert not {c.metric: c for c in check_cell(sc, cfg, 1, early)}["ttft_s"].passed
+    # median TTFT more than 2 ms late fails; 1 ms passes
+    assert not {c.metric: c for c in check_cell(sc, cfg, 1, [[_served(300, 64, cfg, t, extra_s=0.0025)]
+                                                              for t in (1.0, 2.0, 3.0)])}["ttft_s"].passed
+
+
 @pytest.mark.e2e
 def test_selftest_at_concurrency_1_and_16() -> None:
     from sparkctl.bench.selftest import format_report, run_selftest
 
-    report = run_selftest((1, 16), repeats=2, capacity_concurrency=None)
+    report = run_selftest((1, 16), capacity_concurrency=None)
     text = format_report(report)
-    # The exact checks (token counts, token sources, statuses) must pass. The timed
-    # checks are reported: on this shared VM they show a systematic ~1.2-1.4 %
-    # offset at c=1 (issue 6 stays open on it); bench/selftest.py prints them.
-    exact_failed = [c for c in report.unexplained_failures() if c.tolerance == "exact"]
-    assert not exact_failed, text
-    rates = [c for c in report.checks if c.tolerance.startswith("+-") and c.tolerance.endswith("%")]
-    assert rates and all(abs(c.error_pct) < 5 for c in rates), text  # a broken formula misses by far more
     print(text)
-    return
-    if not report.ok:
-        pytest.skip(f"timing checks inconclusive: client loop starved by other load in {report.starved_cells}\n{text}")
+    # Exact checks (statuses, token counts and their sources) hold for every request.
+    assert not [c for c in report.failures() if c.tolerance == "exact"], text
+    # The issue's tolerances (rates +-1 % at c=1, +-2 % at 16, TTFT [0, +2 ms]) on the
+    # median request of every cell; a cell is excused only if it failed while other
+    # load contended for the CPU (Linux PSI, measured apart from the errors), and
+    # then it is named in the report.
+    assert not report.unexplained_failures(), text

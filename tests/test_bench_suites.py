@@ -163,16 +163,16 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _start_engine(engine: str, name: str, tmp: Path) -> Iterator[str]:
+def _start_engine(engine: str, name: str, tmp: Path, ctx: int = 1048576) -> Iterator[str]:
     port, mport = _free_port(), _free_port()
     if engine == "ds41f":
         args = ["serve", "--model", "/m", "--served-model-name", name, "--tp", "1", "--nnodes", "1",
                 "--node-rank", "0", "--master-addr", "127.0.0.1", "--master-port", str(mport),
-                "--host", "127.0.0.1", "--port", str(port), "--max-model-len", "1048576",
+                "--host", "127.0.0.1", "--port", str(port), "--max-model-len", str(ctx),
                 "--gpu-memory-utilization", "0.85"]
     else:
         args = ["serve", "--weights", "/m", "--name", name, "--tp", "1", "--world", "1", "--rank", "0",
-                "--listen", f"127.0.0.1:{port}", "--ctx", "1048576", "--mem-fraction", "0.85"]
+                "--listen", f"127.0.0.1:{port}", "--ctx", str(ctx), "--mem-fraction", "0.85"]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SPARKCTL_SIM_STATE", "WORLD_SIZE", "NODE_RANK"))}
     env.update(SPARKCTL_SIM_SPEEDUP=str(SPEEDUP), SPARKCTL_SIM_LOAD_S="0.2")
     log = (tmp / f"{engine}.log").open("w")
@@ -371,3 +371,82 @@ def test_the_other_suites_run_and_reject_what_they_must(ds41f: str, tmp_path: Pa
     assert r.code == 2 and "nothing to benchmark" in r.err
     r = sparkctl("bench", "--base-url", ds41f, "--model", "nope", "--out", str(tmp_path / "x"))
     assert r.code == 2 and "dsv41-ds41f" in r.err
+
+
+# --------------------------------------------------------------------------- context window
+
+
+def test_context_window_is_read_from_what_each_server_reports() -> None:
+    # vLLM / SGLang / the simulated engines: /v1/models max_model_len
+    assert wl.context_window({"id": "m", "owned_by": "vllm", "max_model_len": 131072}, None, 4096) == \
+        (131072, "/v1/models max_model_len")
+    # llama-server: the per-slot window in /props beats the training length in /v1/models meta
+    entry = {"id": "m", "object": "model", "meta": {"n_ctx_train": 131072, "n_vocab": 32000}}
+    props = {"total_slots": 4, "default_generation_settings": {"n_ctx": 2048, "params": {}}}
+    assert wl.context_window(entry, props, None) == (2048, "/props default_generation_settings.n_ctx")
+    assert wl.context_window(entry, {"n_ctx": 8192}, None) == (8192, "/props n_ctx")
+    # llama-cpp-python's server reports nothing: the profile's figure, then the training length
+    bare = {"id": "tiny-llama", "object": "model", "owned_by": "me", "permissions": []}
+    assert wl.context_window(bare, None, 512) == (512, "profile model.context_len_tokens")
+    assert wl.context_window(entry, None, None) == (131072, "/v1/models meta.n_ctx_train")
+    assert wl.context_window(bare, {"n_ctx": 0}, None) == (None, None)
+    assert wl.context_window({"max_model_len": True}, None, None) == (None, None)  # not a count
+    assert wl.fits_window(2047, 1, 2048) and not wl.fits_window(2048, 1, 2048) and wl.fits_window(10**7, 1, None)
+
+
+@pytest.mark.e2e
+def test_points_beyond_the_context_window_are_flagged_not_sent(tmp_path: Path) -> None:
+    engine = _start_engine("ds41f", "dsv41-small", tmp_path, ctx=4096)
+    url = next(engine)
+    try:
+        opts = RunOptions(suites=("prefill", "longctx"), lengths=(2048, 8192), needle_depths=(0.5,), repeats=2)
+        s = run(url, "dsv41-small", tmp_path / "w", {"engine": "ds41f"}, opts)
+    finally:
+        engine.close()
+    assert s.n_errors == 0  # nothing over the window was sent, so nothing broke
+    rows = load_run(tmp_path / "w").rows
+    assert {r["context_window_tokens"] for r in rows} == {"4096"}
+    assert {r["context_window_source"] for r in rows} == {"/v1/models max_model_len"}
+    over = {r["point"]: r for r in rows if r["flags"].startswith("not_run:")}
+    assert set(over) == {"prefill/8192", "longctx/8192@0.5"}
+    assert over["prefill/8192"]["flags"] == "not_run:exceeds_context_window:8193>4096"
+    assert all(r["valid"] == "0" and r["n_requests"] == "0" for r in over.values())
+    ran = [r for r in rows if r["point"] in ("prefill/2048", "longctx/2048@0.5")]
+    assert sorted(r["n_ok"] for r in ran) == ["1", "1", "2", "2"]  # a longctx row = depth probe + question
+    pts = {p["point"]: p for p in s.points}
+    assert pts["prefill/8192"]["valid_repeats"] == 0 and pts["prefill/8192"]["flags"]
+
+
+@pytest.mark.e2e
+def test_short_answers_are_flagged_and_left_out_of_the_stream_rates(tensorfold: str, tmp_path: Path) -> None:
+    """TensorFold has no ignore_eos / min_tokens (docs/bench.md): its answers end at
+    their natural length (120-220 tokens here), so 200 asked comes back short in most
+    streams. Each row says how many; its per-stream rates count the full streams only."""
+    from sparkctl.bench.events import Event
+    from sparkctl.bench.metrics import request_metrics, summarize
+
+    run(tensorfold, "dsv41-tf", tmp_path / "tf", {"engine": "tensorfold"},
+        RunOptions(suites=("concurrency",), concurrency=(16,), decode_tokens=200, repeats=2))
+    rows = load_run(tmp_path / "tf").rows
+    by_rep: dict[str, list[list[Event]]] = {}
+    heads: dict[str, dict[str, Any]] = {}
+    lines = [json.loads(x) for x in (tmp_path / "tf" / "events.jsonl").read_text().splitlines()]
+    for d in lines:
+        if "request" in d:
+            heads[d["request"]["request_id"]] = d["request"]
+    evs: dict[str, list[Event]] = {}
+    for d in lines:
+        if "request" not in d:
+            rid = d.pop("request_id")
+            evs.setdefault(rid, []).append(Event.from_dict(d))
+    for rid, h in heads.items():
+        if h["labels"].get("suite") == "concurrency":
+            by_rep.setdefault(h["labels"]["repeat"], []).append(evs[rid])
+    assert len(rows) == 2
+    for r in rows:
+        per = [request_metrics(e) for e in by_rep[r["repeat"]]]
+        n_short = sum((m.completion_tokens or 0) < 200 for m in per)
+        full = summarize(m.decode_tok_s for m in per if (m.completion_tokens or 0) >= 200)
+        assert r["flags"] == (f"short:{n_short}" if n_short else "") and (r["valid"] == "1") == (n_short == 0)
+        want = "" if full.median is None else pytest.approx(full.median)
+        assert (float(r["decode_tok_s"]) if r["decode_tok_s"] else "") == want

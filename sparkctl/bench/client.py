@@ -141,16 +141,22 @@ class SSESplitter:
         return rest.strip(b"\r\n")
 
 
+_SSE_FIELDS = frozenset({"data", "event", "id", "retry"})
+
+
 @dataclass(frozen=True)
 class SSEFrame:
     event: str
     data: str | None  # None: the frame had no data field (comment / keep-alive)
+    unknown: tuple[str, ...] = ()
+    """Lines that are neither comments nor SSE fields (e.g. JSON sent without ``data:``)."""
 
 
 def parse_frame(frame: bytes) -> SSEFrame:
     """The ``event`` name and the joined ``data`` lines of one frame (SSE spec rules)."""
     event = "message"
     data: list[str] = []
+    unknown: list[str] = []
     for raw in frame.decode("utf-8", errors="replace").split("\n"):
         if not raw or raw.startswith(":"):
             continue
@@ -161,7 +167,9 @@ def parse_frame(frame: bytes) -> SSEFrame:
             data.append(value)
         elif name == "event":
             event = value
-    return SSEFrame(event, "\n".join(data) if data else None)
+        elif name not in _SSE_FIELDS:
+            unknown.append(raw[:80])
+    return SSEFrame(event, "\n".join(data) if data else None, tuple(unknown))
 
 
 class _Malformed(Exception):
@@ -183,6 +191,10 @@ class _StreamState:
     def frame(self, frame: bytes, t: float) -> None:
         f = parse_frame(frame)
         if f.data is None:
+            if f.unknown:
+                # the SSE spec ignores unknown fields, but a stream of them (JSON without
+                # "data:") would otherwise end "ok" with nothing counted
+                raise _Malformed(f"frame without a data field: {f.unknown[0]!r}")
             return
         if f.data.strip() == "[DONE]":
             self.events.append(Event(t, "done", raw_len=len(frame)))

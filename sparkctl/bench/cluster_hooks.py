@@ -35,6 +35,7 @@ def config_from_profile(resolved: Any) -> dict[str, Any]:
         "model": p.model.id,
         "served_name": p.model.served_name,
         "weights_format": p.model.weights_format,
+        "context_len_tokens": p.model.context_len_tokens,
         "topology": p.topology.layout,
         "tp_size": p.topology.tp_size,
         "replicas": p.topology.replicas,

@@ -7,9 +7,10 @@ fuzz the client's classification. It is a test instrument, not an engine.
 
 Timing model (``t0`` = the server's ``loop.time()`` when the handler starts):
 
+* ``n = max_tokens`` (or ``max_completion_tokens``, 16 if neither);
 * prompt tokens ``P`` = whitespace words of the prompt; for chat, the sum over
   messages of the words of ``content`` plus 4 per message;
-* token ``i`` (0-based) of ``n = max_tokens`` is generated at
+* token ``i`` (0-based) of ``n`` is generated at
   ``t0 + ttft_base_s + ttft_per_token_s * P + i * gap_s``;
 * tokens go out ``tokens_per_chunk`` (k) at a time: a chunk is written when
   its last token is generated, so the first *visible* token arrives at
@@ -26,7 +27,8 @@ in the JSON body (unknown keys are a 400), so one server serves every
 configuration of a self-test.
 
 Fault modes (``fault``, after ``fault_after_tokens`` tokens): ``malformed_sse``
-(a data line that is not JSON), ``error_mid_stream`` (an OpenAI error object in
+(a data line that is not JSON), ``no_data_prefix`` (a chunk's JSON without the
+``data:`` field name), ``error_mid_stream`` (an OpenAI error object in
 the stream), ``huge_frame`` (one content chunk of ``huge_frame_bytes`` text;
 the stream is otherwise valid), ``disconnect`` (the TCP connection is aborted),
 ``stall`` (silence for ``stall_s``), and ``http_error`` (status
@@ -53,8 +55,10 @@ from typing import Any, Literal
 
 from aiohttp import web
 
-Fault = Literal["malformed_sse", "error_mid_stream", "huge_frame", "disconnect", "stall", "http_error"]
-FAULTS: tuple[str, ...] = ("malformed_sse", "error_mid_stream", "huge_frame", "disconnect", "stall", "http_error")
+Fault = Literal["malformed_sse", "no_data_prefix", "error_mid_stream", "huge_frame", "disconnect", "stall",
+                "http_error"]
+FAULTS: tuple[str, ...] = ("malformed_sse", "no_data_prefix", "error_mid_stream", "huge_frame", "disconnect", "stall",
+                           "http_error")
 
 CHAT_TOKENS_PER_MESSAGE = 4  # role and separators around each message, as chat templates add
 
@@ -198,7 +202,8 @@ class RefServer:
         try:
             body = json.loads(raw)
             cfg = self.config.with_overrides(body.get("ref") or {})
-            max_tokens = int(body.get("max_tokens") or 16)
+            # chat clients may send the newer max_completion_tokens instead
+            max_tokens = int(body.get("max_tokens") or body.get("max_completion_tokens") or 16)
             if chat:
                 prompt_tokens = count_prompt_tokens(messages=body["messages"])
             else:
@@ -265,6 +270,12 @@ class RefServer:
         """Inject ``cfg.fault`` (not ``huge_frame``). True: the stream is over, return now."""
         if cfg.fault == "malformed_sse":
             await resp.write(b'data: {"id": "broken", "choices": [\n\n')
+            await resp.write(b"data: [DONE]\n\n")
+            await resp.write_eof()
+            return True
+        if cfg.fault == "no_data_prefix":
+            await resp.write(b'{"id":"bare","object":"text_completion","choices":[{"index":0,"text":" w",'
+                             b'"finish_reason":null}]}\n\n')
             await resp.write(b"data: [DONE]\n\n")
             await resp.write_eof()
             return True

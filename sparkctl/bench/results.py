@@ -30,7 +30,7 @@ SCHEMA_VERSION = 1
 CONFIG_COLUMNS: tuple[str, ...] = (
     "schema_version", "sparkctl_version", "run_id", "label", "profile", "profile_digest", "engine",
     "engine_version", "model", "served_name", "base_url", "topology", "tp_size", "nodes", "clock_cap_mhz",
-    "kernel", "page_size_kib", "waivers",
+    "kernel", "page_size_kib", "waivers", "context_window_tokens", "context_window_source",
 )
 POINT_COLUMNS: tuple[str, ...] = (
     "suite", "point", "params", "repeat", "salt", "token_source", "prompt_token_source", "t_start_utc",

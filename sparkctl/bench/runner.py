@@ -199,6 +199,9 @@ def telemetry_summary(rows: Sequence[Mapping[str, Any]], tokens_by_suite: Mappin
 # --------------------------------------------------------------------------- the runner
 
 
+LONGCTX_ANSWER_TOKENS = 48  # room for the passphrase and a sentence around it
+
+
 class Runner:
     """One run: an endpoint, a model, a configuration, an output directory."""
 
@@ -272,6 +275,8 @@ class Runner:
             "served_name": self.model, "base_url": self.base_url, "topology": cfg.get("topology"),
             "tp_size": cfg.get("tp_size"), "nodes": cfg.get("nodes"), "clock_cap_mhz": cfg.get("clock_cap_mhz"),
             "kernel": cfg.get("kernel"), "page_size_kib": cfg.get("page_size_kib"), "waivers": cfg.get("waivers"),
+            "context_window_tokens": cfg.get("context_window_tokens"),
+            "context_window_source": cfg.get("context_window_source"),
             "suite": suite, "point": point, "params": dict(params), "repeat": repeat,
             "salt": salt or ";".join(r.labels.get("salt", "") for r in results[:4]) + (";..." if len(results) > 4 else ""),
             "token_source": "usage" if srcs == {"usage"} else ("+".join(sorted(srcs)) or None),
@@ -313,7 +318,18 @@ class Runner:
             if self.model not in ids:
                 raise ConfigError(f"{self.base_url} does not serve model {self.model!r}",
                                   hint=f"served: {', '.join(map(str, ids)) or 'nothing'}")
-            owner = next((d.get("owned_by") for d in data if d.get("id") == self.model), None)
+            entry = next((d for d in data if isinstance(d, dict) and d.get("id") == self.model), None)
+            owner = (entry or {}).get("owned_by")
+            props: dict[str, Any] | None = None
+            if not wl.context_window(entry, None, None)[0]:
+                try:  # llama.cpp's server: the per-slot window
+                    pr = await h.get(self.base_url + "/props")
+                    props = pr.json() if pr.status_code == 200 else None
+                except (httpx.HTTPError, ValueError):
+                    props = None
+            window, source = wl.context_window(entry, props if isinstance(props, dict) else None,
+                                               self.config.get("context_len_tokens"))
+            self.config["context_window_tokens"], self.config["context_window_source"] = window, source
             if not self.config.get("engine") and owner in KNOWN_ENGINES:
                 self.config["engine"] = owner
                 self.config.setdefault("discovered", []).append("engine")
@@ -357,9 +373,12 @@ class Runner:
     def _point_row(self, p: wl.Point, rep: int, results: Sequence[RequestResult], t_start: str) -> None:
         per = [request_metrics(r.events) for r in results]
         flags: list[str] = []
-        short = [m for m, a in zip(per, p.asks) if a.expect_tokens and (m.completion_tokens or 0) < a.expect_tokens]
-        if short:
-            flags.append(f"short:{len(short)}")
+        is_short = [bool(a.expect_tokens and (m.completion_tokens or 0) < a.expect_tokens) for m, a in zip(per, p.asks)]
+        if any(is_short):
+            # the row is flagged (left out of the point's medians); inside it, the
+            # per-stream figures below are over the full-length streams only
+            flags.append(f"short:{sum(is_short)}")
+        full = [m for m, s in zip(per, is_short) if not s]
         if p.suite == "prefill":
             cached = usage_cached_tokens(results[0].events)
             if cached:
@@ -374,7 +393,7 @@ class Runner:
                 metrics["prefill_tok_s"] = None  # with more than one token out, TTFT is not a prefill figure
         else:
             agg = aggregate_throughput([r.events for r in results])
-            rates = summarize(m.decode_tok_s for m in per)
+            rates = summarize(m.decode_tok_s for m in full)
             ttfts = summarize(m.ttft_s for m in per)
             metrics = {
                 "aggregate_tok_s": agg.tok_s, "window_s": agg.window_s, "completion_tokens": agg.completion_tokens,
@@ -382,10 +401,10 @@ class Runner:
                 "decode_tok_s": rates.median, "stream_decode_median_tok_s": rates.median,
                 "stream_decode_min_tok_s": rates.min, "stream_decode_max_tok_s": rates.max,
                 "ttft_p50_s": ttfts.median, "ttft_max_s": ttfts.max, "ttft_s": ttfts.median,
-                "itl_p50_s": summarize(m.itl_p50_s for m in per).median,
-                "itl_p90_s": summarize(m.itl_p90_s for m in per).median,
-                "itl_p99_s": summarize(m.itl_p99_s for m in per).max,
-                "tpot_s": summarize(m.tpot_s for m in per).median,
+                "itl_p50_s": summarize(m.itl_p50_s for m in full).median,
+                "itl_p90_s": summarize(m.itl_p90_s for m in full).median,
+                "itl_p99_s": summarize(m.itl_p99_s for m in full).max,
+                "tpot_s": summarize(m.tpot_s for m in full).median,
             }
         self._row(p.suite, p.name, p.params, rep, results, t_start, metrics, flags)
 
@@ -428,6 +447,9 @@ class Runner:
                 assert prompt.needle is not None
                 name = f"longctx/{n}@{d:g}"
                 params = {"length_tokens": n, "depth_fraction": d}
+                if not wl.fits_window(n, LONGCTX_ANSWER_TOKENS, self.window):
+                    self._not_run("longctx", name, params, n + LONGCTX_ANSWER_TOKENS)
+                    continue
                 self.progress(f"{name}: {self.repeats} repeats")
                 for rep in range(1, self.repeats + 1):
                     t_start = _utc()
@@ -435,7 +457,7 @@ class Runner:
                     labels = {"suite": "longctx", "point": name, "repeat": str(rep), "salt": salt.strip()}
                     probe = await client.request(self._spec(wl.needle_prefix_messages(prompt, salt), 1, {},
                                                             {**labels, "phase": "depth"}))
-                    full = await client.request(self._spec(wl.render_messages(prompt, salt), 48, {},
+                    full = await client.request(self._spec(wl.render_messages(prompt, salt), LONGCTX_ANSWER_TOKENS, {},
                                                            {**labels, "phase": "ask"}, keep_text=True))
                     self._log([probe, full])
                     mp, mf = request_metrics(probe.events), request_metrics(full.events)
@@ -600,6 +622,33 @@ class Runner:
             return wl.peak_plan(self.decode_tokens, self.repeats, self.engine)
         raise AssertionError(suite)
 
+    @property
+    def window(self) -> int | None:
+        w = self.config.get("context_window_tokens")
+        return w if isinstance(w, int) else None
+
+    def _not_run(self, suite: str, point: str, params: Mapping[str, Any], need: int) -> None:
+        """A row for a point that does not fit the context window: flagged, never silently dropped."""
+        self.progress(f"{point}: not run, {need} tokens exceed the context window of {self.window}")
+        self._row(suite, point, params, 0, [], _utc(), {},
+                  [f"not_run:exceeds_context_window:{need}>{self.window}"])
+
+    def _fitting(self, points: Sequence[wl.Point]) -> list[wl.Point]:
+        """The points whose every ask fits the window; a flagged row for each of the others.
+
+        Prompt lengths are counted as the bench builds them; a server whose
+        tokenizer counts more may still refuse a point near the edge, and that
+        request is then classified (http_error or disconnected) like any other.
+        """
+        out: list[wl.Point] = []
+        for p in points:
+            need = max((a.prompt.target_tokens or 0) + a.max_tokens for a in p.asks)
+            if all(wl.fits_window(a.prompt.target_tokens or 0, a.max_tokens, self.window) for a in p.asks):
+                out.append(p)
+            else:
+                self._not_run(p.suite, p.name, p.params, need)
+        return out
+
     async def run(self) -> RunSummary:
         self.out.mkdir(parents=True, exist_ok=True)
         started = _utc()
@@ -613,7 +662,7 @@ class Runner:
                 await self.sampler.start(suite)
                 try:
                     if suite in ("prefill", "decode", "concurrency", "peak"):
-                        await self.run_points(self._plans(suite))
+                        await self.run_points(self._fitting(self._plans(suite)))
                     else:
                         await {"warm-prefix": self.suite_warm_prefix, "longctx": self.suite_longctx,
                                "quality": self.suite_quality, "agent": self.suite_agent,

@@ -224,6 +224,45 @@ def decode_extras(engine: str | None, n_tokens: int) -> dict[str, Any]:
     return {}
 
 
+def context_window(models_entry: Mapping[str, Any] | None, props: Mapping[str, Any] | None,
+                   profile_tokens: int | None) -> tuple[int | None, str | None]:
+    """The context window one request may use, and where that figure came from. Pure.
+
+    In order of trust: what the server says applies now (vLLM/SGLang/ds41f
+    ``/v1/models`` ``max_model_len``, a ``context_length`` field, llama.cpp's
+    ``/props`` ``default_generation_settings.n_ctx``, i.e. the per-slot window,
+    or a top-level ``n_ctx``); then the profile's ``model.context_len_tokens``;
+    last llama.cpp's ``/v1/models`` ``meta.n_ctx_train`` (the training length:
+    an upper bound, the server may run with less). llama-cpp-python's server
+    reports none of these.
+    """
+
+    def pos_int(v: Any) -> int | None:
+        return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None
+
+    entry = models_entry or {}
+    for key in ("max_model_len", "context_length"):
+        if (n := pos_int(entry.get(key))) is not None:
+            return n, f"/v1/models {key}"
+    if props:
+        gen = props.get("default_generation_settings")
+        if isinstance(gen, Mapping) and (n := pos_int(gen.get("n_ctx"))) is not None:
+            return n, "/props default_generation_settings.n_ctx"
+        if (n := pos_int(props.get("n_ctx"))) is not None:
+            return n, "/props n_ctx"
+    if (n := pos_int(profile_tokens)) is not None:
+        return n, "profile model.context_len_tokens"
+    meta = entry.get("meta")
+    if isinstance(meta, Mapping) and (n := pos_int(meta.get("n_ctx_train"))) is not None:
+        return n, "/v1/models meta.n_ctx_train"
+    return None, None
+
+
+def fits_window(prompt_tokens: int, max_tokens: int, window: int | None) -> bool:
+    """A prompt of ``prompt_tokens`` plus ``max_tokens`` out fits the window (unknown: assume it does)."""
+    return window is None or prompt_tokens + max_tokens <= window
+
+
 def repeats_for(requested: int | None, record: bool, profile_default: int | None = None) -> int:
     """Repeats per point: at least 2, at least 3 with ``--record``."""
     floor = RECORD_REPEATS if record else MIN_REPEATS
