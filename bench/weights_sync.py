@@ -53,7 +53,7 @@ def _plain(url: str, dest: Path) -> None:
 
 def _pull(base: str, manifest: Path, dest: Path, connections: int, inside: list[float]) -> None:
     run = subprocess.run(
-        [sys.executable, str(AGENT), "pull", "--from-url", base, "--manifest-json", str(manifest), "--dest",
+        [sys.executable, "-S", str(AGENT), "pull", "--from-url", base, "--manifest-json", str(manifest), "--dest",
          str(dest), "--connections", str(connections)], capture_output=True, text=True,
     )
     last = json.loads(run.stdout.splitlines()[-1])
@@ -102,11 +102,11 @@ def main() -> int:
         with open(tmp / "src" / "blob.bin", "wb") as f:
             for _ in range(args.size_mib):
                 f.write(os.urandom(MIB))
-        man = subprocess.run([sys.executable, str(AGENT), "manifest", "--dir", str(tmp / "src")],
+        man = subprocess.run([sys.executable, "-S", str(AGENT), "manifest", "--dir", str(tmp / "src")],
                              capture_output=True, text=True, check=True)
         (tmp / "manifest.json").write_text(man.stdout.splitlines()[-1])
         server = subprocess.Popen(
-            [sys.executable, str(AGENT), "serve", "--dir", str(tmp / "src"), "--bind", "127.0.0.1", "--port", "0",
+            [sys.executable, "-S", str(AGENT), "serve", "--dir", str(tmp / "src"), "--bind", "127.0.0.1", "--port", "0",
              "--ttl-s", "120"], stdout=subprocess.PIPE, text=True,
         )
         listening = json.loads(server.stdout.readline())  # type: ignore[union-attr]

@@ -1184,11 +1184,16 @@ def weights_fetch_cmd(c: Ctx, profile: str, node: str, url: str, connections: in
 @click.option("--from", "from_node", help="the node that has the weights (default: the inventory's first)")
 @click.option("--dry-run", is_flag=True, help="print the distribution plan only")
 @click.option("--connections", type=int, default=8, show_default=True)
+@click.option("--chunk-mb", type=float, default=32.0, show_default=True,
+              help="unit of verification and of relaying (a relay passes on each chunk once verified)")
+@click.option("--no-pipeline", is_flag=True,
+              help="store and forward: the node across waits until its neighbour holds every file")
 @with_transport_options
 @json_option
 @pass_ctx
-def weights_sync_cmd(c: Ctx, profile: str, from_node: str | None, dry_run: bool, connections: int,
-                     connect_timeout_s: float, command_timeout_s: float, deadline_s: float, as_json: bool) -> None:
+def weights_sync_cmd(c: Ctx, profile: str, from_node: str | None, dry_run: bool, connections: int, chunk_mb: float,
+                     no_pipeline: bool, connect_timeout_s: float, command_timeout_s: float, deadline_s: float,
+                     as_json: bool) -> None:
     """Copy the profile's weights to its other nodes over the fabric only, verified against a manifest."""
     from .layout import bind
     from .weights import describe_plan, plan_sync, sync
@@ -1205,7 +1210,7 @@ def weights_sync_cmd(c: Ctx, profile: str, from_node: str | None, dry_run: bool,
         return
     with make_transport(inv, connect_timeout_s, command_timeout_s, deadline_s) as tr:
         rep = sync(inv, tr, res.profile.model.weights_path, src, nodes=nodes, connections=connections,
-                   progress=_weights_progress(as_json))
+                   chunk_mb=chunk_mb, pipeline=not no_pipeline, progress=_weights_progress(as_json))
     if as_json:
         emit_json(asdict(rep))
     else:

@@ -28,9 +28,16 @@ cable with B's own pull (both finish at half speed, C no sooner than with the
 chain), and every relayed byte costs the relay node's CPU in software
 forwarding, the node that is also writing and hashing its own copy. The chain
 keeps each transfer on one otherwise idle cable between two directly cabled
-nodes, depends on no route being up, and lets the neighbours start serving as
-soon as they are verified. The relay is used only when a receiver has no
-receiving neighbour at all (a profile that uses A and C alone).
+nodes and depends on no route being up. The kernel relay is used only when a
+receiver has no receiving neighbour at all (a profile that uses A and C alone).
+
+The chain is pipelined, not store-and-forward: C starts pulling from B as soon
+as B's pull has started, and B's server hands C each chunk once B has
+verified it against the manifest (``serve --relay``), holding a request for a
+chunk B does not have yet. C thus trails B by about ``connections x chunk``
+bytes instead of by the whole model, and the 4-node ring takes little longer
+than the pair. A pipelined pull that fails (B restarted under it, or B
+failed) goes once more after B is done, or from another verified neighbour.
 """
 
 from __future__ import annotations
@@ -40,6 +47,7 @@ import shlex
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from importlib import resources
 
@@ -291,7 +299,9 @@ class _Agent:
         return self.inv.node(node).sudo if self.sudo is None else self.sudo
 
     def argv(self, node: str, *args: str) -> list[str]:
-        return ["python3", agent_path(self.inv, node), *args]
+        # -S: the agent needs the standard library only; no site-packages (nothing there can
+        # shadow a stdlib module) and a faster start on every job and poll
+        return ["python3", "-S", agent_path(self.inv, node), *args]
 
     def start(self, node: str, phase: str, args: Sequence[str], stdin: str | None = None) -> tuple[_Job, dict]:
         log = f"{_job_dir(self.inv, node)}/{phase}-{uuid.uuid4().hex[:12]}.jsonl"
@@ -329,8 +339,17 @@ class _Agent:
         return out
 
     def stop(self, node: str, pid: int) -> None:
-        self.transport.run(node, self.argv(node, "stop", "--pid", str(pid)), sudo=self._sudo(node),
-                           timeout_s=POLL_TIMEOUT_S)
+        self.stop_all({node: [pid]})
+
+    def stop_all(self, pids: Mapping[str, Sequence[int]]) -> None:
+        """End these jobs, all nodes at once (one command per node)."""
+        by_sudo: dict[bool, dict[str, list[str]]] = {}
+        for node, ps in pids.items():
+            if ps:
+                args = [a for pid in ps for a in ("--pid", str(pid))]
+                by_sudo.setdefault(self._sudo(node), {})[node] = self.argv(node, "stop", *args)
+        for sudo, cmds in by_sudo.items():
+            self.transport.run_all(cmds, sudo=sudo, timeout_s=POLL_TIMEOUT_S)
 
 
 def _report(progress: ProgressCallback | None, node: str, phase: str, evs: Iterable[dict]) -> None:
@@ -343,9 +362,32 @@ def _report(progress: ProgressCallback | None, node: str, phase: str, evs: Itera
                           ev.get("bytes_total"), float(ev.get("rate_Bps") or 0.0)))
 
 
+class _Pace:
+    """Poll intervals: 50 ms at first, doubling up to ``poll_s``; back to 50 ms after a change.
+
+    A short job (a manifest from the hash cache, a small file) is seen done
+    within ~50 ms instead of a whole ``poll_s``, and a long one costs one
+    poll per ``poll_s``.
+    """
+
+    FIRST_S = 0.05
+
+    def __init__(self, poll_s: float) -> None:
+        self.poll_s = poll_s
+        self.delay = min(self.FIRST_S, poll_s)
+
+    def sleep(self) -> None:
+        time.sleep(self.delay)
+        self.delay = min(self.delay * 2, self.poll_s)
+
+    def reset(self) -> None:
+        self.delay = min(self.FIRST_S, self.poll_s)
+
+
 def _wait(agent: _Agent, job: _Job, progress: ProgressCallback | None, poll_s: float) -> dict:
+    pace = _Pace(poll_s)
     while job.final is None:
-        time.sleep(poll_s)
+        pace.sleep()
         _report(progress, job.node, job.phase, agent.poll([job]).get(job.node, []))
     return job.final
 
@@ -386,23 +428,30 @@ def sync(
     inv: Inventory, transport: Transport, weights_path: str, from_node: str, *,
     nodes: Iterable[str] | None = None, progress: ProgressCallback | None = None, connections: int = 8,
     chunk_mb: float = 32.0, port: int = 0, serve_ttl_s: float = 600.0, poll_s: float = 1.0,
-    sudo: bool | None = None,
+    sudo: bool | None = None, pipeline: bool = True,
 ) -> SyncReport:
     """Copy ``weights_path`` from ``from_node`` to the other nodes over the fabric, verified.
 
-    Every receiver ends with the source's files, each checked against the
-    source's manifest (size and SHA-256). A receiver whose transfer fails is
-    reported (``verified=False``, ``error``) and the others go on; a node that
-    was to pull from it pulls from another verified neighbour when it has one.
+    Every receiver ends with the source's files, each chunk (``chunk_mb``)
+    checked against the source's manifest as it arrives. With ``pipeline`` a
+    later stage starts as soon as its sender's own pull has started: the sender
+    relays each chunk once it has verified it. Without, it waits until the
+    sender holds every file (store and forward). A receiver whose transfer
+    fails is reported (``verified=False``, ``error``) and the others go on; a
+    pipelined pull that fails is tried once more after its sender finished,
+    and a node whose sender failed pulls from another verified neighbour when
+    it has one.
     """
     plan = plan_sync(inv, from_node, nodes)
     transfers = [t for stage in plan for t in stage]
     agent = _Agent(inv, transport, sudo)
-    for n in [from_node, *(t.receiver for t in transfers)]:
-        push_agent(inv, transport, n, sudo=sudo)
+    targets = list(dict.fromkeys([from_node, *(t.receiver for t in transfers)]))
+    with ThreadPoolExecutor(max_workers=len(targets), thread_name_prefix="sparkctl-push") as pool:
+        for fut in [pool.submit(push_agent, inv, transport, n, sudo=sudo) for n in targets]:
+            fut.result()  # one node per thread, as run_all does; the first failure is raised
 
     src_path = under(inv.node(from_node).prefix, weights_path)
-    job, _ = agent.start(from_node, "manifest", ["manifest", "--dir", src_path,
+    job, _ = agent.start(from_node, "manifest", ["manifest", "--dir", src_path, "--chunk-mb", f"{chunk_mb:g}",
                                                  "--hash-cache", f"{_job_dir(inv, from_node)}/hash-cache.json"])
     final = _wait(agent, job, progress, poll_s)
     if final.get("event") != "done":
@@ -424,21 +473,27 @@ def sync(
             serve_dir = under(inv.node(sender).prefix, weights_path)
             sjob, ev = agent.start(sender, "serve", [
                 "serve", "--dir", serve_dir, "--bind", address, "--port", str(port), "--ttl-s", f"{serve_ttl_s:g}",
-                "--manifest-json", "-",
+                "--manifest-json", "-", "--relay",
             ], stdin=manifest_json)
             servers[(sender, address)] = (sjob.pid, int(ev["port"]))
         return servers[(sender, address)][1]
 
     verified: set[str] = {from_node}
+    pipelined: set[str] = set()  # receivers whose pull started before their sender was verified
+    retried: set[str] = set()
     failed: dict[str, str] = {}
     reports: dict[str, NodeSync] = {}
     pending = list(transfers)
     active: dict[str, tuple[_Job, Transfer]] = {}
+    pace = _Pace(poll_s)
     try:
         while pending or active:
             for t in list(pending):
                 if t.sender in verified:
                     chosen: Transfer | None = t
+                elif pipeline and t.via is None and t.sender in active and t.receiver not in pipelined:
+                    chosen = t
+                    pipelined.add(t.receiver)
                 elif t.sender in failed:
                     chosen = _alternative(inv, t, verified)
                     if chosen is None and not any(a.receiver == t.sender for _, a in active.values()):
@@ -469,12 +524,13 @@ def sync(
                 if pending and not any(t.sender in verified | set(failed) for t in pending):
                     raise WeightsError("the sync plan is stuck (a sender never takes part)", Ref(node=from_node))
                 continue
-            time.sleep(poll_s)
+            pace.sleep()
             news = agent.poll([j for j, _ in active.values()])
             for node, (pjob, t) in list(active.items()):
                 _report(progress, node, "pull", news.get(node, []))
                 if pjob.final is None:
                     continue
+                pace.reset()
                 del active[node]
                 fin = pjob.final
                 elapsed = time.monotonic() - pjob.started_at
@@ -484,15 +540,22 @@ def sync(
                         node, t.sender, t.sender_address, int(fin.get("bytes", 0)), float(fin.get("seconds", elapsed)),
                         float(fin.get("rate_Bps", 0.0)), True, int(fin.get("files", 0)), int(fin.get("skipped", 0)),
                     )
+                elif node in pipelined and node not in retried:
+                    retried.add(node)
+                    # it followed a sender that was still receiving; once that sender is
+                    # verified (or has failed, then from another neighbour) it goes again
+                    pending.append(t)
                 else:
                     failed[node] = str(fin.get("message", "failed"))
                     reports[node] = NodeSync(node, t.sender, t.sender_address, 0, elapsed, 0.0, False,
                                              error=failed[node])
     finally:
+        pids: dict[str, list[int]] = {}
         for (sender, _addr), (pid, _port) in servers.items():
-            agent.stop(sender, pid)
+            pids.setdefault(sender, []).append(pid)
         for pjob, _t in active.values():  # only on an exception: do not leave pulls running
-            agent.stop(pjob.node, pjob.pid)
+            pids.setdefault(pjob.node, []).append(pjob.pid)
+        agent.stop_all(pids)
     return SyncReport(from_node, weights_path, len(files), total, tuple(tuple(s) for s in plan),
                       {t.receiver: reports[t.receiver] for t in transfers if t.receiver in reports})
 

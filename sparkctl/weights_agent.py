@@ -9,11 +9,11 @@ Subcommands (every one prints JSON lines on stdout; the last is ``done`` or
 ``error``, and the exit code is 0 only after ``done``)::
 
     fetch    --url URL --dest PATH [--connections N] [--chunk-mb M] [--sha256 HEX]
-    manifest --dir DIR                      (a directory or a single file)
-    serve    --dir DIR --bind ADDR --port P --ttl-s T [--manifest-json FILE]
+    manifest --dir DIR [--chunk-mb M]       (a directory or a single file)
+    serve    --dir DIR --bind ADDR --port P --ttl-s T [--manifest-json FILE] [--relay]
     pull     --from-url BASE --manifest-json FILE|- --dest DIR [--connections N]
     tail     --log FILE --offset N [--pid P]  (read a detached job's events)
-    stop     --pid P                          (end a detached job of this agent)
+    stop     --pid P [--pid P2 ...]           (end detached jobs of this agent)
 
 ``fetch``, ``manifest``, ``serve`` and ``pull`` take ``--log FILE`` to run
 detached: the job double-forks, writes its events to FILE, and the command
@@ -34,11 +34,22 @@ deletes the partial file and nothing appears at PATH. A server that ignores
 ``Range`` (200 instead of 206) gets one plain stream instead, restarted from
 zero when interrupted.
 
+How a pull from a peer works: the manifest carries, besides each file's
+SHA-256, the SHA-256 of every chunk (``chunk_bytes``, 32 MiB by default; one
+read of the source computes both). Each connection hashes its chunk from the
+receive buffer as the bytes arrive and the chunk counts as done only when the
+hash matches, so verification overlaps the transfer, is spread over the
+connections, and never reads the file back. A file present but different is
+repaired chunk by chunk instead of fetched again.
+
 ``serve`` binds one address, the node's fabric address, never a wildcard; it
 serves files under DIR only (``..`` is refused) and, given a manifest, only the
-files it lists; it exits after ``--ttl-s`` seconds without a request.
+files it lists; it exits after ``--ttl-s`` seconds without a request. With
+``--relay`` it also serves a listed file that is still arriving on its node,
+chunk by chunk as its pull verifies them (a request for a later chunk waits):
+the node across the ring pulls from a neighbour that is itself still pulling.
 
-A hash cache (``--hash-cache FILE``: path -> size, mtime_ns, sha256) spares
+A hash cache (``--hash-cache FILE``: path -> size, mtime_ns, sha256, chunk hashes) spares
 re-hashing unchanged files on every run; an entry is trusted only while the
 file's size and mtime are unchanged, the same quick check rsync makes.
 """
@@ -63,6 +74,11 @@ import urllib.parse
 MIB = 1 << 20
 HASH_BLOCK = 8 * MIB  # read size for hashing (the brief's 8 MiB blocks)
 RECV_BUF = 1 * MIB  # one receive buffer per connection
+# The verification unit of a manifest, and so the transfer unit of a pull and what
+# a relay can pass on at once; 8 connections x 32 MiB keep ~256 MiB in flight.
+DEFAULT_CHUNK_BYTES = 32 * MIB
+RELAY_WAIT_S = 60.0  # how long a relay holds a request for a chunk it has not verified yet
+RELAY_POLL_S = 0.02  # how often it looks at the receiving job's sidecar meanwhile
 FLUSH_BYTES = 64 * MIB  # write back completed chunks in steps of this much during a download
 MAX_REDIRECTS = 8
 PART_SUFFIX = ".part"
@@ -133,7 +149,7 @@ class Meter:
 
 
 class HashCache:
-    """path -> (size, mtime_ns, sha256), trusted while size and mtime are unchanged."""
+    """path -> (size, mtime_ns, sha256[, chunk_bytes, chunk hashes]), trusted while size and mtime are unchanged."""
 
     def __init__(self, path: str | None) -> None:
         self.path = path
@@ -146,20 +162,34 @@ class HashCache:
             except (OSError, ValueError):
                 self.entries = {}  # a damaged cache only costs a re-hash
 
-    def get(self, path: str) -> str | None:
+    def _hit(self, path: str) -> list | None:
         try:
             st = os.stat(path)
         except OSError:
             return None
         hit = self.entries.get(os.path.abspath(path))
         if hit and hit[0] == st.st_size and hit[1] == st.st_mtime_ns:
-            return str(hit[2])
+            return hit
         return None
 
-    def put(self, path: str, sha256: str) -> None:
+    def get(self, path: str) -> str | None:
+        hit = self._hit(path)
+        return str(hit[2]) if hit else None
+
+    def get_chunks(self, path: str, chunk_bytes: int) -> tuple[str, list[str]] | None:
+        """(sha256, chunk hashes) when the entry is fresh and was cut at ``chunk_bytes``."""
+        hit = self._hit(path)
+        if hit and len(hit) >= 5 and hit[3] == chunk_bytes:
+            return str(hit[2]), list(hit[4])
+        return None
+
+    def put(self, path: str, sha256: str, chunk_bytes: int | None = None, chunks: list[str] | None = None) -> None:
         st = os.stat(path)
+        entry: list = [st.st_size, st.st_mtime_ns, sha256]
+        if chunk_bytes is not None and chunks is not None:
+            entry += [chunk_bytes, list(chunks)]
         with self.lock:
-            self.entries[os.path.abspath(path)] = [st.st_size, st.st_mtime_ns, sha256]
+            self.entries[os.path.abspath(path)] = entry
 
     def save(self) -> None:
         if not self.path:
@@ -198,6 +228,84 @@ def sha256_file(path: str, meter: Meter | None = None, cache: HashCache | None =
     if cache is not None:
         cache.put(path, digest)
     return digest
+
+
+def n_chunks_of(size: int, chunk_bytes: int) -> int:
+    return (size + chunk_bytes - 1) // chunk_bytes
+
+
+def hash_chunks(
+    path: str, chunk_bytes: int, *, whole: bool = True, meter: Meter | None = None,
+) -> tuple[str | None, list[str]]:
+    """The file's SHA-256 (when ``whole``) and the SHA-256 of each ``chunk_bytes`` piece, in one read.
+
+    The two digests run on two threads (hashlib releases the GIL on large
+    buffers), so on two cores the chunk hashes cost no extra wall time.
+    """
+    chunks: list[str] = []
+    full = hashlib.sha256() if whole else None
+    blocks: queue.Queue = queue.Queue(maxsize=4)
+    failure: list[BaseException] = []
+
+    def follow() -> None:
+        try:
+            while True:
+                block = blocks.get()
+                if block is None:
+                    return
+                full.update(block)  # type: ignore[union-attr]
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller
+            failure.append(exc)
+
+    helper = threading.Thread(target=follow, name="sha256-whole", daemon=True) if whole else None
+    if helper is not None:
+        helper.start()
+    try:
+        with open(path, "rb", buffering=0) as f:
+            while True:
+                piece = hashlib.sha256()
+                left = chunk_bytes
+                got_any = False
+                while left > 0:
+                    block = f.read(min(HASH_BLOCK, left))
+                    if not block:
+                        break
+                    got_any = True
+                    if helper is not None:
+                        blocks.put(block)
+                    piece.update(block)
+                    left -= len(block)
+                    if meter is not None:
+                        meter.add(len(block))
+                if not got_any:
+                    break
+                chunks.append(piece.hexdigest())
+                if left > 0:
+                    break
+    finally:
+        if helper is not None:
+            blocks.put(None)
+            helper.join()
+    if failure:
+        raise failure[0]
+    return (full.hexdigest() if full is not None else None), chunks
+
+
+def file_digests(
+    path: str, chunk_bytes: int, meter: Meter | None = None, cache: HashCache | None = None,
+) -> tuple[str, list[str]]:
+    """(sha256, chunk hashes) of a file, from the cache when it is fresh."""
+    if cache is not None:
+        hit = cache.get_chunks(path, chunk_bytes)
+        if hit is not None:
+            if meter is not None:
+                meter.base_bytes += os.path.getsize(path)
+            return hit
+    digest, chunks = hash_chunks(path, chunk_bytes, meter=meter)
+    assert digest is not None
+    if cache is not None:
+        cache.put(path, digest, chunk_bytes, chunks)
+    return digest, chunks
 
 
 # --------------------------------------------------------------------------- HTTP client
@@ -269,9 +377,10 @@ def _content_range(resp: http.client.HTTPResponse) -> tuple[int, int, int | None
 class _Sidecar:
     """PATH.part.json: which chunks of PATH.part are complete."""
 
-    def __init__(self, path: str, size: int, chunk_bytes: int, key: str) -> None:
+    def __init__(self, path: str, size: int, chunk_bytes: int, key: str, verified: bool = False) -> None:
         self.path = path
-        self.meta = {"version": 1, "size": size, "chunk_bytes": chunk_bytes, "key": key}
+        # verified: every chunk listed in "done" matched the manifest's hash (what a relay may serve)
+        self.meta = {"version": 1, "size": size, "chunk_bytes": chunk_bytes, "key": key, "verified": verified}
         self.done: set[int] = set()
         self.lock = threading.Lock()
 
@@ -315,24 +424,35 @@ def _fsync_dir(path: str) -> None:
 
 
 def fetch_file(
-    url: str, dest: str, *, emit: Emitter, connections: int = 8, chunk_bytes: int = 32 * MIB,
+    url: str, dest: str, *, emit: Emitter, connections: int = 8, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     sha256: str | None = None, size: int | None = None, cache: HashCache | None = None,
     max_bytes: int | None = None, stop: threading.Event | None = None, timeout_s: float = 60.0,
     retries: int = 4, interval_s: float = 1.0, label: str | None = None, totals: Meter | None = None,
+    chunks: list[str] | None = None,
 ) -> dict:
     """Download ``url`` to ``dest`` (ranged, parallel, resumable); return what happened.
 
-    ``size`` and ``sha256``, when given, are what the file must be. ``max_bytes``
-    is a test knob: stop (as if killed) once this process has received that
-    many bytes. Raises :class:`AgentError` on failure, :class:`Interrupted`
-    when stopped; the ``.part`` and its sidecar stay for the next attempt
-    except after a checksum mismatch.
+    ``size`` and ``sha256``, when given, are what the file must be. ``chunks``
+    (a manifest's per-chunk SHA-256, cut at ``chunk_bytes``) switches to the
+    verified mode of a pull from a peer: see :func:`_fetch_verified`.
+    ``max_bytes`` is a test knob: stop (as if killed) once this process has
+    received that many bytes. Raises :class:`AgentError` on failure,
+    :class:`Interrupted` when stopped; the ``.part`` and its sidecar stay for
+    the next attempt except after a whole-file checksum mismatch.
     """
     label = label or os.path.basename(dest)
     sha256 = sha256.lower() if sha256 else None
     stop = stop or threading.Event()
     part, sidecar_path = dest + PART_SUFFIX, dest + SIDECAR_SUFFIX
     os.makedirs(os.path.dirname(os.path.abspath(dest)), exist_ok=True)
+    if chunks is not None:
+        if sha256 is None or size is None:
+            raise AgentError(f"{label}: chunk hashes need the file's size and sha256")
+        return _fetch_verified(
+            url, dest, emit=emit, connections=connections, chunk_bytes=chunk_bytes, sha256=sha256, size=size,
+            chunks=chunks, cache=cache, max_bytes=max_bytes, stop=stop, timeout_s=timeout_s, retries=retries,
+            interval_s=interval_s, label=label, totals=totals,
+        )
     if os.path.exists(dest) and (size is None or os.path.getsize(dest) == size):
         if sha256 is not None:
             have = sha256_file(dest, cache=cache)
@@ -392,6 +512,20 @@ def fetch_file(
     if sha256 is not None and digest != sha256:
         _discard(part, sidecar_path)
         raise AgentError(f"{label}: sha256 mismatch: got {digest}, expected {sha256} (partial file deleted)")
+    _commit(part, dest, sidecar_path)
+    if cache is not None:
+        cache.put(dest, digest)
+    seconds = time.monotonic() - start
+    meter.report()
+    return {
+        "file": label, "skipped": False, "bytes": meter.session_bytes, "resumed_bytes": meter.base_bytes,
+        "size": got, "sha256": digest, "seconds": round(seconds, 3), "ranged": ranged,
+        "rate_Bps": round(meter.session_bytes / seconds) if seconds > 0 else 0,
+    }
+
+
+def _commit(part: str, dest: str, sidecar_path: str) -> None:
+    """fsync the complete ``.part``, rename it to ``dest`` atomically, and make the rename durable."""
     fd = os.open(part, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -400,13 +534,65 @@ def fetch_file(
     os.replace(part, dest)
     _discard(sidecar_path)
     _fsync_dir(dest)
+
+
+def _fetch_verified(
+    url: str, dest: str, *, emit: Emitter, connections: int, chunk_bytes: int, sha256: str, size: int,
+    chunks: list[str], cache: HashCache | None, max_bytes: int | None, stop: threading.Event, timeout_s: float,
+    retries: int, interval_s: float, label: str, totals: Meter | None,
+) -> dict:
+    """A pull from a peer that knows the manifest: every chunk is checked as it arrives.
+
+    Each connection hashes its chunk from the receive buffer while writing it
+    (the bytes are never read back), and a chunk counts as done, in the sidecar,
+    only once its SHA-256 equals the manifest's; a relay serving this file
+    before it is complete passes on only such chunks. All chunks verified means
+    the file is the source's (the chunk hashes and ``sha256`` come from one
+    read of the source file). No probe request: the manifest says the size,
+    and every ``Content-Range`` must agree with it.
+
+    A ``dest`` that is present but differs (a cache miss, then a hash per
+    chunk) is repaired: it becomes the ``.part`` with its good chunks marked
+    done, and only the bad chunks travel.
+    """
+    n = n_chunks_of(size, chunk_bytes)
+    if len(chunks) != n:
+        raise AgentError(f"{label}: the manifest lists {len(chunks)} chunk hashes for {n} chunks of {chunk_bytes}")
+    part, sidecar_path = dest + PART_SUFFIX, dest + SIDECAR_SUFFIX
+    key = f"{sha256}/{chunk_bytes}"
+    start = time.monotonic()
+    if os.path.exists(dest) and os.path.getsize(dest) == size:
+        if cache is not None and cache.get(dest) == sha256:
+            return {"file": label, "skipped": True, "bytes": 0, "size": size, "sha256": sha256, "seconds": 0.0}
+        _, have = hash_chunks(dest, chunk_bytes, whole=False)
+        good = [i for i in range(n) if have[i] == chunks[i]]
+        if len(good) == n:
+            if cache is not None:
+                cache.put(dest, sha256, chunk_bytes, chunks)
+            return {"file": label, "skipped": True, "bytes": 0, "size": size, "sha256": sha256,
+                    "seconds": round(time.monotonic() - start, 3)}
+        emit("repair", file=label, chunks_bad=n - len(good), chunks_total=n)
+        os.replace(dest, part)
+        atomic_write_json(sidecar_path, {**_Sidecar(sidecar_path, size, chunk_bytes, key, True).meta, "done": good})
+    meter = Meter(emit, interval_s, file=label)
+    meter.total = size
+    _fetch_ranged(
+        url, part, sidecar_path, size, emit=emit, meter=meter, connections=connections, chunk_bytes=chunk_bytes,
+        key=key, max_bytes=max_bytes, stop=stop, timeout_s=timeout_s, retries=retries, totals=totals,
+        chunk_hashes=chunks,
+    )
+    got = os.path.getsize(part)
+    if got != size:
+        _discard(part, sidecar_path)
+        raise AgentError(f"{label}: received {got} bytes, expected {size}")
+    _commit(part, dest, sidecar_path)
     if cache is not None:
-        cache.put(dest, digest)
+        cache.put(dest, sha256, chunk_bytes, chunks)
     seconds = time.monotonic() - start
     meter.report()
     return {
         "file": label, "skipped": False, "bytes": meter.session_bytes, "resumed_bytes": meter.base_bytes,
-        "size": got, "sha256": digest, "seconds": round(seconds, 3), "ranged": ranged,
+        "size": got, "sha256": sha256, "seconds": round(seconds, 3), "ranged": True, "chunks_verified": n,
         "rate_Bps": round(meter.session_bytes / seconds) if seconds > 0 else 0,
     }
 
@@ -427,10 +613,18 @@ def _with_retries(fn, retries: int, stop: threading.Event):  # type: ignore[no-u
 def _fetch_ranged(
     url: str, part: str, sidecar_path: str, total: int, *, emit: Emitter, meter: Meter, connections: int,
     chunk_bytes: int, key: str, max_bytes: int | None, stop: threading.Event, timeout_s: float, retries: int,
-    totals: Meter | None,
-) -> str:
-    n_chunks = (total + chunk_bytes - 1) // chunk_bytes
-    sidecar = _Sidecar(sidecar_path, total, chunk_bytes, key)
+    totals: Meter | None, chunk_hashes: list[str] | None = None,
+) -> str | None:
+    """Chunks into ``part`` over N connections; the whole-file SHA-256, or None with ``chunk_hashes``.
+
+    Without chunk hashes a hasher thread follows the contiguous completed
+    prefix (reading it back from the page cache). With them each chunk is
+    verified by the connection that receives it, and the sidecar records only
+    verified chunks.
+    """
+    n_chunks = n_chunks_of(total, chunk_bytes)
+    verified = chunk_hashes is not None
+    sidecar = _Sidecar(sidecar_path, total, chunk_bytes, key, verified)
     resumed = os.path.exists(part) and os.path.getsize(part) == total and sidecar.load()
     if not resumed:
         sidecar.done = set()
@@ -506,7 +700,8 @@ def _fetch_ranged(
                     return
                 first = index * chunk_bytes
                 last = min(first + chunk_bytes, total) - 1
-                _fetch_chunk(client, url, fd, first, last, view, meter, totals, max_bytes, stop, retries)
+                _fetch_chunk(client, url, fd, first, last, view, meter, totals, max_bytes, stop, retries, total,
+                             chunk_hashes[index] if chunk_hashes is not None else None)
                 with cond:
                     sidecar.mark(index)
                     cond.notify_all()
@@ -519,7 +714,8 @@ def _fetch_ranged(
             client.close()
 
     hash_thread = threading.Thread(target=_guard(hash_behind, errors, stop, cond), name="hash", daemon=True)
-    hash_thread.start()
+    if not verified:
+        hash_thread.start()
     flush_thread = threading.Thread(target=_guard(flush_behind, errors, stop, cond), name="flush", daemon=True)
     flush_thread.start()
     threads = [threading.Thread(target=worker, name=f"chunk-{k}", daemon=True) for k in range(max(1, connections))]
@@ -528,7 +724,8 @@ def _fetch_ranged(
     try:
         for t in threads:
             t.join()
-        hash_thread.join()
+        if not verified:
+            hash_thread.join()
         flush_thread.join()
     finally:
         os.close(fd)
@@ -537,9 +734,9 @@ def _fetch_ranged(
         raise interrupted or (errors[0] if isinstance(errors[0], AgentError) else AgentError(repr(errors[0])))
     if stop.is_set():
         raise Interrupted("stopped")
-    if len(sidecar.done) != n_chunks or hashed[0] != total:
+    if len(sidecar.done) != n_chunks or (not verified and hashed[0] != total):
         raise AgentError(f"{part}: {n_chunks - len(sidecar.done)} chunks missing after the download")
-    return hasher.hexdigest()
+    return None if verified else hasher.hexdigest()
 
 
 def _guard(fn, errors: list, stop: threading.Event, cond: threading.Condition):  # type: ignore[no-untyped-def]
@@ -555,10 +752,16 @@ def _guard(fn, errors: list, stop: threading.Event, cond: threading.Condition): 
     return run
 
 
+class ChunkMismatch(AgentError):
+    """A chunk whose SHA-256 differs from the manifest's (fetched again, then fatal)."""
+
+
 def _fetch_chunk(
     client: Client, url: str, fd: int, first: int, last: int, view: memoryview, meter: Meter,
-    totals: Meter | None, max_bytes: int | None, stop: threading.Event, retries: int,
+    totals: Meter | None, max_bytes: int | None, stop: threading.Event, retries: int, total: int | None = None,
+    expect: str | None = None,
 ) -> None:
+    """Bytes ``first``..``last`` into ``fd`` at their offset; with ``expect``, hashed on the way and checked."""
     delay = 0.25
     for attempt in range(retries + 1):
         pos = first
@@ -567,9 +770,12 @@ def _fetch_chunk(
             if resp.status != 206:
                 resp.read()
                 raise AgentError(f"{url}: HTTP {resp.status} for bytes {first}-{last} (expected 206)")
-            got_first, got_last, _ = _content_range(resp)
+            got_first, got_last, got_total = _content_range(resp)
             if (got_first, got_last) != (first, last):
                 raise AgentError(f"{url}: asked for bytes {first}-{last}, got {got_first}-{got_last}")
+            if total is not None and got_total is not None and got_total != total:
+                raise AgentError(f"{url}: the server has {got_total} bytes, expected {total}")
+            h = hashlib.sha256() if expect is not None else None
             while pos <= last:
                 if stop.is_set():
                     raise Interrupted("stopped")
@@ -577,14 +783,19 @@ def _fetch_chunk(
                 if not n:
                     raise http.client.IncompleteRead(b"", last + 1 - pos)
                 os.pwrite(fd, view[:n], pos)
+                if h is not None:
+                    h.update(view[:n])  # from the receive buffer: the bytes are never read back
                 pos += n
                 meter.add(n)
                 if totals is not None:
                     totals.add(n)
                 if max_bytes is not None and meter.session_bytes >= max_bytes:
                     raise Interrupted(f"stopped after {meter.session_bytes} bytes (--max-bytes)")
+            if h is not None and h.hexdigest() != expect:
+                raise ChunkMismatch(f"{url}: sha256 mismatch in bytes {first}-{last}: got {h.hexdigest()}, "
+                                    f"expected {expect}")
             return
-        except (OSError, http.client.HTTPException) as exc:
+        except (OSError, http.client.HTTPException, ChunkMismatch) as exc:
             client.close()
             # bytes of a failed attempt are fetched again; do not count them twice
             with meter.lock:
@@ -592,7 +803,11 @@ def _fetch_chunk(
             if totals is not None:
                 with totals.lock:
                     totals.session_bytes -= pos - first
-            if attempt == retries or stop.is_set():
+            # a mismatch is fetched again twice at most: a relay may have served a chunk of a
+            # download that restarted under it; a source with bad bytes will not improve
+            if attempt == retries or stop.is_set() or (isinstance(exc, ChunkMismatch) and attempt >= 2):
+                if isinstance(exc, ChunkMismatch):
+                    raise
                 raise AgentError(f"network: bytes {first}-{last}: {exc.__class__.__name__}: {exc}") from None
             time.sleep(delay)
             delay = min(delay * 2, 4.0)
@@ -634,8 +849,17 @@ def _skip_name(name: str) -> bool:
     return name.endswith((PART_SUFFIX, SIDECAR_SUFFIX)) or ".tmp." in name
 
 
-def build_manifest(root: str, *, emit: Emitter, cache: HashCache | None = None, interval_s: float = 1.0) -> dict:
-    """{"kind": "dir"|"file", "files": {relpath: {"size", "sha256"}}} for a directory or one file."""
+def build_manifest(
+    root: str, *, emit: Emitter, cache: HashCache | None = None, interval_s: float = 1.0,
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+) -> dict:
+    """{"kind": "dir"|"file", "files": {relpath: {"size", "sha256", "chunk_bytes", "chunks"}}}.
+
+    ``chunks`` holds the SHA-256 of each ``chunk_bytes`` piece of the file: a
+    receiver verifies every chunk as it arrives (no second pass over the file,
+    and a relay may pass on a chunk as soon as it is verified); the whole-file
+    ``sha256`` is what the hash cache and other tools compare.
+    """
     if os.path.isfile(root):
         paths = {os.path.basename(root): root}
         kind = "file"
@@ -657,7 +881,9 @@ def build_manifest(root: str, *, emit: Emitter, cache: HashCache | None = None, 
     files = {}
     for rel in sorted(paths):
         meter.fixed["file"] = rel
-        files[rel] = {"size": os.path.getsize(paths[rel]), "sha256": sha256_file(paths[rel], meter, cache)}
+        digest, chunks = file_digests(paths[rel], chunk_bytes, meter, cache)
+        files[rel] = {"size": os.path.getsize(paths[rel]), "sha256": digest, "chunk_bytes": chunk_bytes,
+                      "chunks": chunks}
     meter.report()
     return {"kind": kind, "files": files}
 
@@ -707,36 +933,110 @@ def parse_range(header: str | None, size: int) -> tuple[int, int] | None | str:
 
 
 class WeightsServer(socketserver.ThreadingMixIn, http.server.HTTPServer):
-    """Serves the files under one root on one address; remembers activity for the idle TTL."""
+    """Serves the files under one root on one address; remembers activity for the idle TTL.
+
+    ``files`` (a manifest's entries) limits what is served. With ``relay`` a
+    listed file that is still arriving on this node is served too, but only
+    from chunks its pull has verified (the pull's sidecar says which); a
+    request for a chunk not there yet is held until it is, for up to
+    ``relay_wait_s`` (then 503). That is what lets the node across the ring pull
+    from a neighbour while the neighbour is still pulling from the source.
+    """
 
     daemon_threads = True
     allow_reuse_address = True
 
     def __init__(self, root: str, bind: str, port: int, allow: set[str] | None = None,
-                 emit: Emitter | None = None) -> None:
+                 emit: Emitter | None = None, *, files: dict | None = None, single: bool | None = None,
+                 relay: bool = False, relay_wait_s: float = RELAY_WAIT_S) -> None:
         check_bind(bind)
         self.root = os.path.abspath(root)
-        self.single = os.path.basename(self.root) if os.path.isfile(self.root) else None
-        self.allow = allow
+        if single is None:
+            single = os.path.isfile(self.root)
+        self.single = os.path.basename(self.root) if single else None
+        self.files = files
+        self.allow = allow if allow is not None else (set(files) if files is not None else None)
+        self.relay = relay and files is not None
+        self.relay_wait_s = relay_wait_s
         self.emit = emit
         self.requests: list[tuple[str, str | None, int]] = []  # (path, Range, status), for tests
         self.active = 0
         self.last_activity = time.monotonic()
         self.activity_lock = threading.Lock()
+        self._sidecars: dict[str, tuple[tuple[int, int], set[int]]] = {}  # path -> ((mtime_ns, size), done)
         super().__init__((bind, port), _Handler)
 
-    def resolve(self, url_path: str) -> str | None:
+    def resolve(self, url_path: str) -> tuple[str, str] | None:
+        """(relative path, full path) of what a request names; the file may still be arriving (relay)."""
         rel = safe_relpath(url_path)
         if rel is None:
             return None
         if self.allow is not None and rel not in self.allow:
             return None
         if self.single is not None:
-            return self.root if rel == self.single else None
-        full = os.path.join(self.root, *rel.split("/"))
-        if os.path.commonpath([self.root, os.path.normpath(full)]) != self.root:
+            full = self.root if rel == self.single else None
+        else:
+            full = os.path.join(self.root, *rel.split("/"))
+            if os.path.commonpath([self.root, os.path.normpath(full)]) != self.root:
+                return None
+        if full is None:
             return None
-        return full if os.path.isfile(full) else None
+        if os.path.isfile(full) or (self.relay and rel in (self.files or {})):
+            return rel, full
+        return None
+
+    def verified_chunks(self, full: str, entry: dict) -> set[int]:
+        """Chunks of ``full`` that its pull on this node has verified against the same manifest."""
+        side = full + SIDECAR_SUFFIX
+        try:
+            st = os.stat(side)
+        except OSError:
+            return set()
+        stamp = (st.st_mtime_ns, st.st_size)
+        cached = self._sidecars.get(side)
+        if cached is not None and cached[0] == stamp:
+            return cached[1]
+        try:
+            with open(side) as f:
+                data = json.load(f)
+        except (OSError, ValueError):
+            return set()  # replaced while read: the next look sees the new one
+        chunk_bytes = int(entry.get("chunk_bytes") or 0)
+        same = (data.get("verified") is True and data.get("size") == int(entry["size"])
+                and data.get("chunk_bytes") == chunk_bytes and data.get("key") == f"{entry['sha256']}/{chunk_bytes}")
+        done = {int(i) for i in data.get("done", [])} if same else set()
+        self._sidecars[side] = (stamp, done)
+        return done
+
+    def open_ready(self, rel: str, full: str, range_header: str | None):  # type: ignore[no-untyped-def]
+        """(file, size, range) once the bytes asked for can be served; None when a relay gave up waiting."""
+        deadline = time.monotonic() + self.relay_wait_s
+        while True:
+            try:
+                f = open(full, "rb")  # noqa: SIM115 - handed to the caller, who closes it
+            except FileNotFoundError:
+                if not self.relay:
+                    raise
+            else:
+                size = os.fstat(f.fileno()).st_size
+                return f, size, parse_range(range_header, size)
+            entry = (self.files or {})[rel]
+            size = int(entry["size"])
+            rng = parse_range(range_header, size)
+            if rng == "416":
+                return None, size, rng
+            first, last = (0, size - 1) if rng is None else rng  # type: ignore[misc]
+            chunk_bytes = int(entry.get("chunk_bytes") or 0)
+            if chunk_bytes > 0 and size > 0:
+                need = set(range(first // chunk_bytes, last // chunk_bytes + 1))
+                if need <= self.verified_chunks(full, entry):
+                    try:
+                        return open(full + PART_SUFFIX, "rb"), size, rng
+                    except FileNotFoundError:
+                        continue  # renamed to ``full`` meanwhile
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(RELAY_POLL_S)
 
     def touch(self, delta: int) -> None:
         with self.activity_lock:
@@ -773,21 +1073,27 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self.server.touch(+1)
         status = 500
         try:
-            full = self.server.resolve(self.path)
-            if full is None:
+            found = self.server.resolve(self.path)
+            if found is None:
                 status = 404
                 self._refuse(404, "not found")
                 return
-            with open(full, "rb") as f:
-                size = os.fstat(f.fileno()).st_size
-                rng = parse_range(self.headers.get("Range"), size)
-                if rng == "416":
-                    status = 416
-                    self.send_response(416)
-                    self.send_header("Content-Range", f"bytes */{size}")
-                    self.send_header("Content-Length", "0")
-                    self.end_headers()
-                    return
+            ready = self.server.open_ready(found[0], found[1], self.headers.get("Range"))
+            if ready is None:
+                status = 503
+                self._refuse(503, "not received here yet")
+                return
+            f, size, rng = ready
+            if rng == "416":
+                if f is not None:
+                    f.close()
+                status = 416
+                self.send_response(416)
+                self.send_header("Content-Range", f"bytes */{size}")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
+            with f:
                 if rng is None:
                     first, last, status = 0, size - 1, 200
                 else:
@@ -842,7 +1148,7 @@ def serve(server: WeightsServer, ttl_s: float, emit: Emitter, stop: threading.Ev
 
 
 def pull(
-    base_url: str, manifest: dict, dest: str, *, emit: Emitter, connections: int = 8, chunk_bytes: int = 32 * MIB,
+    base_url: str, manifest: dict, dest: str, *, emit: Emitter, connections: int = 8, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     cache: HashCache | None = None, stop: threading.Event | None = None, interval_s: float = 1.0,
     max_bytes: int | None = None,
 ) -> dict:
@@ -863,9 +1169,10 @@ def pull(
         if remaining is not None and remaining <= 0:
             raise Interrupted("stopped (--max-bytes)")
         result = fetch_file(
-            base + urllib.parse.quote(rel), target, emit=emit, connections=connections, chunk_bytes=chunk_bytes,
-            sha256=entry["sha256"], size=int(entry["size"]), cache=cache, stop=stop, interval_s=interval_s,
-            label=rel, totals=totals, max_bytes=remaining,
+            base + urllib.parse.quote(rel), target, emit=emit, connections=connections,
+            chunk_bytes=int(entry.get("chunk_bytes") or chunk_bytes), sha256=entry["sha256"], size=int(entry["size"]),
+            cache=cache, stop=stop, interval_s=interval_s, label=rel, totals=totals, max_bytes=remaining,
+            chunks=entry.get("chunks"),
         )
         if result["skipped"]:
             skipped += 1
@@ -949,7 +1256,7 @@ def detach(log_path: str, wait_for: tuple[str, ...], timeout_s: float = 20.0) ->
             if ev.get("event") in wait_for or ev.get("event") == "error":
                 print(json.dumps({**ev, "pid": (started or {}).get("pid"), "log": log_path}), flush=True)
                 os._exit(0 if ev.get("event") != "error" else EXIT_ERROR)
-        time.sleep(0.05)
+        time.sleep(0.01)
     print(json.dumps({"event": "error", "message": f"the detached job did not report within {timeout_s:g} s",
                       "log": log_path}), flush=True)
     os._exit(EXIT_ERROR)
@@ -979,6 +1286,8 @@ def _parser() -> argparse.ArgumentParser:
 
     m = sub.add_parser("manifest", help="size and sha256 of every file under a directory (or of one file)")
     m.add_argument("--dir", required=True)
+    m.add_argument("--chunk-mb", type=float, default=DEFAULT_CHUNK_BYTES / MIB,
+                   help="the unit of the per-chunk hashes (what a pull verifies at once)")
     common(m)
 
     s = sub.add_parser("serve", help="serve a directory with Range support on one address")
@@ -987,6 +1296,10 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--port", type=int, default=0)
     s.add_argument("--ttl-s", type=float, default=600.0)
     s.add_argument("--manifest-json", help="serve only the files this manifest lists")
+    s.add_argument("--relay", action="store_true",
+                   help="also serve listed files still arriving here, from their verified chunks (needs the manifest)")
+    s.add_argument("--relay-wait-s", type=float, default=RELAY_WAIT_S,
+                   help="how long to hold a request for a chunk not verified here yet")
     common(s)
 
     u = sub.add_parser("pull", help="fetch every file of a manifest from a peer")
@@ -1003,8 +1316,8 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--offset", type=int, default=0)
     t.add_argument("--pid", type=int)
 
-    k = sub.add_parser("stop", help="end a detached job of this agent")
-    k.add_argument("--pid", type=int, required=True)
+    k = sub.add_parser("stop", help="end detached jobs of this agent")
+    k.add_argument("--pid", type=int, required=True, action="append", help="repeat for several jobs")
     return p
 
 
@@ -1026,16 +1339,16 @@ def main(argv: list[str] | None = None) -> int:
         emit("tail", offset=offset, alive=alive)
         return 0
     if args.cmd == "stop":
-        if not _is_agent(args.pid):
-            emit("done", stopped=False, why="not running")
-            return 0
-        os.kill(args.pid, signal.SIGTERM)
+        running = [pid for pid in args.pid if _is_agent(pid)]
+        for pid in running:
+            os.kill(pid, signal.SIGTERM)
         deadline = time.monotonic() + 5.0
-        while _is_agent(args.pid) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        if _is_agent(args.pid):
-            os.kill(args.pid, signal.SIGKILL)
-        emit("done", stopped=True)
+        while any(_is_agent(pid) for pid in running) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        for pid in running:
+            if _is_agent(pid):
+                os.kill(pid, signal.SIGKILL)
+        emit("done", stopped=bool(running), pids=running)
         return 0
 
     # Read stdin and check arguments before detaching, so mistakes reach the caller.
@@ -1065,11 +1378,14 @@ def main(argv: list[str] | None = None) -> int:
             )
             emit("done", **result)
         elif args.cmd == "manifest":
-            result = build_manifest(args.dir, emit=emit, cache=cache, interval_s=args.interval_s)
+            result = build_manifest(args.dir, emit=emit, cache=cache, interval_s=args.interval_s,
+                                    chunk_bytes=max(1, int(args.chunk_mb * MIB)))
             emit("done", manifest=result)
         elif args.cmd == "serve":
-            allow = set(manifest.get("files", manifest)) if manifest is not None else None
-            server = WeightsServer(args.dir, args.bind, args.port, allow, emit)
+            files = manifest.get("files", manifest) if manifest is not None else None
+            single = manifest.get("kind") == "file" if manifest is not None and "kind" in manifest else None
+            server = WeightsServer(args.dir, args.bind, args.port, emit=emit, files=files, single=single,
+                                   relay=args.relay, relay_wait_s=args.relay_wait_s)
             serve(server, args.ttl_s, emit, stop)
             emit("done", requests=len(server.requests))
         elif args.cmd == "pull":

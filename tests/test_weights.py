@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -208,16 +209,33 @@ def test_parse_range(header: str | None, want: object) -> None:
 
 def test_manifest_of_a_directory_and_of_one_file(served: Served) -> None:
     (served.root / "half.bin.part").write_bytes(b"x")  # a download in progress is not part of the weights
-    m = agent.build_manifest(str(served.root), emit=_quiet())
+    m = agent.build_manifest(str(served.root), emit=_quiet(), chunk_bytes=CHUNK)
     data = (served.root / "model.bin").read_bytes()
     assert m["kind"] == "dir" and sorted(m["files"]) == ["model.bin", "sub/config.json"]
-    assert m["files"]["model.bin"] == {"size": len(data), "sha256": _sha(data)}
-    one = agent.build_manifest(str(served.root / "model.bin"), emit=_quiet())
+    pieces = [_sha(data[i:i + CHUNK]) for i in range(0, len(data), CHUNK)]
+    assert m["files"]["model.bin"] == {"size": len(data), "sha256": _sha(data), "chunk_bytes": CHUNK,
+                                       "chunks": pieces}
+    assert len(pieces) == 6 and m["files"]["sub/config.json"]["chunks"] == [_sha(b'{"layers": 2}\n')]
+    one = agent.build_manifest(str(served.root / "model.bin"), emit=_quiet(), chunk_bytes=CHUNK)
     assert one == {"kind": "file", "files": {"model.bin": m["files"]["model.bin"]}}
 
 
+@pytest.mark.parametrize("size", [0, 1, CHUNK - 1, CHUNK, CHUNK + 1, 3 * CHUNK])
+def test_chunk_hashes_at_the_edges(tmp_path: Path, size: int) -> None:
+    f = tmp_path / "f.bin"
+    data = _blob(size, seed=size + 7)
+    f.write_bytes(data)
+    whole, chunks = agent.hash_chunks(str(f), CHUNK)
+    assert whole == _sha(data)
+    assert chunks == [_sha(data[i:i + CHUNK]) for i in range(0, size, CHUNK)]
+    assert len(chunks) == agent.n_chunks_of(size, CHUNK)
+    cache = agent.HashCache(str(tmp_path / "cache.json"))
+    assert agent.file_digests(str(f), CHUNK, cache=cache) == (whole, chunks)
+    assert cache.get_chunks(str(f), CHUNK) == (whole, chunks) and cache.get_chunks(str(f), 2 * CHUNK) is None
+
+
 def test_pull_verifies_and_skips_complete_files(served: Served, tmp_path: Path) -> None:
-    m = agent.build_manifest(str(served.root), emit=_quiet())
+    m = agent.build_manifest(str(served.root), emit=_quiet(), chunk_bytes=CHUNK)
     dest = tmp_path / "copy"
     first = agent.pull(served.base, m, str(dest), emit=_quiet(), connections=3, chunk_bytes=CHUNK)
     assert first["fetched"] == 2 and first["verified"]
@@ -228,6 +246,116 @@ def test_pull_verifies_and_skips_complete_files(served: Served, tmp_path: Path) 
     (dest / "sub" / "config.json").write_bytes(b'{"layers": 3}\n')  # same size, wrong content
     third = agent.pull(served.base, m, str(dest), emit=_quiet(), connections=3, chunk_bytes=CHUNK)
     assert third["fetched"] == 1 and (dest / "sub" / "config.json").read_bytes() == b'{"layers": 2}\n'
+
+
+def test_pull_without_a_probe_verifies_each_chunk_once(served: Served, tmp_path: Path) -> None:
+    m = agent.build_manifest(str(served.root), emit=_quiet(), chunk_bytes=CHUNK)
+    served.server.requests.clear()
+    res = agent.pull(served.base, m, str(tmp_path / "copy"), emit=_quiet(), connections=4)
+    assert res["verified"] and (tmp_path / "copy" / "model.bin").read_bytes() == (served.root / "model.bin").read_bytes()
+    size = m["files"]["model.bin"]["size"]
+    want = {f"bytes={i * CHUNK}-{min((i + 1) * CHUNK, size) - 1}" for i in range(6)} | {"bytes=0-13"}
+    assert sorted(served.ranges()) == sorted(want)  # one request per chunk, no probe, nothing twice
+
+
+def test_corrupted_byte_at_the_source_is_detected_and_nothing_appears(served: Served, tmp_path: Path) -> None:
+    m = agent.build_manifest(str(served.root), emit=_quiet(), chunk_bytes=CHUNK)
+    model = served.root / "model.bin"
+    data = bytearray(model.read_bytes())
+    data[3 * CHUNK + 100] ^= 0x01  # one bit of chunk 3, after the manifest was made
+    model.write_bytes(bytes(data))
+    dest = tmp_path / "copy"
+    with pytest.raises(agent.ChunkMismatch, match="sha256 mismatch in bytes"):
+        agent.pull(served.base, m, str(dest), emit=_quiet(), connections=2)
+    assert not (dest / "model.bin").exists()
+    side = json.loads((dest / "model.bin.part.json").read_text())
+    assert side["verified"] and 3 not in side["done"]  # only chunks that matched count as received
+
+
+def test_a_corrupted_copy_is_repaired_chunk_by_chunk(served: Served, tmp_path: Path) -> None:
+    m = agent.build_manifest(str(served.root), emit=_quiet(), chunk_bytes=CHUNK)
+    dest = tmp_path / "copy"
+    cache = agent.HashCache(str(tmp_path / "cache.json"))
+    agent.pull(served.base, m, str(dest), emit=_quiet(), connections=2, cache=cache)
+    got = dest / "model.bin"
+    data = bytearray(got.read_bytes())
+    data[4 * CHUNK + 5] ^= 0xFF  # bit rot in chunk 4 (the write changes mtime: the cache entry goes stale)
+    got.write_bytes(bytes(data))
+    served.server.requests.clear()
+    events: list[dict] = []
+    sink = _Sink(events)
+    res = agent.pull(served.base, m, str(dest), emit=agent.Emitter(sink), connections=2, cache=cache)
+    assert res["fetched"] == 1 and got.read_bytes() == (served.root / "model.bin").read_bytes()
+    assert served.ranges() == [f"bytes={4 * CHUNK}-{5 * CHUNK - 1}"]  # only the bad chunk travelled
+    assert any(e["event"] == "repair" and e["chunks_bad"] == 1 for e in events)
+
+
+class _Sink:
+    def __init__(self, events: list[dict]) -> None:
+        self.events = events
+
+    def write(self, text: str) -> None:
+        self.events += [json.loads(line) for line in text.splitlines() if line]
+
+    def flush(self) -> None:
+        pass
+
+
+def test_relay_serves_only_verified_chunks_and_waits_for_the_rest(tmp_path: Path) -> None:
+    data = _blob(3 * CHUNK + 10, seed=9)
+    src = tmp_path / "src.bin"
+    src.write_bytes(data)
+    whole, chunks = agent.hash_chunks(str(src), CHUNK)
+    files = {"m.bin": {"size": len(data), "sha256": whole, "chunk_bytes": CHUNK, "chunks": chunks}}
+    relay_dir = tmp_path / "relay"
+    relay_dir.mkdir()
+    part = relay_dir / "m.bin.part"
+    part.write_bytes(data[:CHUNK] + bytes(len(data) - CHUNK))  # chunk 0 arrived, the rest not yet
+    side = relay_dir / "m.bin.part.json"
+    meta = {"version": 1, "size": len(data), "chunk_bytes": CHUNK, "key": f"{whole}/{CHUNK}", "verified": True}
+    side.write_text(json.dumps({**meta, "done": [0]}))
+    server = agent.WeightsServer(str(relay_dir), "127.0.0.1", 0, emit=_quiet(), files=files, relay=True,
+                                 relay_wait_s=0.3)
+    stop = threading.Event()
+    t = threading.Thread(target=agent.serve, args=(server, 30.0, _quiet(), stop), daemon=True)
+    t.start()
+    try:
+        host, port = server.server_address[:2]
+
+        def get(rng: str) -> tuple[int, bytes]:
+            conn = http.client.HTTPConnection(host, port, timeout=5)
+            conn.request("GET", "/m.bin", headers={"Range": rng})
+            resp = conn.getresponse()
+            body = resp.read()
+            conn.close()
+            return resp.status, body
+
+        assert get(f"bytes=0-{CHUNK - 1}") == (206, data[:CHUNK])
+        assert get(f"bytes={CHUNK}-{2 * CHUNK - 1}")[0] == 503  # not verified here: held, then refused
+        side.write_text(json.dumps({**meta, "verified": False, "done": [0, 1, 2, 3]}))
+        assert get(f"bytes={CHUNK}-{2 * CHUNK - 1}")[0] == 503  # a sidecar of unverified chunks is not trusted
+
+        # a pull from the relay, while the relay's own copy completes under it
+        def arrive() -> None:
+            for i in (1, 2, 3):
+                time.sleep(0.05)
+                with open(part, "r+b") as f:
+                    f.seek(i * CHUNK)
+                    f.write(data[i * CHUNK:(i + 1) * CHUNK])
+                side.write_text(json.dumps({**meta, "done": list(range(i + 1))}))
+            os.replace(part, relay_dir / "m.bin")
+            side.unlink()
+
+        server.relay_wait_s = 20.0
+        feeder = threading.Thread(target=arrive)
+        feeder.start()
+        res = agent.pull(f"http://{host}:{port}/", {"files": files}, str(tmp_path / "far"), emit=_quiet(),
+                         connections=2)
+        feeder.join()
+        assert res["verified"] and (tmp_path / "far" / "m.bin").read_bytes() == data
+    finally:
+        stop.set()
+        t.join(5)
 
 
 # --------------------------------------------------------------------------- plan (pure)
