@@ -20,11 +20,23 @@ tokenizer (HuggingFace ``tokenizer.json`` format, one token per whitespace
 word, as the reference server counts) into a temporary directory and passes
 its path: no network, and both tools' prompts count the same.
 
-Closed forms (n tokens out, c streams): TTFT = a + (k-1)g; ITL = TPOT = g;
+Closed forms (n tokens out, c streams): TTFT = a + (k-1)g; ITL (both
+definitions, see below) = g;
 per-stream decode rate = 1/g; aggregate output throughput = c*n / (a + (n-1)g),
 the rate of c streams kept busy back to back (the time between one request's
 end and the next one's start counts against a tool, as it would on a real
 server).
+
+Two ITL rows, because the tools name two definitions the same way
+(docs/bench-metrics.md, "Two ITLs"): ``itl_gap_p50_ms`` is the median of every
+gap between consecutive content chunks, pooled over requests (sparkctl's
+``itl_s``; AIPerf's ``inter_chunk_latency``; vLLM's ITL), and ``itl_mean_ms``
+is the median request's (last - first content chunk) / (tokens after the first
+chunk) (sparkctl's ``tpot_s``; AIPerf's ``inter_token_latency``, which ends at
+the last response; vLLM's TPOT). The per-gap figure is the one sensitive to a
+client (or server) that is descheduled longer than a gap: two events then
+share one read. ``zero_gaps_pct`` (sparkctl only) counts gaps under 0.1 ms,
+and every level prints the CPU pressure (/proc/pressure/cpu "some") while it ran.
 """
 
 from __future__ import annotations
@@ -38,12 +50,14 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
 from sparkctl.bench.client import BenchClient, ClientTimeouts, RequestSpec
 from sparkctl.bench.metrics import aggregate_throughput, request_metrics
 from sparkctl.bench.refserver import RefConfig, RefServerProcess
+from sparkctl.bench.selftest import cpu_pressure_total_s
 
 INSTALL = ("AIPerf is not installed (it is not a sparkctl dependency). Install it in its own venv:\n"
            "  python3 -m venv /tmp/aiperf-venv && /tmp/aiperf-venv/bin/pip install aiperf==0.13.0\n"
@@ -87,24 +101,30 @@ async def run_sparkctl(url: str, c: int, n_batches: int, isl: int, osl: int) -> 
         batches = [await client.run_batch([spec] * c) for _ in range(n_batches)]
     per = [request_metrics(r.events) for b in batches for r in b]
     agg = [aggregate_throughput([r.events for r in b]).tok_s for b in batches]
+    gaps = [x for m in per for x in m.itl_s]
     return {
         "ttft_ms": statistics.median(m.ttft_s for m in per) * 1e3,  # type: ignore[misc]
-        "itl_ms": statistics.median(m.itl_p50_s for m in per) * 1e3,  # type: ignore[misc]
-        "tpot_ms": statistics.median(m.tpot_s for m in per) * 1e3,  # type: ignore[misc]
+        "itl_gap_p50_ms": statistics.median(gaps) * 1e3,
+        "itl_mean_ms": statistics.median(m.tpot_s for m in per) * 1e3,  # type: ignore[misc]
+        "zero_gaps_pct": 100.0 * sum(1 for x in gaps if x < 1e-4) / len(gaps),
         "decode_tok_s": statistics.median(m.decode_tok_s for m in per),  # type: ignore[misc]
         "throughput_tok_s": statistics.median(a for a in agg if a),
     }
 
 
 def aiperf_figures(d: dict[str, Any]) -> dict[str, float]:
-    """AIPerf's p50s (its TPOT analogue is the mean inter-token latency of each request)."""
+    """AIPerf's p50s (its ``inter_token_latency`` is the per-request mean, sparkctl's TPOT)."""
     return {
         "ttft_ms": d["time_to_first_token"]["p50"],
-        "itl_ms": d["inter_chunk_latency"]["p50"],
-        "tpot_ms": d["inter_token_latency"]["p50"],
+        "itl_gap_p50_ms": d["inter_chunk_latency"]["p50"],
+        "itl_mean_ms": d["inter_token_latency"]["p50"],
         "decode_tok_s": d["output_token_throughput_per_user"]["p50"],
         "throughput_tok_s": d["output_token_throughput"]["avg"],
     }
+
+
+def _pct(v: float | None) -> str:
+    return "n/a" if v is None else f"{v:.0f}%"
 
 
 def main() -> int:
@@ -127,14 +147,22 @@ def main() -> int:
     k, g, n = cfg.tokens_per_chunk, cfg.gap_s, a.osl
     levels = [int(x) for x in a.concurrency.split(",")]
     rows: list[tuple[int, str, float, float, float]] = []
+    psi: dict[int, tuple[float | None, float | None]] = {}
 
     async def go(work: Path) -> None:
         async with RefServerProcess(cfg) as srv:
             for c in levels:
+                p0, t0 = cpu_pressure_total_s(), time.perf_counter()
                 ai = aiperf_figures(run_aiperf(a.aiperf, srv.base_url, c, c * a.requests_per_stream, a.isl, n,
                                                work))
+                p1, t1 = cpu_pressure_total_s(), time.perf_counter()
                 sp = await run_sparkctl(srv.base_url, c, a.requests_per_stream, a.isl, n)
-                want = {"ttft_ms": (cfg.ttft_base_s + (k - 1) * g) * 1e3, "itl_ms": g * 1e3, "tpot_ms": g * 1e3,
+                p2, t2 = cpu_pressure_total_s(), time.perf_counter()
+                psi[c] = (None if p0 is None or p1 is None else 100 * (p1 - p0) / (t1 - t0),
+                          None if p1 is None or p2 is None else 100 * (p2 - p1) / (t2 - t1))
+                rows.append((c, "zero_gaps_pct", 0.0, float("nan"), sp["zero_gaps_pct"]))
+                want = {"ttft_ms": (cfg.ttft_base_s + (k - 1) * g) * 1e3, "itl_gap_p50_ms": g * 1e3,
+                        "itl_mean_ms": g * 1e3,
                         "decode_tok_s": 1 / g,
                         "throughput_tok_s": c * n / (cfg.ttft_base_s + (n - 1) * g)}
                 for metric, e in want.items():
@@ -149,6 +177,11 @@ def main() -> int:
           f"aiperf {a.aiperf}")
     print(f"{'c':>3} {'metric':<18} {'closed form':>12} {'aiperf':>10} {'err%':>8} {'sparkctl':>10} {'err%':>8}")
     for c, metric, e, ai_v, sp_v in rows:
+        if metric == "zero_gaps_pct":
+            ai_psi, sp_psi = psi[c]
+            print(f"{c:>3} {'cpu_pressure_pct':<18} {'':>12} {_pct(ai_psi):>10} {'':>8} {_pct(sp_psi):>10}")
+            print(f"{c:>3} {metric:<18} {e:>12.4g} {'':>10} {'':>8} {sp_v:>10.3g}")
+            continue
         print(f"{c:>3} {metric:<18} {e:>12.4g} {ai_v:>10.4g} {100 * (ai_v / e - 1):>+8.2f} "
               f"{sp_v:>10.4g} {100 * (sp_v / e - 1):>+8.2f}")
     print("medians over requests (aiperf: its p50s; throughput: aiperf's run average, sparkctl's median batch)")

@@ -283,6 +283,56 @@ def test_selftest_cell_judges_the_median_request_and_reports_the_worst() -> None
                                                               for t in (1.0, 2.0, 3.0)])}["ttft_s"].passed
 
 
+def test_selftest_lockstep_cell_fails_when_two_events_share_a_read() -> None:
+    """Lock-step streams read late: every other event arrives in the same read as the
+    one before (gaps 0, 2g, 0, 2g, ...). The mean is right, the per-gap ITL is not,
+    and the lock-step cell must say so."""
+    from sparkctl.bench.selftest import BASE_TIMING, DEFAULT_SCENARIOS, check_cell
+
+    sc = next(s for s in DEFAULT_SCENARIOS if s.lockstep)
+    cfg, g = BASE_TIMING, BASE_TIMING.gap_s
+
+    def coalesced(t_sent: float) -> RequestResult:
+        first = t_sent + 0.0004 + cfg.first_visible_s(sc.prompt_words + 1, sc.max_tokens)
+        times = [first + (i + i % 2) * g for i in range(sc.max_tokens)]
+        ev = log(t_sent, times, usage=(sc.prompt_words + 1, sc.max_tokens))
+        return RequestResult("r", "ok", tuple(ev), salt="s\n", labels={"prompt_words": str(sc.prompt_words)})
+
+    rows = {c.metric: c for c in check_cell(sc, cfg, 16, [[coalesced(t) for t in (1.0, 2.0, 3.0)]])}
+    assert not rows["itl_p50_s"].passed and rows["tpot_s"].passed and rows["decode_tok_s"].passed
+
+
+def test_stamped_stream_keeps_each_receive_stamp_until_it_is_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Bytes are dated when received, not when the task reads them: two receives read
+    later keep two stamps; a read split by max_bytes keeps its stamp; EOF reads b""."""
+    from sparkctl.bench import stamped
+
+    clock = iter([1.0, 1.005, 1.010])
+    monkeypatch.setattr(stamped.time, "perf_counter", lambda: next(clock))
+
+    class _Transport:
+        def is_closing(self) -> bool:
+            return False
+
+    async def go() -> list[tuple[bytes, float | None]]:
+        p = stamped._StampingProtocol()
+        s = stamped.StampedStream(_Transport(), p)  # type: ignore[arg-type]
+        p.data_received(b"data: a\n\n")
+        p.data_received(b"data: b\n\n")
+        assert s.get_extra_info("is_readable")
+        out = []
+        for n in (4, 100, 100):
+            out.append((await s.read(n), s.last_read_t))
+        p.data_received(b"late")
+        out.append((await s.read(100), s.last_read_t))
+        p.eof_received()
+        out.append((await s.read(100), s.last_read_t))
+        return out
+
+    assert asyncio.run(go()) == [(b"data", 1.0), (b": a\n\n", 1.0), (b"data: b\n\n", 1.005), (b"late", 1.010),
+                                 (b"", 1.010)]
+
+
 @pytest.mark.e2e
 def test_selftest_at_concurrency_1_and_16() -> None:
     from sparkctl.bench.selftest import format_report, run_selftest

@@ -4,8 +4,9 @@ Owns sending ``/v1/completions`` and ``/v1/chat/completions`` requests with
 ``stream: true`` and ``stream_options.include_usage``, reading the SSE byte
 stream with its own frame splitter (no line-length limit: a 1 MB frame is just
 a long frame), and recording every observation as an
-:class:`~sparkctl.bench.events.Event` stamped with ``time.perf_counter()`` the
-moment the read returned, before any parsing. Every request ends as a
+:class:`~sparkctl.bench.events.Event` stamped with ``time.perf_counter()`` when
+its bytes were received (in the loop's read callback, by
+:mod:`sparkctl.bench.stamped`), not when this task got around to parsing them. Every request ends as a
 :class:`~sparkctl.bench.events.RequestResult` with exactly one status:
 
 ``ok`` | ``http_error`` (``http_status`` set) | ``malformed_sse`` |
@@ -34,6 +35,7 @@ from typing import Any, Literal
 import httpx
 
 from sparkctl.bench.events import Event, RequestResult, Status
+from sparkctl.bench.stamped import StampedStream, StampedTransport
 
 Endpoint = Literal["completions", "chat"]
 _PATHS: dict[str, str] = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
@@ -154,6 +156,9 @@ class SSEFrame:
 
 def parse_frame(frame: bytes) -> SSEFrame:
     """The ``event`` name and the joined ``data`` lines of one frame (SSE spec rules)."""
+    if frame.startswith(b"data: ") and b"\n" not in frame:
+        # the common frame, one "data: ..." line: no line splitting
+        return SSEFrame("message", frame[6:].decode("utf-8", errors="replace"))
     event = "message"
     data: list[str] = []
     unknown: list[str] = []
@@ -325,13 +330,15 @@ class BenchClient:
         headers = {"Accept": "text/event-stream", "Accept-Encoding": "identity"}
         if api_key:
             headers["Authorization"] = f"Bearer {api_key}"
+        limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
         self._client = httpx.AsyncClient(
             http1=True,
             http2=False,
-            limits=httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency),
+            limits=limits,
             timeout=httpx.Timeout(connect=timeouts.connect_s, read=timeouts.read_s, write=timeouts.write_s, pool=None),
             headers=headers,
             trust_env=trust_env,
+            transport=StampedTransport(limits=limits),
         )
         self._seq = 0
 
@@ -420,10 +427,13 @@ class BenchClient:
                         return result("http_error", f"HTTP {resp.status_code}: {body[:300].decode(errors='replace')}")
                     encoded = resp.headers.get("content-encoding", "identity").lower() not in ("", "identity")
                     reader = resp.aiter_bytes() if encoded else resp.aiter_raw()
+                    stream = resp.extensions.get("network_stream")
+                    stamped = stream if isinstance(stream, StampedStream) else None
                     splitter = SSESplitter()
                     first = True
                     async for data in reader:
-                        t = time.perf_counter()  # stamp before any parsing
+                        # when the bytes were received (the read callback's stamp), else now
+                        t = stamped.last_read_t if stamped is not None else time.perf_counter()
                         if first:
                             events.append(Event(t, "first_byte", raw_len=len(data)))
                             first = False
@@ -467,12 +477,13 @@ class LoopLagProbe:
     The lateness is how long the event loop was busy with something else, i.e.
     how much any timestamp the client took could have been delayed. Run it
     beside a measurement: ``async with LoopLagProbe() as lag: ...``; then
-    ``lag.samples_s``.
+    ``lag.samples_s`` (and ``lag.times_s``, when each sample was taken, to cut a window).
     """
 
     def __init__(self, period_s: float = 0.001) -> None:
         self.period_s = period_s
         self.samples_s: list[float] = []
+        self.times_s: list[float] = []
         self._task: asyncio.Task[None] | None = None
 
     async def _run(self) -> None:
@@ -481,6 +492,7 @@ class LoopLagProbe:
             await asyncio.sleep(max(target - time.perf_counter(), 0.0))
             now = time.perf_counter()
             self.samples_s.append(max(now - target, 0.0))
+            self.times_s.append(now)
             target = now + self.period_s
 
     async def __aenter__(self) -> LoopLagProbe:

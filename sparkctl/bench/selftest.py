@@ -129,6 +129,11 @@ class Scenario:
     prompt_words: int
     max_tokens: int
     ref: Mapping[str, Any] = field(default_factory=dict)
+    lockstep: bool = False
+    """Identical prompts at concurrency > 1 (not run at 1): every stream emits at the
+    same instants, so the client reads N events at once every gap. Per-gap ITL is
+    what breaks when the client dates an event by when its task ran rather than
+    when its bytes arrived (two events read together, one gap ~0, the next ~2g)."""
 
 
 # a = 100 ms, b = 1 ms/token (1000 tok/s prefill), g = 5 ms (200 tok/s decode).
@@ -140,6 +145,7 @@ DEFAULT_SCENARIOS: tuple[Scenario, ...] = (
     Scenario("chat-role-chunk", "chat", 300, 64, {"role_chunk": True}),
     Scenario("chat-k3", "chat", 300, 66, {"tokens_per_chunk": 3}),  # 66 = 22 full chunks
     Scenario("completions-no-usage", "completions", 300, 64, {"usage": False}),
+    Scenario("completions-lockstep", "completions", 300, 64, lockstep=True),
 )
 
 
@@ -371,7 +377,9 @@ async def run_selftest_async(concurrency_levels: Sequence[int] = (1, 16), *, rep
     would stamp N simultaneous first tokens one after another, the last about
     N x its per-event cost late (see the capacity figures); staggering keeps
     that client limit out of a check of the arithmetic, and exercises the
-    prefill closed form at several prompt lengths.
+    prefill closed form at several prompt lengths. Scenarios marked
+    ``lockstep`` send identical prompts on purpose: they check that N streams
+    emitting together keep their per-gap ITL.
 
     A cell (scenario x concurrency) that fails while the machine's CPU was
     contended is run again, up to ``retries`` times, and if it still fails it
@@ -397,7 +405,10 @@ async def run_selftest_async(concurrency_levels: Sequence[int] = (1, 16), *, rep
                                                  extra_body={"ref": {"ttft_base_s": 0.0, "gap_s": 0.0}}))
                 lags: list[float] = []
                 for sc in scenarios:
-                    specs = [_spec(sc, base, sc.prompt_words + i * stagger_words) for i in range(c)]
+                    if sc.lockstep and c == 1:
+                        continue  # one stream: the same as its staggered twin
+                    step = 0 if sc.lockstep else stagger_words
+                    specs = [_spec(sc, base, sc.prompt_words + i * step) for i in range(c)]
                     for attempt in range(1, retries + 2):
                         psi0, t0 = cpu_pressure_total_s(), time.perf_counter()
                         async with LoopLagProbe() as lag:

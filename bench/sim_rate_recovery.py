@@ -1,0 +1,160 @@
+"""Do the bench suites recover the simulated engines' configured rates within 2 %? Prints the errors.
+
+What it runs: the simulated ds41f and TensorFold engines (``python -m
+sparkctl.sim.engine``) as plain local processes on 127.0.0.1, sped up
+``--speedup`` times (default 10, as tests/test_bench_suites.py does), with no
+simulated ring, namespaces or SSH (so it needs no lock on the simulated
+cluster). Against each it runs the bench runner's prefill, decode and
+concurrency suites, then compares each point's median with the rate the engine
+says it applies (``/sim/info`` ``perf.effective``; the prefill rate is
+interpolated on log(prompt length) between its table points, as the engine
+does). Prints every error, the CPU pressure (Linux PSI "some") while each engine
+ran, and exits 1 when any error is outside +-``--tolerance-pct`` (default 2, the
+issue's "configured rates are recovered within 2 %").
+
+This is the strict check; tests/test_bench_suites.py keeps a wide bound (see
+its test) because a unit test must not fail because another process held the
+CPU. Figures taken while CPU pressure is high measure the machine, not the
+arithmetic: read the printed pressure beside them.
+
+    python bench/sim_rate_recovery.py [--speedup 10] [--repeats 2] [--engine ds41f --engine tensorfold]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from sparkctl.bench.runner import RunOptions, run
+from sparkctl.bench.selftest import cpu_pressure_total_s
+
+# name served, decode tokens. TensorFold ignores ignore_eos: 100 tokens stay under
+# its shortest natural answer (120), as in tests/test_bench_suites.py.
+ENGINES: dict[str, tuple[str, int]] = {"ds41f": ("dsv41-ds41f", 384), "tensorfold": ("dsv41-tf", 100)}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start_engine(engine: str, name: str, log: Path, speedup: float, ctx: int = 1048576) -> tuple[subprocess.Popen[bytes], str]:
+    port, mport = _free_port(), _free_port()
+    if engine == "ds41f":
+        args = ["serve", "--model", "/m", "--served-model-name", name, "--tp", "1", "--nnodes", "1",
+                "--node-rank", "0", "--master-addr", "127.0.0.1", "--master-port", str(mport),
+                "--host", "127.0.0.1", "--port", str(port), "--max-model-len", str(ctx),
+                "--gpu-memory-utilization", "0.85"]
+    else:
+        args = ["serve", "--weights", "/m", "--name", name, "--tp", "1", "--world", "1", "--rank", "0",
+                "--listen", f"127.0.0.1:{port}", "--ctx", str(ctx), "--mem-fraction", "0.85"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SPARKCTL_SIM_STATE", "WORLD_SIZE", "NODE_RANK"))}
+    env.update(SPARKCTL_SIM_SPEEDUP=str(speedup), SPARKCTL_SIM_LOAD_S="0.2")
+    with log.open("w") as fh:
+        proc = subprocess.Popen([sys.executable, "-m", "sparkctl.sim.engine", engine, *args], env=env,
+                                stdout=fh, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            if httpx.get(url + "/v1/models", timeout=1).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            stop(proc)
+            raise RuntimeError(f"{engine} did not start: {log.read_text()[-2000:]}")
+        time.sleep(0.1)
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    proc.terminate()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def interp_log(points: dict[str, float], x: float) -> float:
+    """The engine's prefill rate at ``x`` tokens: linear in log(length) between table points."""
+    pts = sorted((float(k), v) for k, v in points.items())
+    if x <= pts[0][0]:
+        return pts[0][1]
+    for (x0, y0), (x1, y1) in zip(pts, pts[1:]):
+        if x0 <= x <= x1:
+            return y0 + (math.log(x) - math.log(x0)) / (math.log(x1) - math.log(x0)) * (y1 - y0)
+    return pts[-1][1]
+
+
+def recovery_errors(summary: Any, eff: dict[str, Any], speedup: float, lengths: tuple[int, ...],
+                    levels: tuple[int, ...]) -> dict[str, tuple[float, float]]:
+    """{"point metric": (expected, error %)} of each point's median against the configured rate."""
+    pts = {p["point"]: p for p in summary.points}
+    out: dict[str, tuple[float, float]] = {}
+
+    def check(point: str, metric: str, expected: float) -> None:
+        got = pts[point]["metrics"][metric]["median"] / speedup
+        out[f"{point} {metric}"] = (expected, 100.0 * (got / expected - 1.0))
+
+    for n in lengths:
+        check(f"prefill/{n}", "prefill_tok_s", interp_log(eff["prefill_tok_s"], n))
+    check("decode/1", "decode_tok_s", eff["per_stream_tok_s"]["1"])
+    for c in levels:
+        check(f"concurrency/{c}", "aggregate_tok_s", eff["aggregate_tok_s"][str(c)])
+        check(f"concurrency/{c}", "stream_decode_median_tok_s", eff["per_stream_tok_s"][str(c)])
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--engine", action="append", choices=sorted(ENGINES), help="default: both")
+    ap.add_argument("--speedup", type=float, default=10.0)
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--tolerance-pct", type=float, default=2.0)
+    a = ap.parse_args()
+    lengths, levels = (8192, 16384), (1, 2, 4)
+    worst = 0.0
+    with tempfile.TemporaryDirectory(prefix="sparkctl-rates-") as tmp:
+        for engine in a.engine or sorted(ENGINES):
+            name, tokens = ENGINES[engine]
+            proc, url = start_engine(engine, name, Path(tmp) / f"{engine}.log", a.speedup)
+            try:
+                info = httpx.get(url + "/sim/info").json()
+                p0, t0 = cpu_pressure_total_s(), time.perf_counter()
+                summary = run(url, name, Path(tmp) / engine, {"engine": engine, "tp_size": 1},
+                              RunOptions(suites=("prefill", "decode", "concurrency"), lengths=lengths,
+                                         concurrency=levels, decode_tokens=tokens, repeats=a.repeats),
+                              progress=lambda _msg: None)
+                p1, t1 = cpu_pressure_total_s(), time.perf_counter()
+            finally:
+                stop(proc)
+            psi = "n/a" if p0 is None or p1 is None else f"{100 * (p1 - p0) / (t1 - t0):.0f}%"
+            errs = recovery_errors(summary, info["perf"]["effective"], a.speedup, lengths, levels)
+            print(f"{engine}: speedup {info.get('speedup')}, {summary.n_requests} requests, "
+                  f"{summary.n_errors} errors, CPU pressure while it ran {psi}")
+            print(f"  {'point metric':<48} {'configured':>11} {'error%':>8}")
+            for key, (expected, err) in errs.items():
+                mark = "" if abs(err) <= a.tolerance_pct else "  OUTSIDE"
+                print(f"  {key:<48} {expected:>11.4g} {err:>+8.2f}{mark}")
+            worst = max([worst, *(abs(e) for _, e in errs.values())])
+            if summary.n_errors:
+                worst = math.inf
+    print(json.dumps({"worst_abs_error_pct": round(worst, 3), "tolerance_pct": a.tolerance_pct}))
+    return 0 if worst <= a.tolerance_pct else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,236 @@
+"""The bench client's socket layer: an httpcore network backend that stamps every receive.
+
+Owns one thing: connections whose bytes are stamped with ``time.perf_counter()``
+in the event loop's read callback (``Protocol.data_received``), the earliest
+moment Python can see them, and queued with that stamp until the request's
+task reads them. :class:`StampedStream.last_read_t` is the stamp of the bytes
+the last :meth:`StampedStream.read` returned, so the client can date an SSE
+event by when its last byte arrived, not by when its task got around to it.
+
+Why: with N streams emitting in lock-step, the N consuming tasks run one after
+another. httpcore's default (anyio) stream pauses reading between reads, so
+while a task is busy its socket is not read at all; a task that runs later than
+one inter-token gap then reads two events in one ``recv`` and stamps both at
+once (ITL ~0 for one gap, ~2g for the next). Here the socket is read whenever
+it is readable, independently of the task, so each arrival keeps its own stamp
+(two events share one only when the whole loop stalls longer than their gap).
+
+Must not: parse HTTP or SSE (httpcore and :mod:`sparkctl.bench.client` do),
+print, or read the environment.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+import time
+import typing
+from collections import deque
+from collections.abc import Iterable
+
+import httpcore
+import httpx
+
+# Above this many unread bytes the socket stops being read (TCP flow control then
+# slows the server) until the task catches up; far above any SSE stream's backlog.
+_HIGH_WATER_BYTES = 4 << 20
+_LOW_WATER_BYTES = 1 << 20
+
+
+class _StampingProtocol(asyncio.Protocol):
+    """Queues (stamp, bytes) per receive; wakes the one reader, if it waits."""
+
+    def __init__(self) -> None:
+        self.reads: deque[tuple[float, bytes]] = deque()
+        self.queued_bytes = 0
+        self.eof = False
+        self.exc: BaseException | None = None
+        self.transport: asyncio.Transport | None = None
+        self._waiter: asyncio.Future[None] | None = None
+        self._paused = False
+        self._drain: asyncio.Future[None] | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = typing.cast(asyncio.Transport, transport)
+
+    def data_received(self, data: bytes) -> None:
+        self.reads.append((time.perf_counter(), data))  # the stamp first, nothing before it
+        self.queued_bytes += len(data)
+        if self.queued_bytes > _HIGH_WATER_BYTES and self.transport is not None and not self._paused:
+            self._paused = True
+            self.transport.pause_reading()
+        self._wake()
+
+    def eof_received(self) -> bool:
+        self.eof = True
+        self._wake()
+        return False  # close the transport (HTTP/1.1 has no half-close use here)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.eof = True
+        if exc is not None:
+            self.exc = exc
+        self._wake()
+        if self._drain is not None and not self._drain.done():
+            self._drain.set_result(None)
+
+    def pause_writing(self) -> None:
+        self._drain = asyncio.get_running_loop().create_future()
+
+    def resume_writing(self) -> None:
+        if self._drain is not None and not self._drain.done():
+            self._drain.set_result(None)
+        self._drain = None
+
+    def _wake(self) -> None:
+        w = self._waiter
+        if w is not None and not w.done():
+            w.set_result(None)
+
+    def popleft(self) -> tuple[float, bytes]:
+        t, data = self.reads.popleft()
+        self.queued_bytes -= len(data)
+        if self._paused and self.queued_bytes < _LOW_WATER_BYTES and self.transport is not None:
+            self._paused = False
+            self.transport.resume_reading()
+        return t, data
+
+    async def wait_readable(self, timeout: float | None) -> None:
+        loop = asyncio.get_running_loop()
+        self._waiter = loop.create_future()
+        timer = loop.call_later(timeout, self._timeout, self._waiter) if timeout is not None else None
+        try:
+            await self._waiter
+        finally:
+            self._waiter = None
+            if timer is not None:
+                timer.cancel()
+
+    @staticmethod
+    def _timeout(fut: asyncio.Future[None]) -> None:
+        if not fut.done():
+            fut.set_exception(httpcore.ReadTimeout("no bytes within the read timeout"))
+
+
+class StampedStream(httpcore.AsyncNetworkStream):
+    """A TCP (or TLS) stream whose reads carry their receive stamp (:attr:`last_read_t`)."""
+
+    def __init__(self, transport: asyncio.Transport, protocol: _StampingProtocol) -> None:
+        self._transport = transport
+        self._p = protocol
+        self.last_read_t: float | None = None
+        """perf_counter() when the last byte returned by :meth:`read` was received."""
+
+    async def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        p = self._p
+        if not p.reads:
+            if p.exc is not None:
+                raise httpcore.ReadError(str(p.exc) or type(p.exc).__name__)
+            if p.eof:
+                return b""
+            await p.wait_readable(timeout)
+            if not p.reads:
+                if p.exc is not None:
+                    raise httpcore.ReadError(str(p.exc) or type(p.exc).__name__)
+                return b""
+        t, data = p.popleft()
+        if len(data) > max_bytes:
+            data, rest = data[:max_bytes], data[max_bytes:]
+            p.reads.appendleft((t, rest))
+            p.queued_bytes += len(rest)
+        self.last_read_t = t
+        return data
+
+    async def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        if not buffer:
+            return
+        if self._transport.is_closing():
+            raise httpcore.WriteError("connection closed")
+        self._transport.write(buffer)
+        drain = self._p._drain
+        if drain is not None:
+            try:
+                await asyncio.wait_for(asyncio.shield(drain), timeout)
+            except TimeoutError:
+                raise httpcore.WriteTimeout("write buffer did not drain within the write timeout") from None
+
+    async def aclose(self) -> None:
+        self._transport.close()
+
+    async def start_tls(self, ssl_context: ssl.SSLContext, server_hostname: str | None = None,
+                        timeout: float | None = None) -> StampedStream:
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(timeout):
+                tls = await loop.start_tls(self._transport, self._p, ssl_context, server_hostname=server_hostname)
+        except TimeoutError:
+            raise httpcore.ConnectTimeout("TLS handshake timed out") from None
+        except (OSError, ssl.SSLError) as exc:
+            raise httpcore.ConnectError(f"TLS handshake failed: {exc}") from exc
+        if tls is None:
+            raise httpcore.ConnectError("TLS handshake failed: no transport")
+        self._p.transport = typing.cast(asyncio.Transport, tls)
+        return StampedStream(typing.cast(asyncio.Transport, tls), self._p)
+
+    def get_extra_info(self, info: str) -> typing.Any:
+        if info == "is_readable":
+            # httpcore asks this of an idle pooled connection: readable = the server closed it
+            return bool(self._p.reads) or self._p.eof
+        if info == "ssl_object":
+            return self._transport.get_extra_info("ssl_object")
+        if info == "client_addr":
+            return self._transport.get_extra_info("sockname")
+        if info == "server_addr":
+            return self._transport.get_extra_info("peername")
+        if info == "socket":
+            return self._transport.get_extra_info("socket")
+        return None
+
+
+class StampedBackend(httpcore.AsyncNetworkBackend):
+    """Opens :class:`StampedStream` connections on the running asyncio loop (TCP only)."""
+
+    async def connect_tcp(self, host: str, port: int, timeout: float | None = None,
+                          local_address: str | None = None,
+                          socket_options: Iterable[tuple[int, int, int | bytes | None]] | None = None,
+                          ) -> StampedStream:
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(timeout):
+                transport, protocol = await loop.create_connection(
+                    _StampingProtocol, host, port, local_addr=(local_address, 0) if local_address else None)
+        except TimeoutError:
+            raise httpcore.ConnectTimeout(f"connect to {host}:{port} timed out") from None
+        except OSError as exc:
+            raise httpcore.ConnectError(str(exc)) from exc
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            # asyncio already sets TCP_NODELAY; the caller's options go on top
+            for opt in socket_options or ():
+                sock.setsockopt(*opt)  # type: ignore[arg-type]
+        return StampedStream(typing.cast(asyncio.Transport, transport), typing.cast(_StampingProtocol, protocol))
+
+    async def sleep(self, seconds: float) -> None:
+        await asyncio.sleep(seconds)
+
+
+class StampedTransport(httpx.AsyncHTTPTransport):
+    """httpx's HTTP/1.1 transport over :class:`StampedBackend`.
+
+    httpx does not take a network backend, so the pool it builds is replaced by
+    one that uses ours (same limits, same TLS context); request mapping and
+    exception mapping stay httpx's own.
+    """
+
+    def __init__(self, *, limits: httpx.Limits, verify: ssl.SSLContext | bool = True) -> None:
+        super().__init__(http1=True, http2=False, limits=limits, verify=verify)
+        self._pool = httpcore.AsyncConnectionPool(
+            ssl_context=httpx.create_ssl_context(verify=verify),
+            max_connections=limits.max_connections,
+            max_keepalive_connections=limits.max_keepalive_connections,
+            keepalive_expiry=limits.keepalive_expiry,
+            http1=True,
+            http2=False,
+            network_backend=StampedBackend(),
+        )
+
