@@ -2,13 +2,17 @@
 
 What it runs: the simulated ds41f and TensorFold engines (``python -m
 sparkctl.sim.engine``) as plain local processes on 127.0.0.1, sped up
-``--speedup`` times (default 10, as tests/test_bench_suites.py does), with no
+``--speedup`` times (default 2; the test uses 10, where the client's own few ms
+of send spread become 10x larger in engine time: -4.5 % on TensorFold's
+concurrency/4 aggregate at 10x, -1.3 % at 2x, same machine, same hour), with no
 simulated ring, namespaces or SSH (so it needs no lock on the simulated
 cluster). Against each it runs the bench runner's prefill, decode and
 concurrency suites, then compares each point's median with the rate the engine
 says it applies (``/sim/info`` ``perf.effective``; the prefill rate is
 interpolated on log(prompt length) between its table points, as the engine
-does). Prints every error, the CPU pressure (Linux PSI "some") while each engine
+does). The aggregate's window holds the TTFT (the bench's definition), so its
+expected value comes from the engine's closed form (:func:`expected_aggregate`),
+not from the decode-only aggregate the engine is configured with. Prints every error, the CPU pressure (Linux PSI "some") while each engine
 ran, and exits 1 when any error is outside +-``--tolerance-pct`` (default 2, the
 issue's "configured rates are recovered within 2 %").
 
@@ -17,7 +21,7 @@ its test) because a unit test must not fail because another process held the
 CPU. Figures taken while CPU pressure is high measure the machine, not the
 arithmetic: read the printed pressure beside them.
 
-    python bench/sim_rate_recovery.py [--speedup 10] [--repeats 2] [--engine ds41f --engine tensorfold]
+    python bench/sim_rate_recovery.py [--speedup 2] [--repeats 2] [--engine ds41f --engine tensorfold]
 """
 
 from __future__ import annotations
@@ -99,9 +103,10 @@ def interp_log(points: dict[str, float], x: float) -> float:
     return pts[-1][1]
 
 
-def recovery_errors(summary: Any, eff: dict[str, Any], speedup: float, lengths: tuple[int, ...],
-                    levels: tuple[int, ...]) -> dict[str, tuple[float, float]]:
+def recovery_errors(summary: Any, info: dict[str, Any], speedup: float, lengths: tuple[int, ...],
+                    levels: tuple[int, ...], tokens: int) -> dict[str, tuple[float, float]]:
     """{"point metric": (expected, error %)} of each point's median against the configured rate."""
+    eff = info["perf"]["effective"]
     pts = {p["point"]: p for p in summary.points}
     out: dict[str, tuple[float, float]] = {}
 
@@ -113,15 +118,36 @@ def recovery_errors(summary: Any, eff: dict[str, Any], speedup: float, lengths: 
         check(f"prefill/{n}", "prefill_tok_s", interp_log(eff["prefill_tok_s"], n))
     check("decode/1", "decode_tok_s", eff["per_stream_tok_s"]["1"])
     for c in levels:
-        check(f"concurrency/{c}", "aggregate_tok_s", eff["aggregate_tok_s"][str(c)])
+        point = pts[f"concurrency/{c}"]
+        prompt = (point["metrics"].get("prompt_tokens") or {}).get("median") or 0
+        check(f"concurrency/{c}", "aggregate_tok_s",
+              expected_aggregate(info, c, tokens, prompt / c if prompt else 0))
         check(f"concurrency/{c}", "stream_decode_median_tok_s", eff["per_stream_tok_s"][str(c)])
     return out
+
+
+def expected_aggregate(info: dict[str, Any], c: int, tokens: int, prompt_tokens: float) -> float:
+    """The engine's aggregate under the bench's definition (docs/bench-metrics.md).
+
+    The bench's window runs from the first send to the last token, so it holds
+    the TTFT; the engine's configured aggregate is decode only. The engine
+    (sparkctl/sim/engines/server.py) prefills the c prompts one after another
+    and sends each first token at max(base latency, end of its prefill); then
+    the c streams decode together at per_stream(c). So, in engine seconds:
+    window = max(base_latency, c * prefill_work) + (tokens - 1) / per_stream(c).
+    """
+    eff = info["perf"]["effective"]
+    base = float(info["perf"]["base_latency_s"])
+    work = prompt_tokens / interp_log(eff["prefill_tok_s"], max(prompt_tokens, 1.0)) if prompt_tokens else 0.0
+    window = max(base, c * work) + (tokens - 1) / eff["per_stream_tok_s"][str(c)]
+    return c * tokens / window
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--engine", action="append", choices=sorted(ENGINES), help="default: both")
-    ap.add_argument("--speedup", type=float, default=10.0)
+    ap.add_argument("--speedup", type=float, default=2.0,
+                    help="engine time runs this much faster; the client's own fixed costs (send spread) grow with it")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--tolerance-pct", type=float, default=2.0)
     a = ap.parse_args()
@@ -142,7 +168,7 @@ def main() -> int:
             finally:
                 stop(proc)
             psi = "n/a" if p0 is None or p1 is None else f"{100 * (p1 - p0) / (t1 - t0):.0f}%"
-            errs = recovery_errors(summary, info["perf"]["effective"], a.speedup, lengths, levels)
+            errs = recovery_errors(summary, info, a.speedup, lengths, levels, tokens)
             print(f"{engine}: speedup {info.get('speedup')}, {summary.n_requests} requests, "
                   f"{summary.n_errors} errors, CPU pressure while it ran {psi}")
             print(f"  {'point metric':<48} {'configured':>11} {'error%':>8}")
