@@ -25,12 +25,18 @@ class Ref:
         if self.file:
             parts.append(f"{self.file}:{self.line}" if self.line else self.file)
         if self.key:
-            parts.append(self.key)
+            parts.append(_printable(self.key))  # a key is user text: a newline must not forge a line
         if self.node:
-            parts.append(f"node {self.node}")
+            parts.append(f"node {_printable(self.node)}")
         if self.command:
             parts.append(f"command {self.command!r}")
         return ": ".join(parts)
+
+
+def _printable(text: str, limit: int = 120) -> str:
+    """User text on one line: control characters escaped, long text cut."""
+    out = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+    return out if len(out) <= limit else out[:limit] + "..."
 
 
 class SparkctlError(Exception):

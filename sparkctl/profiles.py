@@ -16,6 +16,7 @@ from __future__ import annotations
 import difflib
 import hashlib
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, get_args, get_origin
@@ -26,7 +27,7 @@ from pydantic_core import PydanticUndefined
 
 from .errors import ProfileError, Ref, SparkctlError
 from .resources import Roots
-from .schema import MERGED_DICTS, NodeOverlay, Profile
+from .schema import MERGED_DICTS, NAME_RE, PATTERN_HINTS, NodeOverlay, Profile
 from .yamlsrc import KeyPath, Located, load, pydantic_errors
 
 MAX_EXTENDS_DEPTH = 8
@@ -296,6 +297,9 @@ def resolve(name: str, roots: Roots, sets: list[str] | tuple[str, ...] = ()) -> 
         if not isinstance(overlays, dict):
             raise ProfileError("nodes: maps node names to overlays", src.ref(("nodes",)))
         for node, overlay in overlays.items():
+            if not isinstance(node, str) or not re.fullmatch(NAME_RE[1:-1], node):
+                raise ProfileError(f"{str(node)[:80]!r} is not a node name", src.ref(("nodes", node)),
+                                   hint=f"allowed: {PATTERN_HINTS[NAME_RE]}")
             nflat = node_layers.setdefault(str(node), {})
             if overlay is None:
                 continue

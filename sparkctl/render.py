@@ -2,10 +2,13 @@
 
 Templates are jinja2 with StrictUndefined (a missing variable is an error, not
 an empty string). Every value that reaches a shell goes through the ``sh``
-filter (``shlex.quote``); env files are written for line-wise, non-evaluating
-readers (docker --env-file and launch.sh's read loop), so a value such as
-``$(touch canary)`` stays inert. Secrets arrive as an argument (the CLI reads
-them from the operator's environment) and are masked unless ``reveal_secrets``.
+filter (``shlex.quote``), including the values of the env file, so that
+``set -a; . engine.env`` (launch.sh) sets them and runs nothing: a value such
+as ``$(touch canary)`` stays inert. Unit files get ``systemd_quote`` (one
+argument: quotes, ``$$`` and ``%%`` escaped) or ``systemd_path``. The schema
+refuses what no quoting can carry (newlines in env values, unsafe prefixes).
+Secrets arrive as an argument (the CLI reads them from the operator's
+environment) and are masked unless ``reveal_secrets``.
 
 No I/O besides reading templates; no SSH library.
 """
@@ -108,12 +111,21 @@ def _env(roots: Roots) -> jinja2.Environment:
     env.filters["sh"] = lambda v: shlex.quote(str(v))
     env.filters["shjoin"] = lambda vs: " ".join(shlex.quote(str(v)) for v in vs)
     env.filters["systemd_quote"] = _systemd_quote
+    env.filters["systemd_path"] = _systemd_path
     return env
 
 
 def _systemd_quote(v: object) -> str:
     s = str(v).replace("\\", "\\\\").replace('"', '\\"').replace("$", "$$").replace("%", "%%")
     return f'"{s}"'
+
+
+def _systemd_path(v: object) -> str:
+    """A path for a unit setting that takes no quotes (``StandardOutput=append:PATH``)."""
+    s = str(v)
+    if not s.startswith("/") or any(c.isspace() or c in "\"'\\;" or ord(c) < 32 for c in s):
+        raise RenderError(f"path {s!r} cannot be written into a systemd unit", hint="use a prefix without spaces or quotes")
+    return s.replace("%", "%%")
 
 
 def env_value_ok(v: str) -> bool:
@@ -208,6 +220,12 @@ def render(
                 log=under(node.prefix, LOG_DIR), unit=under(node.prefix, UNIT),
             ),
             sysfs_root=node.sysfs_root,
+            # The clock-cap unit records the lock with this boot's id (read by `sparkctl check`).
+            clock_record_sh=(
+                f"mkdir -p {shlex.quote(under(node.prefix, STATE_DIR))} && printf '%s %s\\n' "
+                f"\"$(cat /proc/sys/kernel/random/boot_id)\" {int(p.laws.clock_cap_mhz or 0)} "
+                f"> {shlex.quote(under(node.prefix, STATE_DIR) + '/clock-lock')}"
+            ),
             links=inv.node_links(r.node), routes=inv.routes_for(r.node),
             mtu=inv.mtu, relay=ring and bool(inv.routes_for(r.node)),
             tokens_metric=p.serve.tokens_metric or TOKENS_METRIC[p.engine.name],

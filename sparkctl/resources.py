@@ -52,7 +52,7 @@ class Roots:
         return [str(d / "templates") for d in self.dirs if (d / "templates").is_dir()]
 
     def profile_path(self, name: str) -> Path:
-        if not re.match(NAME_RE, name):
+        if not re.fullmatch(NAME_RE[1:-1], name):  # not re.match: '$' lets a trailing newline in
             raise NotFound(f"profile name {name!r} is not valid", hint="names use letters, digits, '.', '_', '-'")
         for d in self.dirs:
             p = d / "profiles" / f"{name}.yaml"

@@ -12,9 +12,17 @@ Pure: no I/O. Loading, ``extends:`` chains and provenance live in
 from __future__ import annotations
 
 import re
+import shlex
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    field_validator,
+    model_validator,
+)
 
 # Names that end up in file names, unit names, hostnames or shell words. A
 # conservative pattern: anything else is refused at load time, long before
@@ -25,9 +33,67 @@ HOST_RE = r"^[A-Za-z0-9][A-Za-z0-9.:_-]{0,252}$"
 # Interface names (Linux IFNAMSIZ is 16 including the NUL).
 IFNAME_RE = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,14}$"
 ENV_NAME_RE = r"^[A-Za-z_][A-Za-z0-9_]*$"
+# Paths that end up in unit files, scripts and file names on the node: absolute,
+# no spaces, quotes, '$', '%' (a systemd specifier) or control characters.
+SAFE_PATH_RE = r"^/[A-Za-z0-9._@+=/-]{0,1023}$"
+# Engine release tags and container images: shown in comments and unit
+# descriptions, passed to docker; never start with '-' (an option to docker).
+VERSION_RE = r"^[A-Za-z0-9][A-Za-z0-9._+:~-]{0,127}$"
+IMAGE_RE = r"^[A-Za-z0-9][A-Za-z0-9._/:@+-]{0,254}$"
+# Debian package names (policy 5.6.1) and kernel releases (`uname -r`): they
+# appear in printed remedies that an operator may paste into a shell.
+PACKAGE_RE = r"^[a-z0-9][a-z0-9+.-]{0,127}$"
+KERNEL_RE = r"^[A-Za-z0-9][A-Za-z0-9._+~-]{0,127}$"
+# Prometheus metric names.
+METRIC_RE = r"^[A-Za-z_:][A-Za-z0-9_:]{0,199}$"
+SERVED_NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$"
+SSH_USER_RE = r"^[a-z_][a-z0-9_-]{0,31}$"
+
+# What each pattern allows, for error messages (sparkctl.yamlsrc).
+PATTERN_HINTS = {
+    NAME_RE: "letters, digits, '.', '_', '-'; starts with a letter or digit; at most 63",
+    HOST_RE: "a host name or an IP address",
+    IFNAME_RE: "an interface name: letters, digits, '.', '_', '-'; at most 15",
+    ENV_NAME_RE: "a shell variable name: letters, digits and '_'",
+    SAFE_PATH_RE: "an absolute path of letters, digits and . _ @ + = / -",
+    VERSION_RE: "letters, digits and . _ + : ~ -; starts with a letter or digit",
+    IMAGE_RE: "an image reference such as registry:5000/org/image:tag@sha256:...",
+    PACKAGE_RE: "a Debian package name (lower case letters, digits, + . -)",
+    KERNEL_RE: "a kernel release as `uname -r` prints it",
+    METRIC_RE: "a Prometheus metric name",
+    SERVED_NAME_RE: "letters, digits and . _ : / -; starts with a letter or digit",
+    SSH_USER_RE: "a login name: lower case letters, digits, '_', '-'",
+}
+
+# Environment names that hold credentials. Their values belong in secret_env
+# (read from the operator's environment, masked in every output), never in a
+# profile, which `show`, `render` and the run record print.
+SECRET_NAME_RE = re.compile(
+    r"(^|_)(TOKEN|SECRET|PASSWORD|PASSWD|PASSPHRASE|CREDENTIALS?|API_?KEY|ACCESS_KEY|PRIVATE_KEY|AUTH)(_|$)")
+# Engine flags whose value is a credential (vLLM/SGLang --api-key, HF tokens):
+# on a command line they are visible in `ps` and in the 0755 launch script.
+SECRET_FLAGS = ("--api-key", "--api_key", "--hf-token", "--hf_token", "--token", "--admin-api-key")
 
 Name = Annotated[str, Field(pattern=NAME_RE)]
 IfName = Annotated[str, Field(pattern=IFNAME_RE)]
+SafePath = Annotated[str, Field(pattern=SAFE_PATH_RE)]
+
+
+def no_dotdot(v: str | None) -> str | None:
+    if v is not None and "/../" in v + "/":
+        raise ValueError("must not contain '..' components")
+    return v
+
+
+def no_control(v: str | None) -> str | None:
+    """Free text that is printed or used locally: no control characters (a newline forges output lines)."""
+    if v is not None and any(ord(c) < 32 or ord(c) == 127 for c in v):
+        raise ValueError("control characters (newline, CR, NUL, ...) are not allowed")
+    return v
+
+
+def is_secret_name(name: str) -> bool:
+    return bool(SECRET_NAME_RE.search(name.upper()))
 
 ENGINES = ("ds41f", "tensorfold", "vllm", "sglang", "llamacpp")
 
@@ -43,6 +109,26 @@ DEFAULT_KERNEL_ALLOW = ["6.17.0-1029-nvidia"]
 DEFAULT_HOLD_PACKAGES = ["linux-nvidia-hwe-24.04", "linux-image-nvidia-hwe-24.04"]
 
 
+def _env_key(key: str) -> str:
+    # fullmatch: re.match with '$' would let a trailing newline through
+    if not re.fullmatch(ENV_NAME_RE[1:-1], key):
+        raise ValueError(f"environment variable name {key!r} is not a valid shell name")
+    if is_secret_name(key):
+        raise ValueError(f"{key} looks like a credential: list its name in engine.secret_env and export "
+                         "it before running sparkctl (a value in a profile is printed by show and render)")
+    return key
+
+
+def _env_value(value: str) -> str:
+    if any(c in value for c in "\n\r\x00"):
+        raise ValueError("environment values cannot contain newlines, CR or NUL (one line per variable)")
+    return value
+
+
+EnvKey = Annotated[str, AfterValidator(_env_key)]
+EnvValue = Annotated[str, AfterValidator(_env_value)]
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -56,14 +142,14 @@ class EngineSpec(_Strict):
     name: Literal["ds41f", "tensorfold", "vllm", "sglang", "llamacpp"] = Field(
         description="serving engine: ds41f, tensorfold, vllm, sglang or llamacpp"
     )
-    version: str = Field(description="engine release tag, recorded in every benchmark row")
-    image: str | None = Field(None, description="container image (runtime: docker)")
+    version: str = Field(pattern=VERSION_RE, description="engine release tag, recorded in every benchmark row")
+    image: str | None = Field(None, pattern=IMAGE_RE, description="container image (runtime: docker)")
     binary: str | None = Field(
         None,
         description="engine executable for runtime: native; the engine's usual command when unset",
     )
     args: list[str] = Field(default_factory=list, description="extra engine arguments, appended verbatim (quoted)")
-    env: dict[str, str] = Field(default_factory=dict, description="extra environment for every rank")
+    env: dict[EnvKey, EnvValue] = Field(default_factory=dict, description="extra environment for every rank")
     secret_env: list[Annotated[str, Field(pattern=ENV_NAME_RE)]] = Field(
         default_factory=list,
         description="names of secrets (e.g. HF_TOKEN) copied from the operator's environment into the "
@@ -71,12 +157,30 @@ class EngineSpec(_Strict):
     )
     docker_args: list[str] = Field(default_factory=list, description="extra `docker run` flags (quoted)")
 
-    @field_validator("env")
+    @field_validator("binary")
     @classmethod
-    def _env_names(cls, v: dict[str, str]) -> dict[str, str]:
-        for key in v:
-            if not re.match(ENV_NAME_RE, key):
-                raise ValueError(f"environment variable name {key!r} is not a valid shell name")
+    def _binary(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        no_control(v)
+        try:
+            words = shlex.split(v)
+        except ValueError as exc:
+            raise ValueError(f"cannot split it into words like a shell: {exc}") from None
+        if not words or words[0].startswith("-"):
+            raise ValueError("must start with a command (not empty, not an option)")
+        return v
+
+    @field_validator("args", "docker_args")
+    @classmethod
+    def _args(cls, v: list[str]) -> list[str]:
+        for i, a in enumerate(v):
+            if "\x00" in a:
+                raise ValueError(f"argument {i} contains a NUL byte (a command line cannot carry one)")
+            flag = a.split("=", 1)[0]
+            if flag in SECRET_FLAGS:
+                raise ValueError(f"{flag} takes a credential, which would be visible in `ps` and in launch.sh: "
+                                 "pass it through engine.secret_env (e.g. VLLM_API_KEY) instead")
         return v
 
 
@@ -85,12 +189,17 @@ class ModelSpec(_Strict):
 
     id: str = Field(description="model id (e.g. the Hugging Face repo)")
     served_name: str = Field(
-        pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$",
+        pattern=SERVED_NAME_RE,
         description="the name /v1/models must list; every health verdict checks it",
     )
     weights_path: str = Field(description="absolute path of the weights on every node")
     weights_format: str = Field(description="weights format, e.g. fp8, exl3-2.9bpw, gguf")
     context_len_tokens: int = Field(gt=0, le=4_194_304, description="maximum context length")
+
+    @field_validator("id", "weights_format")
+    @classmethod
+    def _text(cls, v: str) -> str:
+        return no_control(v) or v
 
     @field_validator("weights_path")
     @classmethod
@@ -131,13 +240,13 @@ class LawsSpec(_Strict):
     clock_cap_mhz: int | None = Field(
         2000, ge=300, le=3003, description="GPU SM clock cap (nvidia-smi -lgc 0,CAP); null = uncapped"
     )
-    kernel_allow: list[str] = Field(
+    kernel_allow: list[Annotated[str, Field(pattern=KERNEL_RE)]] = Field(
         default_factory=lambda: list(DEFAULT_KERNEL_ALLOW), description="kernel releases known good for this stack"
     )
-    kernel_deny: dict[str, str] = Field(
+    kernel_deny: dict[Annotated[str, Field(pattern=KERNEL_RE)], str] = Field(
         default_factory=lambda: dict(DEFAULT_KERNEL_DENY), description="kernel releases refused, with the reason"
     )
-    kernel_hold_packages: list[str] = Field(
+    kernel_hold_packages: list[Annotated[str, Field(pattern=PACKAGE_RE)]] = Field(
         default_factory=lambda: list(DEFAULT_HOLD_PACKAGES),
         description="kernel meta-packages that must be held (apt-mark hold)",
     )
@@ -160,7 +269,7 @@ class ServeSpec(_Strict):
     stop_timeout_s: int = Field(30, ge=1, le=600, description="grace period before a rank is killed")
     smoke_request: bool = Field(True, description="readiness includes a 1-token completion")
     tokens_metric: str | None = Field(
-        None, description="Prometheus counter of generated tokens; the engine's usual name when unset"
+        None, pattern=METRIC_RE, description="Prometheus counter of generated tokens; the engine's usual name when unset"
     )
 
 
@@ -177,7 +286,7 @@ class ThinkingSpec(_Strict):
 class BenchSpec(_Strict):
     """Benchmark defaults for this stack."""
 
-    suites: list[str] = Field(default_factory=lambda: ["prefill", "decode", "concurrency"], description="default suites")
+    suites: list[Name] = Field(default_factory=lambda: ["prefill", "decode", "concurrency"], description="default suites")
     prefill_lengths_tokens: list[int] = Field(
         default_factory=lambda: [2048, 8192, 32768, 131072], description="prefill prompt lengths"
     )
@@ -244,15 +353,25 @@ def default_ports() -> dict[str, PortSpec]:
 class NodeDefaults(_Strict):
     """Values every node gets unless it says otherwise."""
 
-    ssh_user: str = Field("nvidia", pattern=r"^[a-z_][a-z0-9_-]{0,31}$", description="ssh login")
+    ssh_user: str = Field("nvidia", pattern=SSH_USER_RE, description="ssh login")
     ssh_port: int = Field(22, ge=1, le=65535, description="ssh port")
     ssh_identity: str | None = Field(None, description="private key file; ~/.ssh/config applies when unset")
     sudo: bool = Field(True, description="run privileged commands with sudo -n")
     known_hosts: str | None = Field(None, description="known_hosts file; ~/.ssh/known_hosts when unset")
-    prefix: str = Field("/", description="root under which rendered files are placed (simulated rootless nodes)")
-    sysfs_root: str = Field("/sys", description="where sysfs is read (simulated rootless nodes)")
-    proc_root: str = Field("/proc", description="where procfs is read (simulated rootless nodes)")
+    prefix: SafePath = Field("/", description="root under which rendered files are placed (simulated rootless nodes)")
+    sysfs_root: SafePath = Field("/sys", description="where sysfs is read (simulated rootless nodes)")
+    proc_root: SafePath = Field("/proc", description="where procfs is read (simulated rootless nodes)")
     mgmt_iface: IfName = Field("enP7s7", description="management interface")
+
+    @field_validator("prefix", "sysfs_root", "proc_root")
+    @classmethod
+    def _paths(cls, v: str | None) -> str | None:
+        return no_dotdot(v)
+
+    @field_validator("ssh_identity", "known_hosts")
+    @classmethod
+    def _local_paths(cls, v: str | None) -> str | None:
+        return no_control(v)
 
 
 class NodeSpec(_Strict):
@@ -260,16 +379,26 @@ class NodeSpec(_Strict):
 
     name: Name = Field(description="node name (used in messages, files and units)")
     host: str = Field(pattern=HOST_RE, description="management address or host name for ssh")
-    ssh_user: str | None = Field(None, pattern=r"^[a-z_][a-z0-9_-]{0,31}$", description="overrides defaults")
+    ssh_user: str | None = Field(None, pattern=SSH_USER_RE, description="overrides defaults")
     ssh_port: int | None = Field(None, ge=1, le=65535, description="overrides defaults")
     ssh_identity: str | None = Field(None, description="overrides defaults")
     sudo: bool | None = Field(None, description="overrides defaults")
     known_hosts: str | None = Field(None, description="overrides defaults")
-    prefix: str | None = Field(None, description="overrides defaults")
-    sysfs_root: str | None = Field(None, description="overrides defaults")
-    proc_root: str | None = Field(None, description="overrides defaults")
+    prefix: SafePath | None = Field(None, description="overrides defaults")
+    sysfs_root: SafePath | None = Field(None, description="overrides defaults")
+    proc_root: SafePath | None = Field(None, description="overrides defaults")
     mgmt_iface: IfName | None = Field(None, description="overrides defaults")
     ports: dict[Literal["p0", "p1"], PortSpec] | None = Field(None, description="QSFP cage names; Spark defaults")
+
+    @field_validator("prefix", "sysfs_root", "proc_root")
+    @classmethod
+    def _paths(cls, v: str | None) -> str | None:
+        return no_dotdot(v)
+
+    @field_validator("ssh_identity", "known_hosts")
+    @classmethod
+    def _local_paths(cls, v: str | None) -> str | None:
+        return no_control(v)
 
 
 class ClusterSpec(_Strict):

@@ -136,7 +136,7 @@ def pydantic_errors(exc: Any, ref_for: Any, error_cls: type[ConfigError]) -> Con
     import difflib
 
     err = exc.errors()[0]
-    loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and p.startswith("function-after")))
+    loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and (p.startswith("function-after") or p == "[key]")))
     msg = err["msg"]
     hint = None
     if err["type"] == "extra_forbidden":
@@ -151,7 +151,11 @@ def pydantic_errors(exc: Any, ref_for: Any, error_cls: type[ConfigError]) -> Con
     elif msg.startswith("Value error, "):
         msg = msg[len("Value error, "):]
     elif err["type"] == "string_pattern_mismatch":
-        msg = f"{err.get('input')!r} is not allowed here (letters, digits, '.', '_', '-' only)"
+        from .schema import PATTERN_HINTS
+
+        allowed = PATTERN_HINTS.get(err.get("ctx", {}).get("pattern"), "see docs/profile-schema.md")
+        msg = f"{str(err.get('input'))[:80]!r} is not allowed here"
+        hint = f"allowed: {allowed}"
     if err["type"] == "extra_forbidden" and "_known" in err.get("ctx", {}):
         close = difflib.get_close_matches(str(loc[-1]), err["ctx"]["_known"], n=1)
         if close:

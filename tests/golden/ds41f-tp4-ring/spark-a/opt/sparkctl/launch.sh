@@ -5,11 +5,10 @@ set -eu
 ENV_FILE=/etc/sparkctl/engine.env
 SYSFS=/sys
 
-# Load the env file without evaluating it: each line is exported verbatim.
-while IFS= read -r line || [ -n "$line" ]; do
-  case "$line" in ''|'#'*) continue ;; esac
-  export "$line"
-done < "$ENV_FILE"
+# The env file's values are quoted for sh: sourcing it sets them and runs nothing.
+set -a
+. "$ENV_FILE"
+set +a
 
 # The RoCEv2 IPv4 GID index drifts (3, 4 and 5 seen on Sparks): resolve it per
 # device now. An empty value would mean index 0, the link-local GID.
@@ -38,10 +37,16 @@ done
 export NCCL_IB_GID_INDEX="$GID"
 echo "sparkctl: NCCL_IB_GID_INDEX=$GID for rocep1s0f0,roceP2p1s0f0,rocep1s0f1,roceP2p1s0f1"
 
+# docker gets the names only (-e NAME takes the value from this environment):
+# its --env-file reader would keep the quotes as part of the values.
+set --
+while IFS= read -r line || [ -n "$line" ]; do
+  case "$line" in [A-Za-z_]*=*) set -- "$@" -e "${line%%=*}" ;; esac
+done < "$ENV_FILE"
 exec docker run --rm --name sparkctl-engine \
   --network host --ipc host --device /dev/infiniband \
   --ulimit memlock=-1 --cap-add IPC_LOCK --gpus all \
-  --env-file "$ENV_FILE" -e NCCL_IB_GID_INDEX \
+  "$@" -e NCCL_IB_GID_INDEX \
   -v /srv/models:/srv/models:ro \
   ghcr.io/ds41f/ds41f-spark:1029 \
   ds41f serve --model /srv/models/DeepSeek-V4.1-Flash-1017 --served-model-name deepseek-v4.1-flash --tp 4 --nnodes 4 --node-rank 0 --master-addr 10.20.0.1 --master-port 29500 --host 0.0.0.0 --port 8000 --max-model-len 1048576 --gpu-memory-utilization 0.88 --memory-saver

@@ -5,10 +5,9 @@ set -eu
 ENV_FILE=/etc/sparkctl/engine.env
 SYSFS=/sys
 
-# Load the env file without evaluating it: each line is exported verbatim.
-while IFS= read -r line || [ -n "$line" ]; do
-  case "$line" in ''|'#'*) continue ;; esac
-  export "$line"
-done < "$ENV_FILE"
+# The env file's values are quoted for sh: sourcing it sets them and runs nothing.
+set -a
+. "$ENV_FILE"
+set +a
 
 exec llama-server --model /srv/models/DeepSeek-V4-Flash-0731-Q2_K.gguf --alias deepseek-v4-flash-gguf --host 0.0.0.0 --port 8080 --ctx-size 131072 --parallel 8 --n-gpu-layers 999

@@ -5,10 +5,9 @@ set -eu
 ENV_FILE=/etc/sparkctl/engine.env
 SYSFS=/sys
 
-# Load the env file without evaluating it: each line is exported verbatim.
-while IFS= read -r line || [ -n "$line" ]; do
-  case "$line" in ''|'#'*) continue ;; esac
-  export "$line"
-done < "$ENV_FILE"
+# The env file's values are quoted for sh: sourcing it sets them and runs nothing.
+set -a
+. "$ENV_FILE"
+set +a
 
 exec python3 -m llama_cpp.server --model /srv/models/tiny-llama.gguf --model_alias tiny-llama --host 0.0.0.0 --port 8080 --n_ctx 512
