@@ -478,14 +478,25 @@ def trust_cmd(c: Ctx, nodes: tuple[str, ...], fingerprint: str | None, yes: bool
 
 
 class NodeProgress:
-    """Per-node progress lines: phase, elapsed, last log line (rich live table on a terminal)."""
+    """Per-node progress lines: phase, elapsed, last log line (rich live table on a terminal).
+
+    With ``SPARKCTL_PROGRESS_JSONL=PATH`` every event is also appended to PATH as
+    one JSON line (``t``, ``elapsed_s``, ``pid``, ``node``, ``phase``, ``message``),
+    flushed at once, for tools that follow a run (bench/fault_matrix.py does).
+    """
 
     def __init__(self, quiet: bool = False) -> None:
         self.t0 = time.monotonic()
         self.quiet = quiet
         self.console = err_console()
+        self.events = os.environ.get("SPARKCTL_PROGRESS_JSONL") or None
 
     def __call__(self, node: str, phase: str, message: str) -> None:
+        if self.events:
+            line = json.dumps({"t": time.time(), "elapsed_s": round(time.monotonic() - self.t0, 3),
+                               "pid": os.getpid(), "node": node, "phase": phase, "message": message})
+            with open(self.events, "a", encoding="utf-8") as fh:
+                fh.write(line + "\n")
         if self.quiet:
             return
         el = time.monotonic() - self.t0
@@ -557,7 +568,11 @@ def down_cmd(c: Ctx, reset_clocks: bool, connect_timeout_s: float, command_timeo
         if result.clocks_reset:
             out.print(f"clock lock reset on {', '.join(result.clocks_reset)}")
     if result.leftovers:
-        raise SystemExit(5)
+        from .errors import LifecycleError, Ref
+
+        first = min(result.leftovers)
+        raise LifecycleError(f"down failed in phase stop: engines may still run on {', '.join(sorted(result.leftovers))}",
+                             Ref(node=first), hint="the record says failed; run `sparkctl down` again once the node answers")
 
 
 @cli.command("switch")
@@ -824,7 +839,7 @@ def sim_set_cmd(node: str, assignments: tuple[str, ...]) -> None:
 
 
 FAULTS = ("kill-engine", "link-down", "link-up", "stale-link", "mtu", "sshd-stop", "sshd-start",
-          "unreachable", "reachable", "wedge", "unwedge", "leak-on-death")
+          "unreachable", "reachable", "wedge", "unwedge", "leak-on-death", "disk-full", "disk-ok")
 
 
 @sim_group.command("fault")
@@ -832,7 +847,9 @@ FAULTS = ("kill-engine", "link-down", "link-up", "stale-link", "mtu", "sshd-stop
 @click.argument("kind", type=click.Choice(FAULTS))
 @click.option("--iface", default="enp1s0f0np0", show_default=True, help="the twin netdev for link faults")
 @click.option("--mtu", "mtu_bytes", type=int, default=1500, show_default=True, help="for kind mtu")
-def sim_fault_cmd(node: str, kind: str, iface: str, mtu_bytes: int) -> None:
+@click.option("--path", "disk_path", default="/var/lib/sparkctl", show_default=True,
+              help="for kind disk-full: the node's directory whose disk fills (where the record lives)")
+def sim_fault_cmd(node: str, kind: str, iface: str, mtu_bytes: int, disk_path: str) -> None:
     """Inject a fault into a simulated node."""
     from .sim import cluster
 
@@ -850,6 +867,8 @@ def sim_fault_cmd(node: str, kind: str, iface: str, mtu_bytes: int) -> None:
         "wedge": lambda: cluster.set_state(root, node, "faults.wedged", "true"),
         "unwedge": lambda: cluster.set_state(root, node, "faults.wedged", "false"),
         "leak-on-death": lambda: cluster.set_state(root, node, "faults.leak_on_death", "true", allow_new=True),
+        "disk-full": lambda: cluster.disk_full(root, node, disk_path),
+        "disk-ok": lambda: cluster.disk_ok(root, node),
     }
     result = actions[kind]()
     out.print(f"{node}: {kind} done" + (f" ({result})" if result not in (None, []) else ""), markup=False)

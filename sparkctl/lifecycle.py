@@ -23,7 +23,7 @@ import httpx
 
 from . import laws, probes
 from .check import CheckReport, run_check
-from .errors import CheckFailed, LifecycleError, LockHeld, Ref
+from .errors import CheckFailed, LifecycleError, LockHeld, Ref, SparkctlError
 from .inventory import Inventory
 from .layout import Layout, Rank, bind
 from .plan import plan_up
@@ -153,9 +153,40 @@ def write_record(inv: Inventory, transport: Transport, rec: RunRecord) -> None:
 # --------------------------------------------------------------------------- the lock
 
 
+class LockUnavailable(LifecycleError):
+    """The head answered, but no lock dir could be made (a full disk, a read-only
+    filesystem): nobody holds the lock, and nobody else can take it either."""
+
+
+# The lock: one mkdir, then the holder file. A lock dir is only ever left
+# without a holder by a process killed between the two; a failed write of the
+# holder (a full disk) removes the dir again, so a full disk never leaves a lock.
+_ACQUIRE_SCRIPT = """\
+d={d}
+mkdir -p {parent} || exit 3
+if err=$(mkdir "$d" 2>&1); then
+  if out=$( {{ printf '%s\\n' {info} > "$d/holder"; }} 2>&1 ); then echo acquired; exit 0; fi
+  rm -rf "$d"; echo "cannot write $d/holder: ${{out:-write error}}" >&2; exit 3
+elif [ -d "$d" ]; then
+  echo held; cat "$d/holder" 2>/dev/null; exit 0
+fi
+echo "$err" >&2; exit 3
+"""
+
+# Whether a holder on the head (the supervisor of `switch --supervise`) still runs.
+_HEAD_HOLDER_ALIVE = ("p={pid}; if [ -d /proc/$p ] && tr '\\000' ' ' < /proc/$p/cmdline 2>/dev/null | "
+                      "grep -q supervisor; then echo alive; else echo gone; fi")
+
+
 @dataclass
 class ClusterLock:
-    """mkdir-based lock on the head node; the holder's user@host, pid and time inside."""
+    """mkdir-based lock on the head node; the holder's user@host, pid and time inside.
+
+    A lock whose holder is provably gone is broken by the next acquirer: a
+    holder on this machine whose pid is dead, or a switch supervisor on the head
+    (its ``host`` is the head's node name) whose pid no longer runs the
+    supervisor. A holder on another workstation cannot be checked from here.
+    """
 
     inv: Inventory
     transport: Transport
@@ -170,29 +201,48 @@ class ClusterLock:
         import os
 
         head = head_node(self.inv)
-        d = shlex.quote(self._dir())
+        d = self._dir()
         info = json.dumps({"holder": self.holder, "since": now_iso(), "operation": self.operation,
                            "host": socket.gethostname(), "pid": os.getpid()})
-        cmd = (f"mkdir -p {shlex.quote(self._dir().rsplit('/', 1)[0])} && mkdir {d} 2>/dev/null && "
-               f"printf '%s\\n' {shlex.quote(info)} > {d}/holder && echo acquired || cat {d}/holder 2>/dev/null")
+        cmd = _ACQUIRE_SCRIPT.format(d=shlex.quote(d), parent=shlex.quote(d.rsplit("/", 1)[0] or "/"),
+                                     info=shlex.quote(info))
         r = self.transport.run(head, cmd, sudo=_sudo(self.inv, head))
-        if not r.ok and "acquired" not in r.stdout:
-            raise LifecycleError(f"cannot take the cluster lock on {head}: {r.error or r.stderr.strip()}",
-                                 Ref(node=head))
-        if "acquired" in r.stdout:
+        lines = r.stdout.strip().splitlines()
+        if r.ok and lines[:1] == ["acquired"]:
             return
+        if not r.ok or lines[:1] != ["held"]:
+            raise (LockUnavailable if r.ok is False and not r.error else LifecycleError)(
+                f"cannot take the cluster lock on {head}: {r.error or r.stderr.strip() or f'exit {r.exit_code}'}",
+                Ref(node=head), hint=f"check the disk and permissions of {d.rsplit('/', 1)[0]} on {head}")
+        raw = lines[1] if len(lines) > 1 else ""
         try:
-            other = json.loads(r.stdout.strip().splitlines()[-1])
-        except (ValueError, IndexError):
-            other = {"holder": "unknown", "since": "unknown"}
-        if break_stale and other.get("host") == socket.gethostname() and not _pid_alive(other.get("pid")):
-            self.transport.run(head, f"rm -rf {d}", sudo=_sudo(self.inv, head))
+            other = json.loads(raw)
+        except ValueError:
+            other = {"holder": "unknown (no holder file)", "since": "unknown"}
+        if break_stale and raw and self._holder_gone(other):
+            q = shlex.quote
+            # Break only the lock we judged: the same holder line, renamed away in one step.
+            self.transport.run(head, f"d={q(d)}; grep -qxF {q(raw)} \"$d/holder\" 2>/dev/null && "
+                                     f"mv \"$d\" \"$d.stale.$$\" && rm -rf \"$d.stale.$$\"; true",
+                               sudo=_sudo(self.inv, head))
             return self.acquire(break_stale=False)
         raise LockHeld(
             f"the cluster is locked by {other.get('holder')} since {other.get('since')} "
             f"({other.get('operation', '?')})", Ref(node=head),
             hint="wait for it to finish; if that process is gone, `sparkctl unlock` removes the lock",
         )
+
+    def _holder_gone(self, other: Mapping[str, Any]) -> bool:
+        pid = other.get("pid")
+        if not isinstance(pid, int) or pid <= 0:
+            return False
+        if other.get("host") == socket.gethostname():
+            return not _pid_alive(pid)
+        head = head_node(self.inv)
+        if other.get("host") == head:  # the supervisor writes the head's node name as its host
+            r = self.transport.run(head, _HEAD_HOLDER_ALIVE.format(pid=int(pid)))
+            return r.ok and r.stdout.strip() == "gone"
+        return False
 
     def release(self) -> None:
         head = head_node(self.inv)
@@ -402,40 +452,91 @@ def _record_for(res: Resolved, rendering: Rendering, sets: Sequence[str], state:
                      waivers={k: w.reason for k, w in waivers.items()})
 
 
+class Interrupted(LifecycleError):
+    """The operator interrupted sparkctl (SIGINT); what the run started is stopped."""
+
+    exit_code = 130  # the shell's convention for SIGINT
+
+
+@dataclass
+class _Where:
+    """The phase an operation is in, so every error it raises can name it."""
+
+    op: str
+    phase: str = "lock"
+
+    def annotate(self, exc: BaseException) -> BaseException:
+        """The same error, its message prefixed with the operation and the phase (once)."""
+        if isinstance(exc, KeyboardInterrupt):
+            return Interrupted(f"{self.op} interrupted in phase {self.phase}",
+                               hint="what this run started was stopped; `sparkctl status` shows what runs")
+        if isinstance(exc, SparkctlError) and " in phase " not in exc.message:
+            new = type(exc)(f"{self.op} failed in phase {self.phase}: {exc.message}", exc.ref, exc.hint)
+            new.phase = self.phase  # type: ignore[attr-defined]
+            return new
+        return exc
+
+
+# Phases of `up` that change no stack: a failure there leaves the previous one serving.
+UNCHANGED_PHASES = ("lock", "plan", "check", "clock")
+
+
+def _write_not_serving(inv: Inventory, transport: Transport, rec: RunRecord) -> None:
+    """Record a state that claims nothing serves; if the head cannot take the write
+    (a full disk), remove its record instead: no record also claims nothing serves,
+    and a stale "serving" must never outlive the stack it describes."""
+    try:
+        write_record(inv, transport, rec)
+    except LifecycleError:
+        head = head_node(inv)
+        transport.run(head, f"rm -f {shlex.quote(_p(inv, head, RECORD_PATH))}", sudo=_sudo(inv, head))
+        raise
+
+
 def up(res: Resolved, inv: Inventory, transport: Transport, roots: Roots, *,
        sets: Sequence[str] = (), waivers: Mapping[str, laws.Waiver] | None = None,
        secrets: Mapping[str, str] | None = None, progress: Progress | None = None,
        skip_check: bool = False, lock: bool = True) -> UpResult:
     say = progress or (lambda *_: None)
     waivers = dict(waivers or {})
+    where = _Where(f"up {res.name}")
     guard = ClusterLock(inv, transport, f"up {res.name}") if lock else None
-    if guard:
-        guard.acquire()
     try:
-        return _up(res, inv, transport, roots, sets, waivers, secrets or {}, say, skip_check)
-    finally:
         if guard:
-            guard.release()
+            guard.acquire()
+        try:
+            return _up(res, inv, transport, roots, sets, waivers, secrets or {}, say, skip_check, where)
+        finally:
+            if guard:
+                guard.release()
+    except (SparkctlError, KeyboardInterrupt) as exc:
+        new = where.annotate(exc)
+        if new is exc:
+            raise
+        raise new from None
 
 
 def _up(res: Resolved, inv: Inventory, transport: Transport, roots: Roots, sets: Sequence[str],
-        waivers: dict[str, laws.Waiver], secrets: Mapping[str, str], say: Progress, skip_check: bool) -> UpResult:
+        waivers: dict[str, laws.Waiver], secrets: Mapping[str, str], say: Progress, skip_check: bool,
+        where: _Where) -> UpResult:
     phases: list[PhaseTime] = []
     t = time.monotonic()
 
-    def phase(name: str) -> None:
+    def phase(name: str, nxt: str) -> None:
         nonlocal t
         now = time.monotonic()
         phases.append(PhaseTime(name, now - t))
         t = now
+        where.phase = nxt
 
+    where.phase = "plan"
     p = res.profile
     rendering = render(res, inv, roots, secrets, reveal_secrets=True)
     layout = rendering.layout
     steps = plan_up(res, inv, rendering)
     say("*", "plan", f"{len(steps)} steps on {', '.join(layout.nodes)}")
     prev = read_record(inv, transport)
-    phase("plan")
+    phase("plan", "check")
 
     # No-op or partial restart: compare the stable per-node hashes with the record.
     changed = list(layout.nodes)
@@ -460,38 +561,42 @@ def _up(res: Resolved, inv: Inventory, transport: Transport, roots: Roots, sets:
                            progress=lambda m: say("*", "check", m))
         # served_model: the endpoint about to be replaced; clock_cap: applied next.
         failures = [v for v in report.verdicts if v.failed and v.law not in ("served_model", "clock_cap")]
-        phase("check")
+        phase("check", "clock")
         if failures:
             first = failures[0]
+            where.phase = "check"
             raise CheckFailed(f"{len(failures)} law(s) fail; first: {first.law} on {first.node}: {first.observed}",
                               Ref(node=first.node), hint=first.fix or "run `sparkctl check PROFILE` for the table")
+    where.phase = "clock"
     if p.laws.clock_cap_mhz is not None:
         cmds = {n: " && ".join(laws.clock_lock_commands(p.laws.clock_cap_mhz, inv.node(n).prefix, inv.node(n).proc_root))
                 for n in layout.nodes}
         say("*", "clock", f"nvidia-smi -lgc 0,{p.laws.clock_cap_mhz} on {len(cmds)} nodes")
         _fail_on(transport.run_all(cmds, sudo=any(_sudo(inv, n) for n in cmds)), "applying the clock cap")
-        phase("clock")
+        phase("clock", "stop-stale")
+    where.phase = "stop-stale"
     started_at = now_iso()
     # Stop what runs: the previous stack anywhere in the inventory, or the replicas we restart.
     stale_nodes = list(inv.names) if not prev or prev.profile != res.name or restart == list(layout.nodes) else restart
     ports = sorted({p.serve.port, p.serve.master_port} | ({prev.port} if prev else set()))
-    say("*", "stop-stale", f"stopping sparkctl engines on {', '.join(stale_nodes)}")
-    left = stop_engines(inv, transport, stale_nodes, ports, p.serve.stop_timeout_s)
-    if left:
-        n, what = sorted(left.items())[0]
-        raise LifecycleError(f"could not stop the previous engine on {n}: {what}", Ref(node=n, command="stop"),
-                             hint="stop it by hand; a new rank must never join an old head's rendezvous")
-    if prev and prev.profile != res.name:
-        write_record(inv, transport, prev.with_state("stopped", now_iso(), f"replaced by {res.name}"))
-    phase("stop-stale")
+    # The record changes before the cluster does: if the head cannot take it (a full
+    # disk), nothing has been touched yet and the previous record still tells the truth.
+    rec = _record_for(res, rendering, sets, "starting", waivers, started_at)
+    write_record(inv, transport, replace(rec, note=f"replacing {prev.profile}" if prev and prev.profile != res.name
+                                         else rec.note))
 
     started: list[str] = []
     try:
+        say("*", "stop-stale", f"stopping sparkctl engines on {', '.join(stale_nodes)}")
+        left = stop_engines(inv, transport, stale_nodes, ports, p.serve.stop_timeout_s)
+        if left:
+            n, what = sorted(left.items())[0]
+            raise LifecycleError(f"could not stop the previous engine on {n}: {what}", Ref(node=n, command="stop"),
+                                 hint="stop it by hand; a new rank must never join an old head's rendezvous")
+        phase("stop-stale", "push")
         say("*", "push", f"writing {sum(len(rendering.files[n]) for n in restart)} files to {len(restart)} nodes")
         push_files(inv, transport, rendering, restart)
-        rec = _record_for(res, rendering, sets, "starting", waivers, started_at)
-        write_record(inv, transport, rec)
-        phase("push")
+        phase("push", "start")
         # A fresh log per start, so progress and failure reports show this run's lines.
         logs = {n: f"f={shlex.quote(_p(inv, n, LOG_DIR + '/engine.log'))}; [ -e \"$f\" ] && mv -f \"$f\" \"$f.1\"; true"
                 for n in restart}
@@ -508,30 +613,33 @@ def _up(res: Resolved, inv: Inventory, transport: Transport, roots: Roots, sets:
             cmds = {r.node: _start_command(inv, r.node, res.for_node(r.node).supervisor) for r in group}
             started.extend(cmds)
             _fail_on(transport.run_all(cmds, sudo=any(_sudo(inv, n) for n in cmds)), "starting the engine")
-        phase("start")
+        phase("start", "ready")
         from .render import TOKENS_METRIC
 
         ready = wait_ready(inv, transport, layout, p, p.serve.tokens_metric or TOKENS_METRIC[p.engine.name], say,
                            p.serve.ready_timeout_s)
-        phase("ready")
         if not ready.ok:
             tails = tail_logs(inv, transport, list(layout.nodes), 15)
             raise LifecycleError(f"{res.name} did not become ready: {ready.detail}", Ref(node=layout.heads()[0].node),
                                  hint="last log lines:\n" + "\n".join(
                                      f"  [{n}] {line}" for n in layout.nodes for line in tails[n].splitlines()[-6:]))
-        rec = replace(rec, state="serving", updated_at=now_iso())
+        phase("ready", "record")
+        rec = replace(rec, state="serving", updated_at=now_iso(), note="")
         write_record(inv, transport, rec)
-        phase("record")
+        phase("record", "done")
         return UpResult(res.name, "started" if restart == list(layout.nodes) else "restarted", rec, tuple(phases),
                         report, ready_s=ready.seconds, restarted_nodes=tuple(restart))
     except BaseException as exc:
-        # Never half-up: stop what this run started, and say so in the record.
+        # Never half-up: stop what this run started (and what it was stopping), and say so in the record.
         say("*", "rollback", f"stopping what was started ({type(exc).__name__})")
-        stop_engines(inv, transport, list(layout.nodes), ports, p.serve.stop_timeout_s)
+        stop_engines(inv, transport, list(dict.fromkeys([*layout.nodes, *stale_nodes])), ports,
+                     p.serve.stop_timeout_s)
         try:
             failed = _record_for(res, rendering, sets, "failed" if not isinstance(exc, KeyboardInterrupt) else "stopped",
                                  waivers, started_at)
-            write_record(inv, transport, replace(failed, note=f"{type(exc).__name__}: {exc}"[:300]))
+            _write_not_serving(inv, transport, replace(
+                failed, note=f"{where.op} {'interrupted' if isinstance(exc, KeyboardInterrupt) else 'failed'} "
+                             f"in phase {where.phase}: {type(exc).__name__}: {exc}"[:300]))
         except Exception:  # noqa: BLE001 - the original error matters more
             pass
         raise
@@ -543,43 +651,89 @@ def _up(res: Resolved, inv: Inventory, transport: Transport, roots: Roots, sets:
 def down(inv: Inventory, transport: Transport, *, reset_clocks: bool = False, progress: Progress | None = None,
          lock: bool = True) -> DownResult:
     say = progress or (lambda *_: None)
+    where = _Where("down")
     guard = ClusterLock(inv, transport, "down") if lock else None
-    if guard:
-        guard.acquire()
     try:
-        prev = read_record(inv, transport)
-        nodes = list(inv.names)
-        ports = sorted({prev.port} if prev else set())
-        if prev:
-            # reverse start order: heads last started with workers-first, so stop heads first
-            order = list(prev.heads) + [n for n in prev.nodes if n not in prev.heads]
-            nodes = order + [n for n in inv.names if n not in order]
-        say("*", "stop", f"stopping sparkctl engines on {', '.join(nodes)}")
-        left = stop_engines(inv, transport, nodes, ports)
-        if prev and prev.state != "stopped":
-            write_record(inv, transport, prev.with_state("stopped" if not left else "failed", now_iso(), "down"))
-        # The leak law: memory not given back after the engines are gone.
-        leaks: dict[str, float] = {}
-        for n, r in transport.run_all({n: f"cat {shlex.quote(inv.node(n).proc_root.rstrip('/') + '/meminfo')}"
-                                       for n in nodes}).items():
-            if r.ok:
-                try:
-                    m = probes.parse_meminfo(r.stdout)
-                    held = (m.total_kib - m.available_kib) / 1024 / 1024
-                    if held > laws.LEAK_THRESHOLD_GIB:
-                        leaks[n] = held
-                except probes.ProbeParseError:
-                    pass
-        reset: list[str] = []
-        if reset_clocks:
-            rs = transport.run_all({n: "nvidia-smi -rgc && rm -f "
-                                    + shlex.quote(_p(inv, n, "/var/lib/sparkctl/clock-lock")) for n in nodes},
-                                   sudo=any(_sudo(inv, n) for n in nodes))
-            reset = [n for n, r in rs.items() if r.ok]
-        return DownResult(tuple(nodes), left, leaks, tuple(reset))
-    finally:
         if guard:
-            guard.release()
+            try:
+                guard.acquire()
+            except LockUnavailable as exc:
+                # Stopping is what an operator needs most on a full disk, and no other
+                # sparkctl can hold or take the lock while no lock dir can be made.
+                say("*", "lock", f"{exc.message}: stopping without the lock")
+                guard = None
+        try:
+            return _down(inv, transport, reset_clocks, say, where)
+        finally:
+            if guard:
+                guard.release()
+    except (SparkctlError, KeyboardInterrupt) as exc:
+        new = where.annotate(exc)
+        if new is exc:
+            raise
+        raise new from None
+
+
+def _down(inv: Inventory, transport: Transport, reset_clocks: bool, say: Progress, where: _Where) -> DownResult:
+    where.phase = "plan"
+    prev = read_record(inv, transport)
+    nodes = list(inv.names)
+    ports = sorted({prev.port} if prev else set())
+    if prev:
+        # reverse start order: heads last started with workers-first, so stop heads first
+        order = list(prev.heads) + [n for n in prev.nodes if n not in prev.heads]
+        nodes = order + [n for n in inv.names if n not in order]
+    where.phase = "stop"
+    record_error: LifecycleError | None = None
+    if prev and prev.state not in ("stopped", "failed"):
+        # Before anything stops: an interrupted or half-done down never leaves "serving" behind.
+        try:
+            _write_not_serving(inv, transport, prev.with_state("stopping", now_iso(), "down in progress"))
+        except LifecycleError as exc:
+            record_error = exc  # down still stops everything; the error is reported at the end
+    say("*", "stop", f"stopping sparkctl engines on {', '.join(nodes)}")
+    try:
+        left = stop_engines(inv, transport, nodes, ports)
+    except KeyboardInterrupt:
+        if prev and record_error is None:
+            try:
+                _write_not_serving(inv, transport, prev.with_state(
+                    "failed", now_iso(), "down interrupted in phase stop: ranks may still run; run down again"))
+            except LifecycleError:
+                pass
+        raise
+    where.phase = "record"
+    if prev and prev.state != "stopped" and record_error is None:
+        note = "down" if not left else "down left " + "; ".join(f"{n}: {w}" for n, w in sorted(left.items()))
+        try:
+            _write_not_serving(inv, transport, prev.with_state("stopped" if not left else "failed", now_iso(),
+                                                               note[:300]))
+        except LifecycleError as exc:
+            record_error = exc
+    if record_error is not None:
+        raise LifecycleError(f"engines stopped{' except on ' + ', '.join(sorted(left)) if left else ''}, but "
+                             f"{record_error.message}; the head's record was removed (no record: nothing runs)",
+                             record_error.ref, hint=record_error.hint)
+    where.phase = "verify"
+    # The leak law: memory not given back after the engines are gone.
+    leaks: dict[str, float] = {}
+    for n, r in transport.run_all({n: f"cat {shlex.quote(inv.node(n).proc_root.rstrip('/') + '/meminfo')}"
+                                   for n in nodes}).items():
+        if r.ok:
+            try:
+                m = probes.parse_meminfo(r.stdout)
+                held = (m.total_kib - m.available_kib) / 1024 / 1024
+                if held > laws.LEAK_THRESHOLD_GIB:
+                    leaks[n] = held
+            except probes.ProbeParseError:
+                pass
+    reset: list[str] = []
+    if reset_clocks:
+        rs = transport.run_all({n: "nvidia-smi -rgc && rm -f "
+                                + shlex.quote(_p(inv, n, "/var/lib/sparkctl/clock-lock")) for n in nodes},
+                               sudo=any(_sudo(inv, n) for n in nodes))
+        reset = [n for n, r in rs.items() if r.ok]
+    return DownResult(tuple(nodes), left, leaks, tuple(reset))
 
 
 # --------------------------------------------------------------------------- switch
@@ -588,41 +742,65 @@ def down(inv: Inventory, transport: Transport, *, reset_clocks: bool = False, pr
 def switch(res: Resolved, inv: Inventory, transport: Transport, roots: Roots, *, sets: Sequence[str] = (),
            waivers: Mapping[str, laws.Waiver] | None = None, secrets: Mapping[str, str] | None = None,
            progress: Progress | None = None) -> SwitchResult:
-    """Down the current stack, up the new one; on failure bring the previous one back."""
+    """Down the current stack, up the new one; on failure bring the previous one back.
+
+    Ctrl-C does not roll back: what this run started is stopped and the record
+    says so (the operator asked sparkctl to stop, not to start something else).
+    """
     say = progress or (lambda *_: None)
-    with ClusterLock(inv, transport, f"switch {res.name}"):
-        prev = read_record(inv, transport)
-        prev_res = None
-        if prev and prev.state == "serving" and prev.profile != res.name:
-            prev_res = resolve(prev.profile, roots, prev.sets)
-        t_down = time.monotonic()
-        try:
-            result = up(res, inv, transport, roots, sets=sets, waivers=waivers, secrets=secrets, progress=progress,
-                        lock=False)
-            # The old endpoint serves through plan, check and clock; it is gone from
-            # stop-stale until the new one is ready.
-            unavailable = sum(p.seconds for p in result.phases if p.phase in ("stop-stale", "push", "start", "ready"))
-            return SwitchResult(res.name, True, False, unavailable if prev_res else 0.0, up=result)
-        except KeyboardInterrupt:
+    where = _Where(f"switch {res.name}")
+    try:
+        with ClusterLock(inv, transport, f"switch {res.name}"):
+            return _switch(res, inv, transport, roots, sets, waivers, secrets, progress, say, where)
+    except (SparkctlError, KeyboardInterrupt) as exc:
+        new = where.annotate(exc)
+        if new is exc:
             raise
-        except Exception as exc:  # noqa: BLE001 - any failure: restore the previous stack
-            if prev_res is None:
-                raise
-            say("*", "rollback", f"{res.name} failed ({exc}); bringing {prev.profile} back")  # type: ignore[union-attr]
-            prev_waivers = {k: laws.Waiver(k, v) for k, v in prev.waivers.items()}  # type: ignore[union-attr]
-            try:
-                up(prev_res, inv, transport, roots, sets=prev.sets, waivers=prev_waivers,  # type: ignore[union-attr]
-                   secrets=secrets, progress=progress, lock=False, skip_check=True)
-            except Exception as exc2:  # noqa: BLE001
-                raise LifecycleError(f"switch to {res.name} failed ({exc}) and restoring {prev_res.name} failed too: "
-                                     f"{exc2}", hint="`sparkctl status` shows what runs; `sparkctl up` a profile") from None
-            # prove the restored stack serves its own name
-            head = next(iter(prev.heads))  # type: ignore[union-attr]
-            ok, detail = probe_endpoint(f"http://{inv.node(head).host}:{prev.port}", prev.served_name, None,  # type: ignore[union-attr]
-                                        smoke=True)
-            if not ok:
-                raise LifecycleError(f"restored {prev_res.name} but it does not serve {prev.served_name}: {detail}")  # type: ignore[union-attr]
-            return SwitchResult(prev_res.name, False, True, time.monotonic() - t_down, error=str(exc))
+        raise new from None
+
+
+def _switch(res: Resolved, inv: Inventory, transport: Transport, roots: Roots, sets: Sequence[str],
+            waivers: Mapping[str, laws.Waiver] | None, secrets: Mapping[str, str] | None, progress: Progress | None,
+            say: Progress, where: _Where) -> SwitchResult:
+    where.phase = "plan"
+    prev = read_record(inv, transport)
+    prev_res = None
+    if prev and prev.state == "serving" and prev.profile != res.name:
+        prev_res = resolve(prev.profile, roots, prev.sets)
+    t_down = time.monotonic()
+    try:
+        result = up(res, inv, transport, roots, sets=sets, waivers=waivers, secrets=secrets, progress=progress,
+                    lock=False)
+        # The old endpoint serves through plan, check and clock; it is gone from
+        # stop-stale until the new one is ready.
+        unavailable = sum(p.seconds for p in result.phases if p.phase in ("stop-stale", "push", "start", "ready"))
+        return SwitchResult(res.name, True, False, unavailable if prev_res else 0.0, up=result)
+    except (KeyboardInterrupt, Interrupted):
+        raise
+    except Exception as exc:  # noqa: BLE001 - any failure: restore the previous stack
+        if prev_res is None or getattr(exc, "phase", None) in UNCHANGED_PHASES:
+            raise  # nothing was stopped: the previous stack serves on, the record says so
+        say("*", "rollback", f"{res.name} failed ({exc}); bringing {prev.profile} back")  # type: ignore[union-attr]
+        prev_waivers = {k: laws.Waiver(k, v) for k, v in prev.waivers.items()}  # type: ignore[union-attr]
+        where.phase = "rollback"
+        try:
+            up(prev_res, inv, transport, roots, sets=prev.sets, waivers=prev_waivers,  # type: ignore[union-attr]
+               secrets=secrets, progress=progress, lock=False, skip_check=True)
+        except (KeyboardInterrupt, Interrupted):
+            raise
+        except Exception as exc2:  # noqa: BLE001
+            raise LifecycleError(f"switch to {res.name} failed ({exc}) and restoring {prev_res.name} failed too: "
+                                 f"{exc2}", getattr(exc2, "ref", None) or getattr(exc, "ref", None),
+                                 hint="`sparkctl status` shows what runs; `sparkctl up` a profile") from None
+        # prove the restored stack serves its own name
+        head = next(iter(prev.heads))  # type: ignore[union-attr]
+        ok, detail = probe_endpoint(f"http://{inv.node(head).host}:{prev.port}", prev.served_name, None,  # type: ignore[union-attr]
+                                    smoke=True)
+        if not ok:
+            raise LifecycleError(f"switch {res.name} failed and in phase rollback restored {prev_res.name}, but it "
+                                 f"does not serve {prev.served_name}: {detail}", Ref(node=head))  # type: ignore[union-attr]
+        return SwitchResult(prev_res.name, False, True, time.monotonic() - t_down,
+                            error=exc.one_line() if isinstance(exc, SparkctlError) else str(exc))
 
 
 # --------------------------------------------------------------------------- supervised switch

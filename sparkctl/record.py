@@ -13,6 +13,7 @@ from typing import Any
 SCHEMA = 1
 RECORD_PATH = "/var/lib/sparkctl/record.json"
 LOCK_DIR = "/var/lib/sparkctl/lock.d"
+STATES = ("starting", "serving", "stopping", "switching", "failed", "stopped")
 
 
 @dataclass(frozen=True)
@@ -35,7 +36,10 @@ class RunRecord:
     port: int
     heads: tuple[str, ...]
     nodes: dict[str, NodeRecord]
-    state: str  # starting | serving | failed | stopped
+    # starting | serving | stopping | switching (supervised) | failed | stopped. Only
+    # "serving" claims a stack answers; a transitional state outlives its run only if
+    # that run was killed (status says so when no lock holder is left).
+    state: str
     started_at: str
     updated_at: str
     clock_cap_mhz: int | None = None

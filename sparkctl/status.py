@@ -10,8 +10,8 @@ import httpx
 from . import probes
 from .inventory import Inventory
 from .lifecycle import metric_value, read_record, supervisor_progress
-from .record import RunRecord
-from .render import TOKENS_METRIC
+from .record import LOCK_DIR, RunRecord
+from .render import TOKENS_METRIC, under
 from .transport import Transport
 
 
@@ -84,5 +84,14 @@ def cluster_status(inv: Inventory, transport: Transport) -> dict[str, Any]:
     if rec and rec.state == "switching" and supervisor and not supervisor["alive"] \
             and supervisor["phase"] not in ("done", "rolled-back", "failed"):
         drift.append(f"{supervisor['head']}: the switch supervisor (pid {supervisor['pid']}) is gone before it finished")
+    # "starting" or "stopping" with nobody holding the lock: that run was killed before
+    # it could record its outcome (a full disk on the head, SIGKILL, a lost laptop).
+    if rec and rec.state in ("starting", "stopping"):
+        head = inv.nodes[0].name
+        lock = shlex.quote(under(inv.node(head).prefix, LOCK_DIR))
+        r = transport.run(head, f"test -d {lock} && echo held || echo free")
+        if r.ok and r.stdout.strip() == "free":
+            drift.append(f"{head}: the record says {rec.state} but no sparkctl holds the lock: that run ended "
+                         "without recording its outcome; `sparkctl up` or `sparkctl down` settles it")
     return {"record": rec.to_dict() if rec else None, "nodes": out_nodes, "endpoint": endpoint, "drift": drift,
             "supervisor": supervisor}

@@ -70,6 +70,7 @@ __all__ = [
     "SimError", "SimStatus", "NodeStatus", "LinkStatus", "up", "down", "status", "load_spec",
     "ssh_argv", "link_down", "link_up", "set_mtu", "set_forwarding", "stale_link", "stop_sshd",
     "start_sshd", "unreachable", "reachable", "kill_engines", "warm_reboot", "power_cycle",
+    "disk_full", "disk_ok",
     "set_state", "PRIVATE_DIRS", "MGMT_IFNAME",
 ]
 
@@ -1069,6 +1070,11 @@ def link_up(root: Path, node: str, ifname: str) -> None:
     _node_ifname(spec, node, ifname)
     with _root_lock(p):
         nx.ip(netns_name(node), "link", "set", ifname, "up")
+        # The kernel dropped the static routes through the port when it went down;
+        # netplan/networkd put them back when it comes up on a real node.
+        for r in spec.routes:
+            if r.node == node and r.dev == ifname:
+                nx.ip(netns_name(node), "route", "replace", r.dst_cidr, "via", r.via, "dev", r.dev)
         for n in _with_peers(spec, [node]):
             _write_sysfs(p, n)
 
@@ -1175,6 +1181,88 @@ def reachable(root: Path, node: str) -> None:
             st["faults"]["unreachable"] = False
 
 
+# A full disk on one of the node's private dirs (the head's /var/lib/sparkctl holds
+# sparkctl's record and lock): a tmpfs just big enough for what the dir holds,
+# mounted over it inside the node's mount namespace (entered through its sshd),
+# then filled, data blocks and inodes, so every new write and mkdir gets ENOSPC.
+DISK_FULL_FS = "sparkctl-diskfull"
+DISK_FULL_SPARE_KIB = 64  # what the filler takes: nothing is left for a new file
+DISK_FULL_SPARE_INODES = 32
+
+_DISK_FULL_SCRIPT = """set -eu
+t={target}; src={src}
+if grep -q "^{fs} $t " /proc/self/mounts; then exit 0; fi  # already full
+kib=$(du -sk "$src" | cut -f1); files=$(find "$src" | wc -l)
+mount -t tmpfs -o "size=$((kib + {spare_kib}))k,nr_inodes=$((files + {spare_inodes})),mode=0755" {fs} "$t"
+cp -a "$src/." "$t/"
+dd if=/dev/zero of="$t/.sim-disk-full" bs=4k 2>/dev/null || true
+i=0; while (: > "$t/.sim-disk-full.$i") 2>/dev/null; do i=$((i + 1)); done
+"""
+
+# The data written while the disk was full goes back to the node's own dir, then
+# the tmpfs goes (lazily: a process may still hold a file open on it).
+_DISK_OK_SCRIPT = """set -eu
+t={target}; src={src}
+grep -q "^{fs} $t " /proc/self/mounts || exit 0
+rm -f "$t/.sim-disk-full" "$t"/.sim-disk-full.*
+find "$src" -mindepth 1 -delete
+cp -a "$t/." "$src/"
+umount -l "$t"
+"""
+
+
+def _disk_target(path: str) -> str:
+    if path not in PRIVATE_DIRS:
+        raise SimError(f"{path!r} is not one of the node's private dirs", "dirs: " + ", ".join(PRIVATE_DIRS))
+    return path
+
+
+def _in_node_mounts(p: SimPaths, node: str, script: str) -> None:
+    pid = _sshd_pid(p, node)
+    if pid is None:
+        raise SimError(f"{node}: sshd is not running, so its mount namespace cannot be entered",
+                       f"`sparkctl sim fault {node} sshd-start` first")
+    nx.run(["nsenter", "-t", str(pid), "-m", "sh", "-c", script], timeout_s=60.0)
+
+
+def disk_full(root: Path, node: str, path: str = "/var/lib/sparkctl") -> None:
+    """Fill the disk under ``path`` on the node: new files and directories there get ENOSPC.
+
+    What the dir holds stays readable. Cleared by :func:`disk_ok`, and by a
+    reboot (unlike a real disk: the sim keeps the data and drops the fault).
+    """
+    p, spec, rootless = _ctx(root)
+    _need_root_mode(rootless, "disk_full")
+    _find_node(spec, node)
+    target = _disk_target(path)
+    q = shlex.quote
+    with _root_lock(p):
+        _in_node_mounts(p, node, _DISK_FULL_SCRIPT.format(
+            target=q(target), src=q(str(p.node(node).private(target))), fs=DISK_FULL_FS,
+            spare_kib=DISK_FULL_SPARE_KIB, spare_inodes=DISK_FULL_SPARE_INODES))
+        with nodestate.edit(p.node(node).state) as st:
+            st["faults"]["disk_full"] = target
+
+
+def disk_ok(root: Path, node: str) -> None:
+    """Clear :func:`disk_full`; what was written meanwhile stays on the node's disk."""
+    p, spec, rootless = _ctx(root)
+    _need_root_mode(rootless, "disk_ok")
+    _find_node(spec, node)
+    with _root_lock(p):
+        _disk_ok_locked(p, node)
+
+
+def _disk_ok_locked(p: SimPaths, node: str) -> None:
+    # The script checks the mount itself: a fault half-applied is cleared too.
+    target = _faults(p, node).get("disk_full") or "/var/lib/sparkctl"
+    q = shlex.quote
+    _in_node_mounts(p, node, _DISK_OK_SCRIPT.format(target=q(target), src=q(str(p.node(node).private(target))),
+                                                    fs=DISK_FULL_FS))
+    with nodestate.edit(p.node(node).state) as st:
+        st["faults"]["disk_full"] = False
+
+
 def _node_pids(p: SimPaths, node: str, rootless: bool) -> set[int]:
     pids = set(nx.pids_under(p.root, node=node))
     if not rootless and nx.netns_exists(netns_name(node)):
@@ -1227,6 +1315,9 @@ def _reboot(root: Path, nodes: list[str], *, power: bool, ready_timeout_s: float
     p, spec, rootless = _ctx(root)
     targets = [_find_node(spec, n) for n in dict.fromkeys(nodes)]
     with _root_lock(p):
+        for n in targets:  # a full disk's data goes back to the node's own dir first
+            if not rootless and _sshd_pid(p, n.name) is not None:
+                _disk_ok_locked(p, n.name)
         for n in targets:  # every node goes down before any comes back
             nx.kill_pids(_node_pids(p, n.name, rootless), grace_s=0.5)
         healed: dict[str, list[str]] = {}
