@@ -96,6 +96,17 @@ class LifecycleError(SparkctlError):
     exit_code = 5
 
 
+class LockUnavailable(LifecycleError):
+    """The head answered, but no lock dir could be made (a full disk, a read-only
+    filesystem): nobody holds the lock, and nobody else can take it either."""
+
+
+class Interrupted(LifecycleError):
+    """The operator interrupted sparkctl (SIGINT); what the run started is stopped."""
+
+    exit_code = 130  # the shell's convention for SIGINT
+
+
 class LockHeld(SparkctlError):
     exit_code = 6
 

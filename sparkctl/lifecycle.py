@@ -23,7 +23,15 @@ import httpx
 
 from . import laws, probes
 from .check import CheckReport, run_check
-from .errors import CheckFailed, LifecycleError, LockHeld, Ref, SparkctlError
+from .errors import (
+    CheckFailed,
+    Interrupted,
+    LifecycleError,
+    LockHeld,
+    LockUnavailable,
+    Ref,
+    SparkctlError,
+)
 from .inventory import Inventory
 from .layout import Layout, Rank, bind
 from .plan import plan_up
@@ -151,11 +159,6 @@ def write_record(inv: Inventory, transport: Transport, rec: RunRecord) -> None:
 
 
 # --------------------------------------------------------------------------- the lock
-
-
-class LockUnavailable(LifecycleError):
-    """The head answered, but no lock dir could be made (a full disk, a read-only
-    filesystem): nobody holds the lock, and nobody else can take it either."""
 
 
 # The lock: one mkdir, then the holder file. A lock dir is only ever left
@@ -450,12 +453,6 @@ def _record_for(res: Resolved, rendering: Rendering, sets: Sequence[str], state:
                      heads=tuple(h.node for h in rendering.layout.heads()), nodes=nodes, state=state,
                      started_at=started_at, updated_at=now_iso(), clock_cap_mhz=p.laws.clock_cap_mhz,
                      waivers={k: w.reason for k, w in waivers.items()})
-
-
-class Interrupted(LifecycleError):
-    """The operator interrupted sparkctl (SIGINT); what the run started is stopped."""
-
-    exit_code = 130  # the shell's convention for SIGINT
 
 
 @dataclass
