@@ -4,16 +4,23 @@
 Also reports sparkctl's own overhead in `up` (everything but the engine's
 readiness wait) and `switch` downtime beyond the new engine's load time.
 Prints figures; asserts nothing. Usage: python3 bench/lifecycle_soak.py --cycles 50
+
+It holds the host's simulated-cluster lock (/run/sparkctl-sim/e2e-tests.lock,
+as the e2e tests and bench/fault_matrix.py do) for its whole run. It uses your
+simulated ring if one is up (and leaves it up); otherwise it builds one and
+removes it at the end, also on Ctrl-C.
 """
 
 from __future__ import annotations
 
 import argparse
+import fcntl
 import statistics
 import subprocess
 import sys
 import time
 from collections import defaultdict
+from pathlib import Path
 
 from sparkctl.inventory import load_inventory
 from sparkctl.laws import Waiver
@@ -23,6 +30,7 @@ from sparkctl.resources import Roots
 from sparkctl.sim.paths import default_inventory
 from sparkctl.transport import SSHTransport
 
+LOCK = Path("/run/sparkctl-sim/e2e-tests.lock")
 ENGINE_PS = "ps -eo pid,args | grep -cE '[d]s41f serve|[t]ensorfold serve|[d]ocker run|[l]aunch.sh' || true"
 
 
@@ -30,8 +38,22 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--cycles", type=int, default=50)
     args = ap.parse_args()
-    if not default_inventory().is_file():
-        subprocess.run([sys.executable, "-m", "sparkctl.cli", "sim", "up", "--nodes", "4"], check=True)
+    sim = [sys.executable, "-m", "sparkctl.cli", "sim"]
+    LOCK.parent.mkdir(parents=True, exist_ok=True)
+    with open(LOCK, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        built = not default_inventory().is_file()
+        try:
+            if built:
+                subprocess.run([*sim, "up", "--nodes", "4"], check=True)
+            soak(args.cycles)
+        finally:
+            if built:
+                subprocess.run([*sim, "down"], check=False)
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def soak(cycles: int) -> None:
     inv = load_inventory(default_inventory())
     roots = Roots.make()
     ds = resolve("ds41f-tp4-ring", roots)
@@ -42,7 +64,7 @@ def main() -> None:
     overhead, downtime_extra = [], []
     t_all = time.perf_counter()
     with SSHTransport(inv.nodes) as tr:
-        for i in range(args.cycles):
+        for i in range(cycles):
             try:
                 t0 = time.perf_counter()
                 r = up(ds, inv, tr, roots, waivers=waive)
@@ -69,7 +91,7 @@ def main() -> None:
                     pass
             left = sum(int(r.stdout.strip() or 0) for r in tr.run_all({n: ENGINE_PS for n in inv.names}).values())
             orphans += left
-    print(f"{args.cycles} cycles in {time.perf_counter() - t_all:.0f} s: {len(failures)} failures, "
+    print(f"{cycles} cycles in {time.perf_counter() - t_all:.0f} s: {len(failures)} failures, "
           f"{orphans} orphan processes after down")
     for f in failures[:10]:
         print("  ", f)
