@@ -418,7 +418,11 @@ def test_points_beyond_the_context_window_are_flagged_not_sent(tmp_path: Path) -
     assert {r["context_window_source"] for r in rows} == {"/v1/models max_model_len"}
     over = {r["point"]: r for r in rows if r["flags"].startswith("not_run:")}
     assert set(over) == {"prefill/8192", "longctx/8192@0.5"}
-    assert over["prefill/8192"]["flags"] == "not_run:exceeds_context_window:8193>4096"
+    # the simulator counts words, so the probes find 1 token per filler word: NEED is the estimate's margins
+    fixed = wl.sim_prompt_tokens(wl.render_messages(wl.Prompt(wl.PREFILL_INSTRUCTION), SALT))
+    need = wl.TokenScale(1.0, "").need(fixed, 8192 - fixed, 1)
+    assert over["prefill/8192"]["flags"] == f"not_run:exceeds_context_window:{need}>4096"
+    assert load_run(tmp_path / "w").meta["config"]["context_fit"]["filler_tokens_per_word"] == 1.0
     assert all(r["valid"] == "0" and r["n_requests"] == "0" for r in over.values())
     ran = [r for r in rows if r["point"] in ("prefill/2048", "longctx/2048@0.5")]
     assert sorted(r["n_ok"] for r in ran) == ["1", "1", "2", "2"]  # a longctx row = depth probe + question
@@ -459,3 +463,155 @@ def test_short_answers_are_flagged_and_left_out_of_the_stream_rates(tensorfold: 
         assert r["flags"] == (f"short:{n_short}" if n_short else "") and (r["valid"] == "1") == (n_short == 0)
         want = "" if full.median is None else pytest.approx(full.median)
         assert (float(r["decode_tok_s"]) if r["decode_tok_s"] else "") == want
+
+
+def test_the_fit_estimate_counts_prompt_filler_margins_and_answer() -> None:
+    p = wl.Prompt(wl.PREFILL_INSTRUCTION, target_tokens=300)
+    fixed = wl.sim_prompt_tokens(wl.render_messages(wl.bare(p), SALT))
+    assert wl.filler_words(p, SALT) == 300 - fixed and wl.filler_words(wl.bare(p), SALT) == 0
+    # 3 engine tokens per filler word (the tiny llama's tokenizer), 40 tokens of fixed part, 48 out
+    need = wl.TokenScale(3.0, "probe").need(40, 100, 48)
+    assert need == 40 + math.ceil(300 * (1 + wl.FIT_MARGIN_FRACTION)) + wl.FIT_MARGIN_TOKENS + 48
+    # the next agent turn: previous prompt + its answer (re-tokenized, with a margin) + the new user turn alone
+    nxt = wl.agent_next_prompt_tokens(200, 100, 60, 150)
+    assert nxt == 200 + math.ceil(100 * (1 + wl.FIT_MARGIN_FRACTION)) + wl.CHAT_TOKENS_PER_MESSAGE + 90
+    assert [wl.agent_backoff_s(k) for k in range(6)] == [0.0, 0.25, 0.5, 1.0, 2.0, 2.0]
+    mix = [m for m in wl.SOAK_MIX if m[0] != "document"]
+    assert [wl.soak_ask(i, None, 1.0, mix)[0] for i in range(4)] == ["chat", "essay", "chat", "essay"]
+
+
+# --------------------------------------------------------------------------- a small-window engine (llama-cpp-python)
+
+
+class SmallWindowServer:
+    """An OpenAI chat server with a small window and a tokenizer that counts more than the bench.
+
+    Like llama-cpp-python: /v1/models reports no window, streamed answers carry no
+    usage, and a request whose prompt + max_tokens exceeds ``n_ctx`` gets its stream
+    dropped after the headers (non-streamed: HTTP 500). ``drop_all`` drops every stream.
+    Tokens: 2 per whitespace word + 3 per message (the bench counts 1 + 4).
+    """
+
+    def __init__(self, n_ctx: int, drop_all: bool = False) -> None:
+        self.n_ctx, self.drop_all = n_ctx, drop_all
+        self.log: list[tuple[bool, int, int, bool]] = []  # (stream, prompt tokens, max_tokens, refused)
+        self.url = ""
+        self._loop: Any = None
+        self._runner: Any = None
+
+    @staticmethod
+    def tokens(messages: list[dict[str, str]]) -> int:
+        return sum(2 * len(str(m.get("content") or "").split()) + 3 for m in messages)
+
+    async def _chat(self, request: Any) -> Any:
+        from aiohttp import web
+        body = await request.json()
+        n_prompt, n_out, stream = self.tokens(body["messages"]), int(body.get("max_tokens") or 16), body.get("stream")
+        refused = n_prompt + n_out > self.n_ctx
+        self.log.append((bool(stream), n_prompt, n_out, refused))
+        if not stream:
+            if refused:
+                return web.json_response({"error": {"message": "exceeds context window"}}, status=500)
+            return web.json_response({"choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"},
+                                                   "finish_reason": "length"}],
+                                      "usage": {"prompt_tokens": n_prompt, "completion_tokens": 1,
+                                                "total_tokens": n_prompt + 1}})
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        if refused or self.drop_all:
+            assert request.transport is not None
+            request.transport.abort()  # the server raised inside the generator: the stream just ends
+            return resp
+        for i in range(n_out):
+            chunk = {"choices": [{"index": 0, "delta": {"content": f"w{i} "}, "finish_reason": None}]}
+            await resp.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+        done = {"choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]}
+        await resp.write(b"data: " + json.dumps(done).encode() + b"\n\ndata: [DONE]\n\n")
+        return resp
+
+    async def _models(self, _request: Any) -> Any:
+        from aiohttp import web
+        return web.json_response({"object": "list", "data": [{"id": "tiny", "object": "model", "owned_by": "me"}]})
+
+    def __enter__(self) -> "SmallWindowServer":
+        import asyncio
+        import threading
+
+        from aiohttp import web
+        started = threading.Event()
+        self._loop = asyncio.new_event_loop()
+
+        async def start() -> None:
+            app = web.Application()
+            app.router.add_get("/v1/models", self._models)
+            app.router.add_post("/v1/chat/completions", self._chat)
+            self._runner = web.AppRunner(app)
+            await self._runner.setup()
+            site = web.TCPSite(self._runner, "127.0.0.1", 0)
+            await site.start()
+            self.url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
+            started.set()
+
+        def serve() -> None:
+            self._loop.run_until_complete(start())
+            self._loop.run_forever()
+
+        self._thread = threading.Thread(target=serve, daemon=True)
+        self._thread.start()
+        assert started.wait(10)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        import asyncio
+        asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+
+
+def test_a_small_window_engine_gets_only_requests_that_fit(tmp_path: Path) -> None:
+    """Every suite against a 500-token window whose tokenizer counts 2 tokens a word:
+    what does not fit is flagged not_run, agent sessions start over, and nothing is refused."""
+    opts = RunOptions(suites=("prefill", "longctx", "warm-prefix", "agent", "soak", "quality"), lengths=(128, 256),
+                      needle_depths=(0.5,), concurrency=(2,), decode_tokens=64, warm_prefix_tokens=4096,
+                      agent_warmup_s=0.2, agent_measure_s=1.0, agent_cooldown_s=2.0, duration_s=0.5,
+                      soak_scale=0.25, quality_concurrency=4)
+    with SmallWindowServer(500) as srv:
+        s = run(srv.url, "tiny", tmp_path / "r", {"engine": "llamacpp", "context_len_tokens": 500}, opts)
+    refused = [x for x in srv.log if x[3]]
+    assert not [x for x in refused if x[0]], refused[:3]  # no measured (streamed) request was over the window
+    assert s.n_requests > 0 and s.n_errors == 0
+    rows = load_run(tmp_path / "r").rows
+    flags = {r["point"]: r["flags"] for r in rows}
+    assert {r["context_window_source"] for r in rows} == {"profile model.context_len_tokens"}
+    # the old rule (bench-counted prompt + answer <= window) sent these (257, 304 <= 500): at 2 tokens
+    # a word they need 508 and 555
+    assert flags["prefill/256"].startswith("not_run:exceeds_context_window:")
+    assert flags["longctx/256@0.5"].startswith("not_run:exceeds_context_window:")
+    assert flags["warm-prefix/4096"].startswith("not_run:exceeds_context_window:")
+    assert flags["prefill/128"] == "" and flags["longctx/128@0.5"] == ""
+    need = int(flags["warm-prefix/4096"].split(":")[-1].split(">")[0])
+    assert need > 2 * 4096 and flags["warm-prefix/4096"].endswith(">500")
+    # agent: the history outgrows 500 tokens within a few turns; sessions start over and say so
+    agent = [r for r in rows if r["suite"] == "agent"]
+    assert len(agent) == 4 and all(int(r["context_resets"]) > 0 for r in agent)
+    assert all(f"context_resets:{r['context_resets']}" in r["flags"] and r["valid"] == "0" for r in agent)
+    # soak: the 1K-token document questions are left out of the mix, the rest ran
+    assert "soak_mix_not_run:document:" in flags["soak"] and "chat" not in flags["soak"]
+    meta = load_run(tmp_path / "r").meta
+    assert meta["config"]["context_fit"]["filler_tokens_per_word"] == 2.0
+
+
+def test_a_failing_agent_session_backs_off_instead_of_spinning(tmp_path: Path) -> None:
+    """Every stream dropped: the closed loop used to re-send at once (thousands of requests
+    a second on loopback). With the backoff, a session's sends inside warmup + measure
+    (1.2 s) are bounded by the pauses: 0.25 + 0.5 + 1.0 > 1.2, so at most 4 per window."""
+    opts = RunOptions(suites=("agent",), concurrency=(1,), decode_tokens=16, agent_corpora=("draftable",),
+                      agent_warmup_s=0.2, agent_measure_s=1.0, agent_cooldown_s=1.0, repeats=2)
+    with SmallWindowServer(10**6, drop_all=True) as srv:
+        s = run(srv.url, "tiny", tmp_path / "a", {"engine": "llamacpp"}, opts)
+    sent = [x for x in srv.log if x[0]]
+    n_warmups = 2  # one untimed warm-up per window, not counted
+    assert 2 <= len(sent) - n_warmups <= 2 * 4, len(sent)
+    assert s.n_errors == s.n_requests > 0  # every error is still counted ...
+    rows = load_run(tmp_path / "a").rows
+    assert all(r["valid"] == "0" and f"errors:{r['n_errors']}" in r["flags"] for r in rows)  # ... and flagged

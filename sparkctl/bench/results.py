@@ -45,6 +45,7 @@ METRIC_COLUMNS: tuple[str, ...] = (
     "itl_p50_s", "itl_p90_s", "itl_p99_s", "e2e_s", "aggregate_tok_s", "window_s", "stream_decode_median_tok_s",
     "stream_decode_min_tok_s", "stream_decode_max_tok_s", "ttft_p50_s", "ttft_max_s", "depth_tokens", "found",
     "score", "cold_s", "warm_s", "cold_warm_ratio", "cold_cached_tokens", "requests_per_s", "error_rate",
+    "context_resets",
 )
 CSV_COLUMNS: tuple[str, ...] = CONFIG_COLUMNS + POINT_COLUMNS + PARAM_COLUMNS + METRIC_COLUMNS
 

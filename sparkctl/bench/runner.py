@@ -5,7 +5,11 @@ sampler beside it), sending the plans of :mod:`sparkctl.bench.workloads`
 through :class:`~sparkctl.bench.client.BenchClient`, turning event logs into
 result rows with :mod:`sparkctl.bench.metrics`, and writing ``results.csv``,
 ``events.jsonl``, ``telemetry.csv`` and ``run.json``
-(:mod:`sparkctl.bench.results`).
+(:mod:`sparkctl.bench.results`). When the context window is known, it also
+decides what fits it: ``max_tokens: 1`` probes ask the engine's
+``usage.prompt_tokens`` for each prompt's fixed part and the filler's rate, and
+a point, a soak kind or an agent turn that would not fit is not sent
+(docs/bench-metrics.md, "The context window").
 
 Must not: print (``progress`` is a callback), reach a cluster (the endpoint,
 the configuration and the telemetry hook are handed in), or decide exit codes.
@@ -27,10 +31,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import platform
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -38,6 +43,7 @@ from typing import Any
 import httpx
 
 from sparkctl import __version__
+from sparkctl.bench import client as bc
 from sparkctl.bench import quality as q
 from sparkctl.bench import workloads as wl
 from sparkctl.bench.client import BenchClient, ClientTimeouts, RequestSpec, new_salt
@@ -202,6 +208,16 @@ def telemetry_summary(rows: Sequence[Mapping[str, Any]], tokens_by_suite: Mappin
 LONGCTX_ANSWER_TOKENS = 48  # room for the passphrase and a sentence around it
 
 
+@dataclass(frozen=True)
+class AgentFit:
+    """Engine tokens of an agent corpus' fresh turns: the system message alone, and (system, user turn t)."""
+
+    system_tokens: int
+    fresh_tokens: tuple[int, ...]
+    answer_tokens_per_word: float
+    """The filler's rate, for an answer re-sent as history (its count out can differ from its count in)."""
+
+
 class Runner:
     """One run: an endpoint, a model, a configuration, an output directory."""
 
@@ -221,6 +237,11 @@ class Runner:
         self.tokens_by_suite: dict[str, list[int]] = {}
         self._events_fh: Any = None
         self._suite = ""
+        self._probe_http: httpx.AsyncClient | None = None
+        self._token_scale: wl.TokenScale | None = None
+        self._fixed: dict[Any, int] = {}       # probed engine tokens of a prompt's fixed part, by prompt
+        self._agent_fit: dict[str, AgentFit] = {}
+        self.n_fit_probes = 0
         self.run_id = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
         bench = self.config.get("bench") or {}
         self.repeats = wl.repeats_for(options.repeats, options.record, bench.get("repeats"))
@@ -413,6 +434,11 @@ class Runner:
         cold_p, warm_p = wl.warm_prefix_prompts(n)
         name = f"warm-prefix/{n}"
         params = {"length_tokens": n}
+        # a prefix that does not fit is not shrunk: that would be another point (docs/bench-metrics.md)
+        needs = [x for x in (await self._need(cold_p, 1), await self._need(warm_p, 1)) if x is not None]
+        if self._over(max(needs, default=None)):
+            self._not_run("warm-prefix", name, params, max(needs))
+            return
         self.progress(f"{name}: {self.repeats} repeats")
         client = await self._client(1)
         try:
@@ -447,8 +473,10 @@ class Runner:
                 assert prompt.needle is not None
                 name = f"longctx/{n}@{d:g}"
                 params = {"length_tokens": n, "depth_fraction": d}
-                if not wl.fits_window(n, LONGCTX_ANSWER_TOKENS, self.window):
-                    self._not_run("longctx", name, params, n + LONGCTX_ANSWER_TOKENS)
+                need = await self._need(prompt, LONGCTX_ANSWER_TOKENS)
+                if self._over(need):
+                    assert need is not None
+                    self._not_run("longctx", name, params, need)
                     continue
                 self.progress(f"{name}: {self.repeats} repeats")
                 for rep in range(1, self.repeats + 1):
@@ -478,7 +506,24 @@ class Runner:
         sem = asyncio.Semaphore(conc)
         try:
             for mode, fields in modes:
-                self.progress(f"quality/{mode}: {len(q.SCENARIOS)} scenarios x {self.repeats} repeats")
+                def max_tokens_of(s: q.Scenario, mode: str = mode) -> int:
+                    return s.max_tokens if mode == "off" else max(s.max_tokens, 4096)
+
+                scenarios = []
+                for s in q.SCENARIOS:
+                    need = await self._need(wl.Prompt(s.prompt), max_tokens_of(s))
+                    if self._over(need):
+                        assert need is not None
+                        self._not_run("quality", f"quality/{mode}/{s.id}",
+                                      {"thinking": mode, "scenario": s.id, "category": s.category}, need)
+                    else:
+                        scenarios.append(s)
+                n_out = len(q.SCENARIOS) - len(scenarios)
+                if not scenarios:
+                    self._row("quality", f"quality/{mode}", {"thinking": mode}, 0, [], _utc(), {},
+                              [f"not_run:exceeds_context_window:{len(q.SCENARIOS)} scenarios"])
+                    continue
+                self.progress(f"quality/{mode}: {len(scenarios)} scenarios x {self.repeats} repeats")
                 for rep in range(1, self.repeats + 1):
                     t_start = _utc()
 
@@ -487,14 +532,14 @@ class Runner:
                             salt = new_salt()
                             labels = {"suite": "quality", "point": f"quality/{mode}/{s.id}", "repeat": str(rep),
                                       "salt": salt.strip()}
-                            max_tokens = s.max_tokens if mode == "off" else max(s.max_tokens, 4096)
                             msgs = wl.render_messages(wl.Prompt(s.prompt), salt)
-                            return await client.request(self._spec(msgs, max_tokens, fields, labels, keep_text=True))
+                            return await client.request(self._spec(msgs, max_tokens_of(s), fields, labels,
+                                                                   keep_text=True))
 
-                    results = await asyncio.gather(*(one(s) for s in q.SCENARIOS))
+                    results = await asyncio.gather(*(one(s) for s in scenarios))
                     self._log(results)
                     passed = 0
-                    for s, r in zip(q.SCENARIOS, results):
+                    for s, r in zip(scenarios, results):
                         sc = q.score(s.id, r.text) if r.ok else q.Score(False, f"request {r.status}")
                         passed += sc.passed
                         m = request_metrics(r.events)
@@ -505,21 +550,30 @@ class Runner:
                                   flags=[] if r.ok else [f"status:{r.status}"])
                         self.rows[-1]["flags"] = ";".join(filter(None, [self.rows[-1]["flags"], f"why:{sc.reason}"]))
                         self.rows[-1]["valid"] = r.ok
+                    # the score is over the scenarios sent; with some left out it is flagged (not comparable)
                     self._row("quality", f"quality/{mode}", {"thinking": mode}, rep, results, t_start,
-                              {"score": 100.0 * passed / len(q.SCENARIOS)})
+                              {"score": 100.0 * passed / len(scenarios)},
+                              [f"not_run_scenarios:{n_out}"] if n_out else [])
         finally:
             await client.aclose()
 
     async def suite_agent(self) -> None:
         levels = self.opt.concurrency or wl.DEFAULT_AGENT_SESSIONS
         for corpus in self.opt.agent_corpora:
+            fit = await self._agent_fit_for(corpus)
             for n in levels:
                 name = f"agent/{corpus}/{n}"
+                if fit is not None:
+                    # every session cycles through all the corpus' turns: the longest must fit alone
+                    need = max(fit.fresh_tokens) + wl.FIT_MARGIN_TOKENS + self.decode_tokens
+                    if self._over(need):
+                        self._not_run("agent", name, {"corpus": corpus, "concurrency": n}, need)
+                        continue
                 self.progress(f"{name}: {self.repeats} windows of {self.opt.agent_measure_s:g} s")
                 for rep in range(1, self.repeats + 1):
-                    await self._agent_window(corpus, n, name, rep)
+                    await self._agent_window(corpus, n, name, rep, fit)
 
-    async def _agent_window(self, corpus: str, n: int, name: str, rep: int) -> None:
+    async def _agent_window(self, corpus: str, n: int, name: str, rep: int, fit: AgentFit | None = None) -> None:
         o = self.opt
         stagger = min(0.5, o.agent_warmup_s / (n + 1))
         plans = wl.agent_sessions(corpus, n, max_tokens=self.decode_tokens, stagger_s=stagger)
@@ -528,18 +582,43 @@ class Runner:
         t0 = time.perf_counter()
         w0, w1 = t0 + o.agent_warmup_s, t0 + o.agent_warmup_s + o.agent_measure_s
         results: list[RequestResult] = []
+        window_resets = [0]   # conversations started over because the next turn would not fit (inside the window)
 
         async def session(plan: wl.SessionPlan) -> None:
             await asyncio.sleep(plan.start_offset_s)
             salt, history, turn = new_salt(), [], 0
+            last_prompt, last_completion = 0, 0   # engine tokens of the last turn sent and its answer
+            errors_in_row = 0
             while time.perf_counter() < w1:
+                sent_est = 0
+                if fit is not None:
+                    fresh = fit.fresh_tokens[wl.agent_turn_index(plan, turn)]
+                    sent_est = fresh
+                    if history:
+                        sent_est = wl.agent_next_prompt_tokens(last_prompt, last_completion, fit.system_tokens, fresh)
+                        if self._over(sent_est + wl.FIT_MARGIN_TOKENS + plan.max_tokens):
+                            salt, history, sent_est = new_salt(), [], fresh
+                            window_resets[0] += w0 <= time.perf_counter() <= w1
                 msgs = wl.agent_turn_messages(plan, salt, history, turn)
                 labels = {"suite": "agent", "point": name, "repeat": str(rep), "session": str(plan.session),
                           "turn": str(turn), "salt": salt.strip()}
                 r = await client.request(self._spec(msgs, plan.max_tokens, {}, labels, keep_text=True))
                 results.append(r)
-                history = [*history, msgs[-1], {"role": "assistant", "content": r.text or ""}]
                 turn += 1
+                if not r.ok:
+                    # the engine may have refused this very history: start over, after a pause that
+                    # keeps a failing engine from being hammered by the closed loop
+                    errors_in_row += 1
+                    salt, history = new_salt(), []
+                    await asyncio.sleep(min(wl.agent_backoff_s(errors_in_row), max(0.0, w1 - time.perf_counter())))
+                    continue
+                errors_in_row = 0
+                m = request_metrics(r.events)
+                last_prompt = m.prompt_tokens if m.prompt_token_source == "usage" and m.prompt_tokens else sent_est
+                if fit is not None:
+                    last_completion = max(m.completion_tokens or 0,
+                                          math.ceil(wl.words(r.text or "") * fit.answer_tokens_per_word))
+                history = [*history, msgs[-1], {"role": "assistant", "content": r.text or ""}]
                 if wl.trim_history(history, plan.history_budget_tokens):
                     salt, history = new_salt(), []
 
@@ -565,18 +644,38 @@ class Runner:
         rates = summarize(m.decode_tok_s for m in inside)
         ttft = summarize(m.ttft_s for m in inside)
         measured = [r for r in results if r.t_sent_s is not None and w0 <= r.t_sent_s <= w1]
+        flags = [] if inside else ["no request completed inside the window"]
+        if window_resets[0]:
+            # the history could not grow as the suite defines it: not comparable with a larger window
+            flags.append(f"context_resets:{window_resets[0]}")
         self._row("agent", name, {"corpus": corpus, "concurrency": n}, rep, measured or results, t_start, {
             "aggregate_tok_s": tokens / (w1 - w0), "window_s": w1 - w0, "completion_tokens": round(tokens),
             "decode_tok_s": rates.median, "stream_decode_median_tok_s": rates.median,
             "stream_decode_min_tok_s": rates.min, "stream_decode_max_tok_s": rates.max,
             "ttft_p50_s": ttft.median, "ttft_max_s": ttft.max, "ttft_s": ttft.median,
-            "requests_per_s": len(measured) / (w1 - w0),
-        }, flags=[] if inside else ["no request completed inside the window"])
+            "requests_per_s": len(measured) / (w1 - w0), "context_resets": window_resets[0],
+        }, flags=flags)
 
     async def suite_soak(self) -> None:
         o = self.opt
         dur = o.duration_s
-        self.progress(f"soak: {dur:g} s of mixed load at {o.soak_concurrency} streams")
+        params = {"concurrency": o.soak_concurrency}
+        mix: list[tuple[str, int, int]] = []
+        left_out: list[str] = []
+        needs: list[int] = []
+        for k, entry in enumerate(wl.SOAK_MIX):
+            kind, ask = wl.soak_ask(k, self.engine, o.soak_scale)
+            need = await self._need(ask.prompt, ask.max_tokens)
+            if self._over(need):
+                assert need is not None
+                needs.append(need)
+                left_out.append(f"soak_mix_not_run:{kind}:{need}>{self.window}")
+            else:
+                mix.append(entry)
+        if not mix:
+            self._not_run("soak", "soak", params, min(needs))
+            return
+        self.progress(f"soak: {dur:g} s of mixed load ({', '.join(m[0] for m in mix)}) at {o.soak_concurrency} streams")
         client = await self._client(o.soak_concurrency)
         t_start = _utc()
         t0 = time.perf_counter()
@@ -587,7 +686,7 @@ class Runner:
         async def worker() -> None:
             while time.perf_counter() < end:
                 i = next(counter)
-                kind, ask = wl.soak_ask(i, self.engine, o.soak_scale)
+                kind, ask = wl.soak_ask(i, self.engine, o.soak_scale, mix)
                 r = await client.request(self._ask_spec(ask, new_salt(), {"suite": "soak", "point": "soak",
                                                                           "kind": kind, "i": str(i)}))
                 results.append(r)
@@ -601,14 +700,15 @@ class Runner:
         per = [request_metrics(r.events) for r in results]
         errors = sum(not r.ok for r in results)
         comp = sum(m.completion_tokens or 0 for m in per)
-        self._row("soak", "soak", {"concurrency": o.soak_concurrency}, 1, results, t_start, {
+        self._row("soak", "soak", params, 1, results, t_start, {
             "completion_tokens": comp, "aggregate_tok_s": comp / wall if wall else None, "window_s": wall,
             "requests_per_s": len(results) / wall if wall else None,
             "error_rate": errors / len(results) if results else None,
             "ttft_p50_s": summarize(m.ttft_s for m in per).median, "ttft_max_s": summarize(m.ttft_s for m in per).max,
-        })
-        # a soak is judged by its errors: the row stays valid (errors are the measurement)
-        self.rows[-1]["valid"] = bool(results)
+        }, left_out)
+        # a soak is judged by its errors: the row stays valid (errors are the measurement),
+        # unless part of the mix was left out (another load than the suite defines)
+        self.rows[-1]["valid"] = bool(results) and not left_out
 
     # -- the run --------------------------------------------------------------------
     def _plans(self, suite: str) -> list[wl.Point]:
@@ -633,21 +733,96 @@ class Runner:
         self._row(suite, point, params, 0, [], _utc(), {},
                   [f"not_run:exceeds_context_window:{need}>{self.window}"])
 
-    def _fitting(self, points: Sequence[wl.Point]) -> list[wl.Point]:
-        """The points whose every ask fits the window; a flagged row for each of the others.
+    def _over(self, need: int | None) -> bool:
+        return need is not None and self.window is not None and need > self.window
 
-        Prompt lengths are counted as the bench builds them; a server whose
-        tokenizer counts more may still refuse a point near the edge, and that
-        request is then classified (http_error or disconnected) like any other.
-        """
+    async def _fitting(self, points: Sequence[wl.Point]) -> list[wl.Point]:
+        """The points whose every ask fits the window; a flagged row for each of the others."""
         out: list[wl.Point] = []
         for p in points:
-            need = max((a.prompt.target_tokens or 0) + a.max_tokens for a in p.asks)
-            if all(wl.fits_window(a.prompt.target_tokens or 0, a.max_tokens, self.window) for a in p.asks):
-                out.append(p)
-            else:
+            needs = [n for n in [await self._need(a.prompt, a.max_tokens) for a in p.asks] if n is not None]
+            need = max(needs, default=None)
+            if self._over(need):
+                assert need is not None
                 self._not_run(p.suite, p.name, p.params, need)
+            else:
+                out.append(p)
         return out
+
+    # -- fitting the context window ----------------------------------------------------
+    async def _probe_tokens(self, messages: Sequence[Mapping[str, str]]) -> int | None:
+        """``usage.prompt_tokens`` of ``messages`` (one token out, not streamed), or None.
+
+        Probes are not requests of any point: they are not counted, logged or timed.
+        """
+        if self._probe_http is None:
+            t = self.opt.timeouts
+            self._probe_http = httpx.AsyncClient(timeout=httpx.Timeout(t.read_s, connect=t.connect_s),
+                                                 trust_env=False)
+        body = {"model": self.model, "messages": list(messages), "max_tokens": 1, "temperature": wl.TEMPERATURE,
+                "seed": wl.SEED, "stream": False}
+        self.n_fit_probes += 1
+        try:
+            r = await self._probe_http.post(self.base_url + "/v1/chat/completions", json=body)
+            n = (r.json().get("usage") or {}).get("prompt_tokens") if r.status_code == 200 else None
+        except (httpx.HTTPError, ValueError, AttributeError):
+            return None  # a refused or dropped probe: the estimate falls back to the assumption
+        return n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else None
+
+    async def _fixed_tokens(self, key: Any, messages: Sequence[Mapping[str, str]]) -> int:
+        """Engine tokens of ``messages`` (a prompt without filler), probed once per ``key``."""
+        if key not in self._fixed:
+            n = await self._probe_tokens(messages)
+            self._fixed[key] = n if n is not None else wl.assumed_tokens(wl.sim_prompt_tokens(messages))
+        return self._fixed[key]
+
+    async def _scale(self) -> wl.TokenScale:
+        """The filler's engine tokens per word: two probes, without and with ``k`` filler words."""
+        if self._token_scale is None:
+            salt = bc.new_salt()
+            base = wl.Prompt(wl.PREFILL_INSTRUCTION)
+            fixed = wl.sim_prompt_tokens(wl.render_messages(base, salt))
+            # 1/8 of the window in words: fits up to 7 tokens per word, and from 4K windows
+            # up covers the whole cycle of the source prose (about 190 words)
+            k = max(16, min(512, (self.window or 4096) // 8))
+            u0 = await self._probe_tokens(wl.render_messages(base, salt))
+            u1 = await self._probe_tokens(wl.render_messages(replace(base, target_tokens=fixed + k), salt))
+            if u0 is not None and u1 is not None and u1 > u0:
+                self._token_scale = wl.TokenScale((u1 - u0) / k, f"usage probes: {k} filler words = {u1 - u0} tokens")
+            else:
+                self._token_scale = wl.TokenScale(wl.ASSUMED_TOKENS_PER_WORD, "assumed: the engine reported no usage")
+            self.config["context_fit"] = {
+                "filler_tokens_per_word": round(self._token_scale.filler_tokens_per_word, 4),
+                "source": self._token_scale.source, "margin_fraction": wl.FIT_MARGIN_FRACTION,
+                "margin_tokens": wl.FIT_MARGIN_TOKENS,
+            }
+        return self._token_scale
+
+    async def _need(self, prompt: wl.Prompt, max_tokens: int) -> int | None:
+        """Tokens ``prompt`` and ``max_tokens`` need in the window; None (and no probe) when it is unknown."""
+        if self.window is None:
+            return None
+        scale = await self._scale()
+        salt = bc.new_salt()
+        b = wl.bare(prompt)
+        fixed = await self._fixed_tokens(("prompt", replace(b, filler_offset=0)), wl.render_messages(b, salt))
+        return scale.need(fixed, wl.filler_words(prompt, salt), max_tokens)
+
+    async def _agent_fit_for(self, corpus: str) -> AgentFit | None:
+        """Probed counts of ``corpus``' fresh turns; None when the window is unknown."""
+        if self.window is None:
+            return None
+        if corpus not in self._agent_fit:
+            salt = bc.new_salt()
+            first = wl.agent_turn_messages(wl.SessionPlan(corpus, 0, 1, 0, 0.0), salt, [], 0)
+            system = await self._fixed_tokens(("agent-system", corpus), first[:1])
+            fresh = []
+            for t in range(len(wl.CORPORA[corpus])):
+                msgs = wl.agent_turn_messages(wl.SessionPlan(corpus, t, 1, 0, 0.0), salt, [], 0)
+                fresh.append(await self._fixed_tokens(("agent", corpus, t), msgs))
+            scale = await self._scale()
+            self._agent_fit[corpus] = AgentFit(system, tuple(fresh), scale.filler_tokens_per_word)
+        return self._agent_fit[corpus]
 
     async def run(self) -> RunSummary:
         self.out.mkdir(parents=True, exist_ok=True)
@@ -662,7 +837,7 @@ class Runner:
                 await self.sampler.start(suite)
                 try:
                     if suite in ("prefill", "decode", "concurrency", "peak"):
-                        await self.run_points(self._fitting(self._plans(suite)))
+                        await self.run_points(await self._fitting(self._plans(suite)))
                     else:
                         await {"warm-prefix": self.suite_warm_prefix, "longctx": self.suite_longctx,
                                "quality": self.suite_quality, "agent": self.suite_agent,
@@ -670,6 +845,8 @@ class Runner:
                 finally:
                     await self.sampler.stop()
                 self._write_tables()
+        if self._probe_http is not None:
+            await self._probe_http.aclose()
         return self._finish(started)
 
     def _write_tables(self) -> None:

@@ -24,8 +24,9 @@ warm-prefix pairs, whose point is to share a prefix).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 SUITES: tuple[str, ...] = ("prefill", "decode", "concurrency", "agent", "longctx", "warm-prefix", "peak",
@@ -258,6 +259,59 @@ def context_window(models_entry: Mapping[str, Any] | None, props: Mapping[str, A
     return None, None
 
 
+# --------------------------------------------------------------------------- fitting the window
+#
+# The engine refuses a request whose prompt (by ITS tokenizer) plus max_tokens
+# exceeds the window, and the bench counts prompts in whitespace words. The
+# runner therefore asks the engine (``usage.prompt_tokens`` of max_tokens-1
+# probes) for the exact count of each prompt's fixed part (salt, template,
+# instruction, needle) and for the filler's tokens per word, and estimates
+#   NEED = fixed + ceil(filler_words * tokens_per_word * (1 + FIT_MARGIN_FRACTION))
+#          + FIT_MARGIN_TOKENS + max_tokens.
+
+# Filler words cost different token counts at different offsets into the prose:
+# on the tiny llama.cpp model's tokenizer (sparkctl.sim.tinymodel) the probe read
+# 3.34 tokens a word, and 32-to-120-word spans at 20 other offsets 2.78 to 3.72
+# (the widest on the shortest spans, where the fixed 16 tokens below cover the rest).
+FIT_MARGIN_FRACTION = 0.10
+# A fresh salt (16 random hex digits) tokenizes differently from the probe's salt.
+FIT_MARGIN_TOKENS = 16
+# Without usage counts from the engine: an assumption about tokens per bench
+# token, above English BPE's ~1.3-1.5 tokens per word. Small-vocabulary
+# tokenizers count more (tiny-llama: 3 per word of filler), but they report usage.
+ASSUMED_TOKENS_PER_WORD = 2.0
+
+
+@dataclass(frozen=True)
+class TokenScale:
+    """How many engine tokens a word of filler costs, and where that figure came from."""
+
+    filler_tokens_per_word: float
+    source: str
+
+    def need(self, fixed_tokens: int, filler_words: int, max_tokens: int) -> int:
+        """Tokens a request needs in the window (see the block comment above). Pure."""
+        filler = math.ceil(filler_words * self.filler_tokens_per_word * (1 + FIT_MARGIN_FRACTION))
+        return fixed_tokens + filler + FIT_MARGIN_TOKENS + max_tokens
+
+
+def assumed_tokens(bench_tokens: int) -> int:
+    """Engine tokens for ``bench_tokens`` when the engine reports no usage."""
+    return math.ceil(bench_tokens * ASSUMED_TOKENS_PER_WORD)
+
+
+def bare(prompt: Prompt) -> Prompt:
+    """``prompt`` without its filler: the part whose count the runner probes."""
+    return replace(prompt, target_tokens=None)
+
+
+def filler_words(prompt: Prompt, salt: str) -> int:
+    """Filler words :func:`render_messages` puts into ``prompt`` (0 for a bare prompt)."""
+    if prompt.target_tokens is None:
+        return 0
+    return prompt.target_tokens - sim_prompt_tokens(render_messages(bare(prompt), salt))
+
+
 def fits_window(prompt_tokens: int, max_tokens: int, window: int | None) -> bool:
     """A prompt of ``prompt_tokens`` plus ``max_tokens`` out fits the window (unknown: assume it does)."""
     return window is None or prompt_tokens + max_tokens <= window
@@ -438,6 +492,35 @@ def trim_history(history: Sequence[Message], budget_tokens: int) -> bool:
     return sim_prompt_tokens(history) > budget_tokens
 
 
+def agent_turn_index(plan: SessionPlan, turn: int) -> int:
+    """Which user turn of the corpus turn ``turn`` of ``plan`` sends."""
+    return (plan.session + turn) % len(CORPORA[plan.corpus])
+
+
+def agent_next_prompt_tokens(prev_prompt_tokens: int, prev_answer_tokens: int, system_tokens: int,
+                             fresh_turn_tokens: int) -> int:
+    """The next turn's prompt in engine tokens: the previous prompt, its answer, the new user turn. Pure.
+
+    ``fresh_turn_tokens`` is the count of (system, user turn) alone, so the
+    system prompt is taken off it once; the answer (the runner passes the
+    larger of its count out and its words at the filler's rate) gains a margin
+    because it is re-tokenized from text, and an assistant message's template tokens.
+    """
+    answer = math.ceil(prev_answer_tokens * (1 + FIT_MARGIN_FRACTION)) + CHAT_TOKENS_PER_MESSAGE
+    return prev_prompt_tokens + answer + max(0, fresh_turn_tokens - system_tokens)
+
+
+AGENT_BACKOFF_BASE_S = 0.25  # first pause after a failed turn; doubles per failure in a row ...
+AGENT_BACKOFF_CAP_S = 2.0    # ... up to this (a failing engine sees at most 1 request per 2 s per session)
+
+
+def agent_backoff_s(consecutive_errors: int) -> float:
+    """The pause of a session after its ``consecutive_errors``-th failed turn in a row (0: none). Pure."""
+    if consecutive_errors <= 0:
+        return 0.0
+    return min(AGENT_BACKOFF_CAP_S, AGENT_BACKOFF_BASE_S * 2 ** (consecutive_errors - 1))
+
+
 # --------------------------------------------------------------------------- soak
 
 
@@ -449,9 +532,10 @@ SOAK_MIX: tuple[tuple[str, int, int], ...] = (
 )
 
 
-def soak_ask(i: int, engine: str | None, scale: float = 1.0) -> tuple[str, Ask]:
-    """Request ``i`` of the soak's mixed load (cycling through :data:`SOAK_MIX`)."""
-    kind, n, m = SOAK_MIX[i % len(SOAK_MIX)]
+def soak_ask(i: int, engine: str | None, scale: float = 1.0,
+             mix: Sequence[tuple[str, int, int]] = SOAK_MIX) -> tuple[str, Ask]:
+    """Request ``i`` of the soak's mixed load (cycling through ``mix``, by default :data:`SOAK_MIX`)."""
+    kind, n, m = mix[i % len(mix)]
     n = max(64, int(n * scale))
     instr = DECODE_INSTRUCTION if kind == "essay" else PREFILL_INSTRUCTION
     return kind, Ask(Prompt(instr, target_tokens=max(n, words(instr) + 8), filler_offset=i), max_tokens=m)
