@@ -115,7 +115,9 @@ REDUCED = (
     Cell("down", "while_serving", "unreachable"),
     Cell("switch", "during_start", "disk_full"),
     Cell("switch", "during_ready", "sigint"),
-    Cell("down", "during_stop", "second_operator"),
+    # not down/during_stop: a `down` takes ~1 s, and on a loaded machine it was over
+    # before the second operator asked for the lock (then both ran, one after the other)
+    Cell("up", "during_start", "second_operator"),
 )
 
 
@@ -258,13 +260,19 @@ def judge(cell: Cell, plan: Plan, out: Outcome, snap: Snapshot) -> Outcome:
         p.append(f"the record says {claims!r}, the ring is {final!r}")
     if snap.lock_held:
         p.append("the cluster lock is still held after every sparkctl exited")
+    # A second operator that succeeded ran before or after the first (the lock
+    # serialized them): its own goal is then a stated final state too.
+    also: tuple[str, ...] = ()
+    if cell.fault == "second_operator" and out.second_exit == 0:
+        also = ("stopped",) if plan.second == ("down",) else (f"serving {OLD}",)
+        out.notes.append("the second operator ran too (one after the other: the lock serialized them)")
     if out.exit_code is None:
         p.append("the command did not finish")
     elif out.exit_code == 0:
-        if final != plan.success:
+        if final not in (plan.success, *also):
             p.append(f"exit 0 but the ring is {final!r}, not {plan.success!r}")
     else:
-        if final not in (plan.success, *plan.fallback) and not final.startswith("mixed"):
+        if final not in (plan.success, *plan.fallback, *also) and not final.startswith("mixed"):
             p.append(f"failed into {final!r}; expected one of {[plan.success, *plan.fallback]}")
         out.names_phase = " in phase " in out.message
         if not out.names_phase:

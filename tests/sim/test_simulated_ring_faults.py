@@ -10,6 +10,7 @@ The first tests are pure (the matrix and its judgement) and need no cluster.
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -93,6 +94,20 @@ def test_judgement_finds_orphans_corrupt_records_and_a_lying_record() -> None:
     ok = judge(cell, plan_for(cell), Outcome(cell.id, "", exit_code=5, message=out.message),
                serving_snapshot(served=None, procs={n: () for n in NODES}, record_text=None))
     assert ok.status == "ok" and ok.names_node and ok.names_phase
+
+
+def test_a_second_operator_that_ran_after_the_first_may_leave_its_own_stack() -> None:
+    """`down` then the second operator's `up` (the lock serialized them, seen under load):
+    the ring serving the second's stack is a stated state, not a failure; a refused or
+    absent second operator does not excuse the same state."""
+    cell = Cell("down", "during_stop", "second_operator")
+    snap = serving_snapshot(OLD)
+    ran = judge(cell, plan_for(cell), Outcome(cell.id, "", exit_code=0, second_exit=0), snap)
+    assert ran.status == "ok", ran.problems
+    refused = judge(cell, plan_for(cell), Outcome(cell.id, "", exit_code=0, second_exit=6,
+                                                  second_message="error: node spark-a: up failed in phase lock"),
+                    serving_snapshot(OLD))
+    assert refused.status == "FAIL" and any("exit 0 but" in p for p in refused.problems)
 
 
 # --------------------------------------------------------------------------- on the simulated ring
@@ -207,6 +222,12 @@ def test_simulated_lock_of_a_live_supervisor_is_respected(ring, sim_ring) -> Non
     if '"phase": "done"' in events or '"phase": "rolled-back"' in events:
         pytest.skip("the supervisor finished before the second command: nothing to contend for")
     assert r2.returncode == 6 and "supervisor pid" in r2.stderr, r2.stderr
+    # the supervisor keeps its lock until it ends (slowly on a loaded machine): wait for it
+    deadline = time.monotonic() + 240
+    while not any(f'"phase": "{p}"' in events for p in ("done", "rolled-back", "failed")):
+        assert time.monotonic() < deadline, "the supervisor did not finish:\n" + events
+        time.sleep(2)
+        events = sim_ring.ssh("spark-a", "cat /var/lib/sparkctl/supervisor.jsonl").stdout
     ring.settled()
     sim_ring.sparkctl("-i", inv, "down", check=True)
 
