@@ -314,20 +314,27 @@ class _Agent:
             raise WeightsError(f"{phase} did not start: {why}", Ref(node=node, command=shlex.join(cmd)))
         return _Job(node, phase, log, int(first["pid"])), first
 
-    def poll(self, jobs: Sequence[_Job]) -> dict[str, list[dict]]:
-        """New events of each job (one tail per node, all nodes at once)."""
+    def poll(self, jobs: Sequence[_Job], wait_s: float = 0.0) -> dict[str, list[dict]]:
+        """New events of each job (one tail per node, all nodes at once).
+
+        ``wait_s``: each node's tail waits up to this long for a new event or
+        its job's end (a long poll), so an ending job is seen when it ends.
+        """
+        wait = ("--wait-s", f"{wait_s:.3f}") if wait_s > 0 else ()
         cmds = {
-            j.node: self.argv(j.node, "tail", "--log", j.log, "--offset", str(j.offset), "--pid", str(j.pid))
+            j.node: self.argv(j.node, "tail", "--log", j.log, "--offset", str(j.offset), "--pid", str(j.pid), *wait)
             for j in jobs
         }
-        results = self.transport.run_all(cmds, sudo=False, timeout_s=POLL_TIMEOUT_S)
+        results = self.transport.run_all(cmds, sudo=False, timeout_s=POLL_TIMEOUT_S + wait_s)
         out: dict[str, list[dict]] = {}
+        unanswered = False
         for j in jobs:
             res: CommandResult = results[j.node]
             evs = _events(res.stdout) if res.ok else []
             tail = evs.pop() if evs and evs[-1].get("event") == "tail" else None
             if tail is None:
                 out[j.node] = []  # an unanswered poll is retried next round
+                unanswered = True
                 continue
             j.offset = int(tail["offset"])
             for ev in evs:
@@ -336,6 +343,8 @@ class _Agent:
             if j.final is None and tail.get("alive") is False:
                 j.final = {"event": "error", "message": f"the {j.phase} job (pid {j.pid}) ended without a result"}
             out[j.node] = evs
+        if unanswered:
+            time.sleep(wait_s)  # the node did not wait for us: do not retry at once
         return out
 
     def stop(self, node: str, pid: int) -> None:
@@ -363,11 +372,11 @@ def _report(progress: ProgressCallback | None, node: str, phase: str, evs: Itera
 
 
 class _Pace:
-    """Poll intervals: 50 ms at first, doubling up to ``poll_s``; back to 50 ms after a change.
+    """Poll waits: 50 ms at first, doubling up to ``poll_s``; back to 50 ms after a change.
 
-    A short job (a manifest from the hash cache, a small file) is seen done
-    within ~50 ms instead of a whole ``poll_s``, and a long one costs one
-    poll per ``poll_s``.
+    Each wait is spent on the node (``tail --wait-s``, a long poll), which
+    answers as soon as a job writes an event or ends: a job's end is seen when
+    it happens, and a quiet long job costs one poll per ``poll_s``.
     """
 
     FIRST_S = 0.05
@@ -376,9 +385,11 @@ class _Pace:
         self.poll_s = poll_s
         self.delay = min(self.FIRST_S, poll_s)
 
-    def sleep(self) -> None:
-        time.sleep(self.delay)
+    def take(self) -> float:
+        """The next wait (then the one after it doubles)."""
+        d = self.delay
         self.delay = min(self.delay * 2, self.poll_s)
+        return d
 
     def reset(self) -> None:
         self.delay = min(self.FIRST_S, self.poll_s)
@@ -387,8 +398,7 @@ class _Pace:
 def _wait(agent: _Agent, job: _Job, progress: ProgressCallback | None, poll_s: float) -> dict:
     pace = _Pace(poll_s)
     while job.final is None:
-        pace.sleep()
-        _report(progress, job.node, job.phase, agent.poll([job]).get(job.node, []))
+        _report(progress, job.node, job.phase, agent.poll([job], wait_s=pace.take()).get(job.node, []))
     return job.final
 
 
@@ -524,8 +534,7 @@ def sync(
                 if pending and not any(t.sender in verified | set(failed) for t in pending):
                     raise WeightsError("the sync plan is stuck (a sender never takes part)", Ref(node=from_node))
                 continue
-            pace.sleep()
-            news = agent.poll([j for j, _ in active.values()])
+            news = agent.poll([j for j, _ in active.values()], wait_s=pace.take())
             for node, (pjob, t) in list(active.items()):
                 _report(progress, node, "pull", news.get(node, []))
                 if pjob.final is None:

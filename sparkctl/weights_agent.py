@@ -1315,6 +1315,8 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--log", required=True)
     t.add_argument("--offset", type=int, default=0)
     t.add_argument("--pid", type=int)
+    t.add_argument("--wait-s", type=float, default=0.0,
+                   help="wait up to this long (at most 10 s) for a new event or the job's end")
 
     k = sub.add_parser("stop", help="end detached jobs of this agent")
     k.add_argument("--pid", type=int, required=True, action="append", help="repeat for several jobs")
@@ -1331,9 +1333,16 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     emit = Emitter()
     if args.cmd == "tail":
-        # liveness first: a job found dead has already written its last line
-        alive = _is_agent(args.pid) if args.pid else None
-        events, offset = _read_events(args.log, args.offset)
+        # A long poll: the watcher learns of a new event (a job's end above all)
+        # when it happens, not at its next poll.
+        deadline = time.monotonic() + min(max(args.wait_s, 0.0), 10.0)
+        while True:
+            # liveness first: a job found dead has already written its last line
+            alive = _is_agent(args.pid) if args.pid else None
+            events, offset = _read_events(args.log, args.offset)
+            if events or alive is False or time.monotonic() >= deadline:
+                break
+            time.sleep(0.01)
         for ev in events:
             print(json.dumps(ev, separators=(",", ":")))
         emit("tail", offset=offset, alive=alive)

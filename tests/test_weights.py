@@ -465,3 +465,26 @@ def test_sync_of_a_single_file_to_a_pair(tmp_path: Path) -> None:
     assert rep.ok and rep.files == 1 and rep.nodes["b"].address == "127.21.0.1"
     assert (tmp_path / "b" / "models" / "m.gguf").read_bytes() == gguf.read_bytes()
     assert not (tmp_path / "b" / "models" / "unrelated.txt").exists()
+
+
+def test_tail_waits_for_the_next_event_and_not_for_a_dead_job(tmp_path: Path) -> None:
+    """The long poll behind `weights sync`: a tail with --wait-s returns the event
+    written while it waits (a plain tail would return nothing), and returns at once,
+    saying so, when the job is gone."""
+    log = tmp_path / "job.jsonl"
+    log.write_text('{"event":"start"}\n')
+    writer = threading.Timer(0.3, lambda: log.open("a").write('{"event":"done","ok":true}\n'))
+    writer.start()
+    try:
+        r = subprocess.run([sys.executable, str(AGENT), "tail", "--log", str(log), "--offset",
+                            str(log.stat().st_size), "--wait-s", "8"], capture_output=True, text=True, timeout=30)
+    finally:
+        writer.join()
+    lines = [json.loads(x) for x in r.stdout.splitlines()]
+    assert [e["event"] for e in lines] == ["done", "tail"], r.stdout + r.stderr
+    dead = subprocess.Popen(["true"])
+    dead.wait()  # a pid that no longer runs
+    r = subprocess.run([sys.executable, str(AGENT), "tail", "--log", str(log), "--offset", str(log.stat().st_size),
+                        "--pid", str(dead.pid), "--wait-s", "8"], capture_output=True, text=True, timeout=30)
+    last = json.loads(r.stdout.splitlines()[-1])
+    assert (last["event"], last["offset"], last["alive"]) == ("tail", log.stat().st_size, False)
