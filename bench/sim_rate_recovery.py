@@ -29,9 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
-import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -42,65 +39,11 @@ import httpx
 
 from sparkctl.bench.runner import RunOptions, run
 from sparkctl.bench.selftest import cpu_pressure_total_s
+from sparkctl.sim.engines.local import prefill_rate, start_local, stop
 
 # name served, decode tokens. TensorFold ignores ignore_eos: 100 tokens stay under
 # its shortest natural answer (120), as in tests/test_bench_suites.py.
 ENGINES: dict[str, tuple[str, int]] = {"ds41f": ("dsv41-ds41f", 384), "tensorfold": ("dsv41-tf", 100)}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def start_engine(engine: str, name: str, log: Path, speedup: float, ctx: int = 1048576) -> tuple[subprocess.Popen[bytes], str]:
-    port, mport = _free_port(), _free_port()
-    if engine == "ds41f":
-        args = ["serve", "--model", "/m", "--served-model-name", name, "--tp", "1", "--nnodes", "1",
-                "--node-rank", "0", "--master-addr", "127.0.0.1", "--master-port", str(mport),
-                "--host", "127.0.0.1", "--port", str(port), "--max-model-len", str(ctx),
-                "--gpu-memory-utilization", "0.85"]
-    else:
-        args = ["serve", "--weights", "/m", "--name", name, "--tp", "1", "--world", "1", "--rank", "0",
-                "--listen", f"127.0.0.1:{port}", "--ctx", str(ctx), "--mem-fraction", "0.85"]
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SPARKCTL_SIM_STATE", "WORLD_SIZE", "NODE_RANK"))}
-    env.update(SPARKCTL_SIM_SPEEDUP=str(speedup), SPARKCTL_SIM_LOAD_S="0.2")
-    with log.open("w") as fh:
-        proc = subprocess.Popen([sys.executable, "-m", "sparkctl.sim.engine", engine, *args], env=env,
-                                stdout=fh, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            if httpx.get(url + "/v1/models", timeout=1).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            stop(proc)
-            raise RuntimeError(f"{engine} did not start: {log.read_text()[-2000:]}")
-        time.sleep(0.1)
-
-
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    proc.terminate()
-    try:
-        proc.wait(10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-
-
-def interp_log(points: dict[str, float], x: float) -> float:
-    """The engine's prefill rate at ``x`` tokens: linear in log(length) between table points."""
-    pts = sorted((float(k), v) for k, v in points.items())
-    if x <= pts[0][0]:
-        return pts[0][1]
-    for (x0, y0), (x1, y1) in zip(pts, pts[1:]):
-        if x0 <= x <= x1:
-            return y0 + (math.log(x) - math.log(x0)) / (math.log(x1) - math.log(x0)) * (y1 - y0)
-    return pts[-1][1]
 
 
 def recovery_errors(summary: Any, info: dict[str, Any], speedup: float, lengths: tuple[int, ...],
@@ -115,7 +58,7 @@ def recovery_errors(summary: Any, info: dict[str, Any], speedup: float, lengths:
         out[f"{point} {metric}"] = (expected, 100.0 * (got / expected - 1.0))
 
     for n in lengths:
-        check(f"prefill/{n}", "prefill_tok_s", interp_log(eff["prefill_tok_s"], n))
+        check(f"prefill/{n}", "prefill_tok_s", prefill_rate(eff["prefill_tok_s"], n))
     check("decode/1", "decode_tok_s", eff["per_stream_tok_s"]["1"])
     for c in levels:
         point = pts[f"concurrency/{c}"]
@@ -138,7 +81,7 @@ def expected_aggregate(info: dict[str, Any], c: int, tokens: int, prompt_tokens:
     """
     eff = info["perf"]["effective"]
     base = float(info["perf"]["base_latency_s"])
-    work = prompt_tokens / interp_log(eff["prefill_tok_s"], max(prompt_tokens, 1.0)) if prompt_tokens else 0.0
+    work = prompt_tokens / prefill_rate(eff["prefill_tok_s"], max(prompt_tokens, 1.0)) if prompt_tokens else 0.0
     window = max(base, c * work) + (tokens - 1) / eff["per_stream_tok_s"][str(c)]
     return c * tokens / window
 
@@ -156,7 +99,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="sparkctl-rates-") as tmp:
         for engine in a.engine or sorted(ENGINES):
             name, tokens = ENGINES[engine]
-            proc, url = start_engine(engine, name, Path(tmp) / f"{engine}.log", a.speedup)
+            proc, url = start_local(engine, name, Path(tmp) / f"{engine}.log", a.speedup)
             try:
                 info = httpx.get(url + "/sim/info").json()
                 p0, t0 = cpu_pressure_total_s(), time.perf_counter()

@@ -9,11 +9,6 @@ from __future__ import annotations
 import csv
 import json
 import math
-import os
-import socket
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,8 +18,14 @@ import pytest
 
 from sparkctl.bench import quality as q
 from sparkctl.bench import workloads as wl
-from sparkctl.bench.results import CONFIG_COLUMNS, CSV_COLUMNS, TELEMETRY_COLUMNS, load_run
+from sparkctl.bench.results import (
+    CONFIG_COLUMNS,
+    CSV_COLUMNS,
+    TELEMETRY_COLUMNS,
+    load_run,
+)
 from sparkctl.bench.runner import RunOptions, run, summarize_rows, telemetry_summary
+from sparkctl.sim.engines.local import prefill_rate, start_local, stop
 
 SPEEDUP = 10.0
 RECOVERY_BOUND_PCT = 10.0  # see test_runner_recovers_the_engines_configured_rates
@@ -158,47 +159,12 @@ def test_summaries_skip_flagged_repeats_and_energy_integrates_power() -> None:
 # --------------------------------------------------------------------------- simulated engines
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _start_engine(engine: str, name: str, tmp: Path, ctx: int = 1048576) -> Iterator[str]:
-    port, mport = _free_port(), _free_port()
-    if engine == "ds41f":
-        args = ["serve", "--model", "/m", "--served-model-name", name, "--tp", "1", "--nnodes", "1",
-                "--node-rank", "0", "--master-addr", "127.0.0.1", "--master-port", str(mport),
-                "--host", "127.0.0.1", "--port", str(port), "--max-model-len", str(ctx),
-                "--gpu-memory-utilization", "0.85"]
-    else:
-        args = ["serve", "--weights", "/m", "--name", name, "--tp", "1", "--world", "1", "--rank", "0",
-                "--listen", f"127.0.0.1:{port}", "--ctx", str(ctx), "--mem-fraction", "0.85"]
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SPARKCTL_SIM_STATE", "WORLD_SIZE", "NODE_RANK"))}
-    env.update(SPARKCTL_SIM_SPEEDUP=str(SPEEDUP), SPARKCTL_SIM_LOAD_S="0.2")
-    log = (tmp / f"{engine}.log").open("w")
-    proc = subprocess.Popen([sys.executable, "-m", "sparkctl.sim.engine", engine, *args], env=env,
-                            stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
+    proc, url = start_local(engine, name, tmp / f"{engine}.log", SPEEDUP, ctx)
     try:
-        while True:
-            try:
-                if httpx.get(url + "/v1/models", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"{engine} did not start: {(tmp / f'{engine}.log').read_text()[-2000:]}")
-            time.sleep(0.1)
         yield url
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
+        stop(proc)
 
 
 @pytest.fixture(scope="module")
@@ -209,16 +175,6 @@ def ds41f(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 @pytest.fixture(scope="module")
 def tensorfold(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     yield from _start_engine("tensorfold", "dsv41-tf", tmp_path_factory.mktemp("tf"))
-
-
-def _interp_log(points: dict[str, float], x: float) -> float:
-    pts = sorted((float(k), v) for k, v in points.items())
-    if x <= pts[0][0]:
-        return pts[0][1]
-    for (x0, y0), (x1, y1) in zip(pts, pts[1:]):
-        if x0 <= x <= x1:
-            return y0 + (math.log(x) - math.log(x0)) / (math.log(x1) - math.log(x0)) * (y1 - y0)
-    return pts[-1][1]
 
 
 CONFIG = {"profile": "ds41f-sim", "profile_digest": "0123abcd", "engine": "ds41f", "engine_version": "sim-1023",
@@ -257,7 +213,7 @@ def test_runner_recovers_the_engines_configured_rates(ds41f_run: tuple[Path, dic
         errors[f"{point} {metric}"] = 100.0 * (got / expected - 1.0)
 
     for n in (8192, 16384):
-        check(f"prefill/{n}", "prefill_tok_s", _interp_log(eff["prefill_tok_s"], n))
+        check(f"prefill/{n}", "prefill_tok_s", prefill_rate(eff["prefill_tok_s"], n))
     check("decode/1", "decode_tok_s", eff["per_stream_tok_s"]["1"])
     for c in (1, 2, 4):
         check(f"concurrency/{c}", "aggregate_tok_s", eff["aggregate_tok_s"][str(c)])
