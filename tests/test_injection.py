@@ -32,6 +32,7 @@ from typing import Any
 
 import pytest
 import yaml
+from fakenodes import FakeNodes, fake_for
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -43,7 +44,7 @@ from sparkctl.profiles import resolve
 from sparkctl.render import render
 from sparkctl.resources import Roots
 from sparkctl.status import cluster_status
-from sparkctl.transport import Call, FakeTransport, put_command, reply
+from sparkctl.transport import Call, put_command
 
 # --------------------------------------------------------------------------- the hostile strings (the one list)
 
@@ -394,41 +395,8 @@ def assert_clear_refusal(exc: SparkctlError, f: Field, hostile: str, loaded_file
 
 # --------------------------------------------------------------------------- the commands sparkctl would send
 
-SERVE_EVENTS = '{"event":"started","pid":4242,"port":39999}\n'
 
 
-def _answer(call: Call) -> Any:
-    c = call.command
-    if "echo acquired" in c:
-        return reply("acquired\n")
-    if 'echo "left:$left"' in c:
-        return reply("left:\nports:\n")
-    if "echo \"pid:$!\"" in c:
-        return reply("pid:4242\n")
-    if lifecycle.SUPERVISOR_EVENTS.rsplit("/", 1)[-1] in c and "cat " in c:
-        return reply('{"phase": "started", "pid": 4242, "node": "*", "message": "x"}\n')
-    if "weights_agent.py" in c:
-        words = shlex.split(c)
-        if "tail" in words and "--offset" in words:
-            done = {"event": "done", "verified": True, "bytes": 1, "files": 1,
-                    "manifest": {"kind": "file", "files": {"m": {"size": 1, "sha256": "0" * 64}}}}
-            return reply(json.dumps(done) + "\n" + json.dumps({"event": "tail", "offset": 1, "alive": False}) + "\n")
-        return reply(SERVE_EVENTS)
-    return reply("")
-
-
-class _Fake(FakeTransport):
-    def _record(self, node: str, command: str, sudo: bool, timeout_s: float, stdin: bytes | None) -> Call:
-        if len(self.calls) > 500:  # a polling loop that never ends is a harness bug: fail, do not hang
-            raise RuntimeError(f"runaway: more than 500 commands, last {command[:200]!r}")
-        return super()._record(node, command, sudo, timeout_s, stdin)
-
-    def fetch_host_key(self, name: str) -> tuple[str, str, str]:
-        return ("ssh-ed25519", "SHA256:AAAA", "AAAAC3NzaC1lZDI1NTE5AAAAIHostKeyForTests")
-
-
-def fake_for(inv: Any) -> _Fake:
-    return _Fake({("*", re.compile(r".*", re.DOTALL)): _answer}, nodes=inv.names, accept_puts=True)
 
 
 def sparkctl_commands(ld: Loaded, monkeypatch: pytest.MonkeyPatch) -> tuple[list[Call], dict[tuple[str, str], tuple[bytes, int]]]:
@@ -436,7 +404,7 @@ def sparkctl_commands(ld: Loaded, monkeypatch: pytest.MonkeyPatch) -> tuple[list
     monkeypatch.setattr(lifecycle, "wait_ready", lambda *a, **k: lifecycle.Readiness(True, "ready", 0.0))
     calls: list[Call] = []
     files: dict[tuple[str, str], tuple[bytes, int]] = {}
-    ops: list[Callable[[_Fake], Any]] = [
+    ops: list[Callable[[FakeNodes], Any]] = [
         lambda t: lifecycle.up(ld.res, ld.inv, t, ld.roots, secrets=ld.secrets, skip_check=True),
         lambda t: run_check(ld.res, ld.inv, t, fix=True, bandwidth_s=0),
         lambda t: lifecycle.down(ld.inv, t, reset_clocks=True),

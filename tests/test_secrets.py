@@ -27,6 +27,7 @@ from typing import Any
 
 import paramiko
 import pytest
+from fakenodes import fake_for
 
 from sparkctl import lifecycle, weights
 from sparkctl.bench.cluster_hooks import config_from_profile
@@ -38,7 +39,7 @@ from sparkctl.profiles import resolve
 from sparkctl.render import MASK, render
 from sparkctl.resources import Roots
 from sparkctl.status import cluster_status
-from sparkctl.transport import Call, FakeTransport, LocalTransport, reply
+from sparkctl.transport import Call, LocalTransport, reply
 
 SECRET = "hf_S3CRETvalue_0123456789abcdef"
 API_KEY = "sk-APIKEYvalue-9876543210"
@@ -135,32 +136,6 @@ def test_cli_outputs_never_show_a_secret(tmp_path: Path, sparkctl, monkeypatch: 
             _no_secret(p.read_text(), str(p))
 
 
-def _answer(call: Call) -> Any:
-    c = call.command
-    if "echo acquired" in c:
-        return reply("acquired\n")
-    if 'echo "left:$left"' in c:
-        return reply("left:\nports:\n")
-    if 'echo "pid:$!"' in c:
-        return reply("pid:4242\n")
-    if "supervisor.jsonl" in c:
-        return reply('{"phase": "started", "pid": 4242}\n')
-    if "weights_agent.py" in c:
-        if " tail " in c:
-            done = {"event": "done", "verified": True, "bytes": 1, "files": 1,
-                    "manifest": {"kind": "file", "files": {"m": {"size": 1, "sha256": "0" * 64}}}}
-            return reply(json.dumps(done) + "\n" + json.dumps({"event": "tail", "offset": 1, "alive": False}) + "\n")
-        return reply('{"event":"started","pid":4242,"port":39999}\n')
-    return reply("")
-
-
-class _Fake(FakeTransport):
-    def fetch_host_key(self, name: str) -> tuple[str, str, str]:
-        return ("ssh-ed25519", "SHA256:AAAA", "AAAAC3NzaC1lZDI1NTE5AAAAIHostKeyForTests")
-
-
-def _fake(inv: Any) -> _Fake:
-    return _Fake({("*", re.compile(r".*", re.DOTALL)): _answer}, nodes=inv.names, accept_puts=True)
 
 
 def _operations(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *, fail_start: bool = False
@@ -177,7 +152,7 @@ def _operations(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *, fail_start: 
 
     calls: list[Call] = []
     files: dict[tuple[str, str], tuple[bytes, int]] = {}
-    t = _fake(inv)
+    t = fake_for(inv)
     if fail_start:
         t.add("*", "systemctl start sparkctl-engine", reply(stderr="unit failed: see the engine log", exit_code=1))
     try:
@@ -193,7 +168,7 @@ def _operations(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *, fail_start: 
                lambda t: lifecycle.switch_supervised(res, inv, t, roots, secrets=SECRETS, skip_check=True,
                                                      progress=progress),
                lambda t: weights.sync(inv, t, res.profile.model.weights_path, "spark-a", poll_s=0)):
-        t = _fake(inv)
+        t = fake_for(inv)
         t.add("*", re.compile(r"cat .*record\.json.*"), reply(record))
         try:
             op(t)
@@ -240,7 +215,7 @@ def test_status_json_never_shows_a_secret(tmp_path: Path, sparkctl, monkeypatch:
     _calls, files, _ = _operations(tmp_path, monkeypatch)
     record = next(d for (n, p), (d, _m) in files.items() if p.endswith("record.json")).decode()
     inv = _inv(tmp_path)
-    fake = _fake(inv)
+    fake = fake_for(inv)
     fake.add("*", re.compile(r"cat .*record\.json.*"), reply(record))
     from sparkctl import cli
 
@@ -368,7 +343,7 @@ def test_sudo_is_used_only_for_commands_that_need_it(tmp_path: Path, monkeypatch
     from sparkctl.check import record_hw_change
 
     inv = _inv(tmp_path)
-    t = _fake(inv)
+    t = fake_for(inv)
     lifecycle.tail_logs(inv, t, inv.names)  # on a failed start
     lifecycle.engines_alive(inv, t, inv.names)  # before a no-op `up`
     record_hw_change(inv, t, "moved a cable")
