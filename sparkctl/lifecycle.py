@@ -457,10 +457,23 @@ def _record_for(res: Resolved, rendering: Rendering, sets: Sequence[str], state:
 
 @dataclass
 class _Where:
-    """The phase an operation is in, so every error it raises can name it."""
+    """The phase an operation is in, so every error it raises can name it.
+
+    ``with where:`` around the operation re-raises its sparkctl errors and
+    Ctrl-C as :meth:`annotate` makes them.
+    """
 
     op: str
     phase: str = "lock"
+
+    def __enter__(self) -> _Where:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
+        if isinstance(exc, (SparkctlError, KeyboardInterrupt)):
+            new = self.annotate(exc)
+            if new is not exc:
+                raise new from None
 
     def annotate(self, exc: BaseException) -> BaseException:
         """The same error, its message prefixed with the operation and the phase (once)."""
@@ -498,7 +511,7 @@ def up(res: Resolved, inv: Inventory, transport: Transport, roots: Roots, *,
     waivers = dict(waivers or {})
     where = _Where(f"up {res.name}")
     guard = ClusterLock(inv, transport, f"up {res.name}") if lock else None
-    try:
+    with where:
         if guard:
             guard.acquire()
         try:
@@ -506,11 +519,6 @@ def up(res: Resolved, inv: Inventory, transport: Transport, roots: Roots, *,
         finally:
             if guard:
                 guard.release()
-    except (SparkctlError, KeyboardInterrupt) as exc:
-        new = where.annotate(exc)
-        if new is exc:
-            raise
-        raise new from None
 
 
 def _up(res: Resolved, inv: Inventory, transport: Transport, roots: Roots, sets: Sequence[str],
@@ -650,7 +658,7 @@ def down(inv: Inventory, transport: Transport, *, reset_clocks: bool = False, pr
     say = progress or (lambda *_: None)
     where = _Where("down")
     guard = ClusterLock(inv, transport, "down") if lock else None
-    try:
+    with where:
         if guard:
             try:
                 guard.acquire()
@@ -664,11 +672,6 @@ def down(inv: Inventory, transport: Transport, *, reset_clocks: bool = False, pr
         finally:
             if guard:
                 guard.release()
-    except (SparkctlError, KeyboardInterrupt) as exc:
-        new = where.annotate(exc)
-        if new is exc:
-            raise
-        raise new from None
 
 
 def _down(inv: Inventory, transport: Transport, reset_clocks: bool, say: Progress, where: _Where) -> DownResult:
@@ -746,14 +749,8 @@ def switch(res: Resolved, inv: Inventory, transport: Transport, roots: Roots, *,
     """
     say = progress or (lambda *_: None)
     where = _Where(f"switch {res.name}")
-    try:
-        with ClusterLock(inv, transport, f"switch {res.name}"):
-            return _switch(res, inv, transport, roots, sets, waivers, secrets, progress, say, where)
-    except (SparkctlError, KeyboardInterrupt) as exc:
-        new = where.annotate(exc)
-        if new is exc:
-            raise
-        raise new from None
+    with where, ClusterLock(inv, transport, f"switch {res.name}"):
+        return _switch(res, inv, transport, roots, sets, waivers, secrets, progress, say, where)
 
 
 def _switch(res: Resolved, inv: Inventory, transport: Transport, roots: Roots, sets: Sequence[str],
