@@ -4,6 +4,8 @@ self-test against the reference server, and the client's fault classification.""
 from __future__ import annotations
 
 import asyncio
+import time
+from typing import Any
 
 import pytest
 
@@ -331,6 +333,129 @@ def test_stamped_stream_keeps_each_receive_stamp_until_it_is_read(monkeypatch: p
 
     assert asyncio.run(go()) == [(b"data", 1.0), (b": a\n\n", 1.0), (b"data: b\n\n", 1.005), (b"late", 1.010),
                                  (b"", 1.010)]
+
+
+def test_selftest_cell_takes_the_servers_lateness_from_its_trace_and_judges_the_client() -> None:
+    """A machine that wakes the server 6 ms late on its first chunk moves what the
+    server did: a client that saw exactly that passes (and the lateness is reported);
+    a client that dates the first chunk 4 ms after it was written fails, and so does
+    a server whose chunking is not the model's."""
+    from sparkctl.bench.refserver import EmitTrace
+    from sparkctl.bench.selftest import BASE_TIMING, DEFAULT_SCENARIOS, check_cell, scheduled_trace
+
+    sc = next(s for s in DEFAULT_SCENARIOS if s.name == "chat-k3")
+    cfg = BASE_TIMING.with_overrides(sc.ref)
+    p = sc.prompt_words + 1 + 4  # the salt word, 4 per chat message
+
+    def served(t_sent: float, salt: str, *, server_late_s: float, client_late_s: float,
+               k: int = 3) -> tuple[RequestResult, EmitTrace]:
+        plan = scheduled_trace(cfg.with_overrides({"tokens_per_chunk": k}), t_sent + 0.0003, p, sc.max_tokens)
+        emits = ((plan.emits[0][0] + server_late_s, plan.emits[0][1]),) + plan.emits[1:]
+        times = [t + 0.0001 + (client_late_s if i == 0 else 0.0) for i, (t, _) in enumerate(emits)]
+        ev = log(t_sent, times, usage=(p, sc.max_tokens))
+        r = RequestResult("r", "ok", tuple(ev), salt=salt + "\n", labels={"prompt_words": str(sc.prompt_words)})
+        return r, EmitTrace(plan.t_start_s, p, emits)
+
+    def cell(**kw: float) -> dict[str, Any]:
+        pairs = [served(t, f"s{i}", **kw) for i, t in enumerate((10.0, 20.0, 30.0))]  # type: ignore[arg-type]
+        rows = check_cell(sc, BASE_TIMING, 1, [[r] for r, _ in pairs], {f"s{i}": tr for i, (_, tr) in enumerate(pairs)})
+        return {c.metric: c for c in rows}
+
+    late_server = cell(server_late_s=0.006, client_late_s=0.0)
+    assert all(c.passed for c in late_server.values()), late_server
+    assert late_server["server_late_ms"].measured == pytest.approx(6.0)
+    assert late_server["request_delay_ms"].measured == pytest.approx(0.3)
+    assert late_server["ttft_excess_ms"].measured == pytest.approx(0.1)
+    # the same server judged by its schedule alone (no traces) is 6 ms late: that fails
+    assert not check_cell(sc, BASE_TIMING, 1, [[served(10.0, "s", server_late_s=0.006, client_late_s=0.0)[0]]])[1].passed
+    late_client = cell(server_late_s=0.0, client_late_s=0.004)
+    failed = {m for m, c in late_client.items() if not c.passed}
+    assert {"ttft_s", "decode_tok_s", "tpot_s"} <= failed, failed
+    other_chunks = {f"s{i}": served(t, f"s{i}", server_late_s=0.0, client_late_s=0.0, k=1)[1]
+                    for i, t in enumerate((10.0, 20.0, 30.0))}
+    rows = check_cell(sc, BASE_TIMING, 1, [[served(10.0, "s0", server_late_s=0.0, client_late_s=0.0)[0]]],
+                      other_chunks)
+    chunks = next(c for c in rows if c.metric == "server_chunks")
+    assert not chunks.passed and chunks.expected == f"P={p} 22x3" and chunks.measured == f"P={p} 66x1"
+
+
+def test_kernel_stamp_conversion_keeps_only_a_believable_stamp() -> None:
+    import socket as so
+    import struct
+
+    from sparkctl.bench.stamped import kernel_stamp_to_perf
+
+    def anc(sec: int, nsec: int) -> list[tuple[int, int, bytes]]:
+        return [(so.SOL_SOCKET, 35, struct.pack("@qq", sec, nsec))]
+
+    now_ns = 1_700_000_000 * 10**9
+    assert kernel_stamp_to_perf(anc(1_700_000_000 - 1, 750_000_000), now_ns, 50.0) == pytest.approx(49.75)
+    assert kernel_stamp_to_perf(anc(1_700_000_001, 0), now_ns, 50.0) is None  # from the future
+    assert kernel_stamp_to_perf(anc(1_699_999_000, 0), now_ns, 50.0) is None  # realtime stepped
+    assert kernel_stamp_to_perf([(so.SOL_SOCKET, 99, b"x" * 16)], now_ns, 50.0) is None
+    assert kernel_stamp_to_perf([], now_ns, 50.0) is None
+
+
+def test_stamped_backend_dates_bytes_by_the_kernel_not_by_when_the_loop_got_to_them() -> None:
+    """Over real loopback TCP: the server writes, then the client's loop is held for
+    60 ms before it can read. The bytes keep the time they arrived (the kernel's
+    receive stamp), not the time the read callback ran."""
+    from sparkctl.bench.stamped import StampedBackend
+
+    async def go() -> tuple[float, float, float, str]:
+        wrote: list[float] = []
+
+        async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await reader.readexactly(4)
+            wrote.append(time.perf_counter())
+            writer.write(b"pong")
+            await writer.drain()
+            writer.close()
+
+        srv = await asyncio.start_server(serve, "127.0.0.1", 0)
+        port = srv.sockets[0].getsockname()[1]
+        try:
+            stream = await StampedBackend().connect_tcp("127.0.0.1", port, timeout=5.0)
+            await stream.write(b"ping")
+            async with asyncio.timeout(5.0):
+                while not wrote:
+                    await asyncio.sleep(0.001)
+            time.sleep(0.06)  # noqa: ASYNC251 -- the loop is held on purpose: nothing reads for 60 ms
+            data = await stream.read(100, timeout=5.0)
+            t_read = time.perf_counter()
+            assert data == b"pong"
+            await stream.aclose()
+            return wrote[0], stream.last_read_t or 0.0, t_read, stream.stamp_source
+        finally:
+            srv.close()
+            await srv.wait_closed()
+
+    t_wrote, t_stamp, t_read, source = asyncio.run(go())
+    assert source == "kernel"
+    assert t_wrote <= t_stamp < t_wrote + 0.03 and t_read - t_stamp > 0.05
+
+
+def test_refserver_traces_when_it_wrote_each_chunk_on_the_clients_clock() -> None:
+    from sparkctl.bench.selftest import fetch_traces
+
+    async def go() -> tuple[RequestResult, dict[str, Any], dict[str, Any], float]:
+        async with RefServer(RefConfig(ttft_base_s=0.02, gap_s=0.002, tokens_per_chunk=2)) as srv:
+            async with BenchClient(srv.base_url, concurrency=2) as c:
+                traced, _ = await c.run_batch([RequestSpec("completions", "m", 5, prompt="a b c",
+                                                           extra_body={"ref": {"trace": True}}),
+                                               RequestSpec("completions", "m", 5, prompt="a b c")])
+            first, again = await fetch_traces(srv.base_url), await fetch_traces(srv.base_url)
+            return traced, first, again, time.perf_counter()
+
+    r, first, again, t_end = asyncio.run(go())
+    assert list(first) == [r.salt.rstrip("\n")] and again == {}  # the untraced request is not kept
+    tr = first[r.salt.rstrip("\n")]
+    assert tr.prompt_tokens == 4 and [k for _, k in tr.emits] == [2, 2, 1]
+    sent = r.t_sent_s or 0.0
+    chunks = [e.t_s for e in r.events if e.kind == "chunk" and e.n_text_chars]
+    assert sent < tr.t_start_s < tr.emits[0][0] < chunks[0] < t_end
+    assert tr.emits[0][0] - tr.t_start_s >= 0.02 + 0.002  # a + (k-1) g
+    assert all(e <= c for (e, _), c in zip(tr.emits, chunks))
 
 
 @pytest.mark.e2e

@@ -435,7 +435,9 @@ class BenchClient:
                         # when the bytes were received (the read callback's stamp), else now
                         t = stamped.last_read_t if stamped is not None else time.perf_counter()
                         if first:
-                            events.append(Event(t, "first_byte", raw_len=len(data)))
+                            # detail: who dated the bytes ("kernel": its receive stamp; "loop": the read callback)
+                            events.append(Event(t, "first_byte", raw_len=len(data),
+                                                detail=stamped.stamp_source if stamped is not None else "loop"))
                             first = False
                         for frame in splitter.feed(data):
                             state.frame(frame, t)

@@ -26,6 +26,11 @@ or constructor and can be overridden per request by a ``"ref": {...}`` object
 in the JSON body (unknown keys are a 400), so one server serves every
 configuration of a self-test.
 
+With ``trace: true`` the server keeps when each content chunk really went out
+(:class:`EmitTrace`), by the first line of the prompt (the bench's salt), and
+``GET /ref/traces`` hands them over: the self-test judges the client against
+what the server did, and reports apart how late the machine made the server.
+
 Fault modes (``fault``, after ``fault_after_tokens`` tokens): ``malformed_sse``
 (a data line that is not JSON), ``no_data_prefix`` (a chunk's JSON without the
 ``data:`` field name), ``error_mid_stream`` (an OpenAI error object in
@@ -78,6 +83,8 @@ class RefConfig:
     huge_frame_bytes: int = 1 << 20
     stall_s: float = 30.0
     http_error_status: int = 503
+    trace: bool = False
+    """Keep when each content chunk really went out (``GET /ref/traces``)."""
 
     def __post_init__(self) -> None:
         if self.tokens_per_chunk < 1:
@@ -110,6 +117,38 @@ def count_prompt_tokens(prompt: str | None = None, messages: Sequence[Mapping[st
     return len((prompt or "").split())
 
 
+TRACES_KEPT = 4096  # traces held for GET /ref/traces; the oldest go first
+
+
+@dataclass(frozen=True)
+class EmitTrace:
+    """When the server really did what its timing model scheduled (``trace: true``).
+
+    ``t_start_s`` is ``t0`` of the timing model; ``emits`` holds, per content
+    chunk, (``loop.time()`` just before the chunk was written, tokens in it).
+    ``loop.time()`` is ``time.monotonic()`` (CLOCK_MONOTONIC on Linux), the clock
+    the bench client's ``perf_counter()`` reads too, so a client on the same host
+    can put the two side by side: how late this machine made the server, apart
+    from how late the client saw it.
+    """
+
+    t_start_s: float
+    prompt_tokens: int
+    emits: tuple[tuple[float, int], ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"t_start_s": self.t_start_s, "prompt_tokens": self.prompt_tokens, "emits": [list(e) for e in self.emits]}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> EmitTrace:
+        return cls(float(d["t_start_s"]), int(d["prompt_tokens"]), tuple((float(t), int(n)) for t, n in d["emits"]))
+
+
+def trace_key(prompt: str) -> str:
+    """Which request a trace belongs to: the first line of its prompt (the bench's random salt)."""
+    return prompt.split("\n", 1)[0][:200] if "\n" in prompt else ""
+
+
 def _sse(obj: Any) -> bytes:
     return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
 
@@ -130,6 +169,7 @@ class RefServer:
         self._runner: web.AppRunner | None = None
         self._waker_: PreciseWaker | None = None
         self._seq = 0
+        self._traces: dict[str, EmitTrace] = {}
 
     @property
     def _waker(self) -> PreciseWaker:
@@ -146,6 +186,7 @@ class RefServer:
         app.router.add_post("/v1/completions", self._completions)
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_get("/v1/models", self._models)
+        app.router.add_get("/ref/traces", self._take_traces)
         return app
 
     async def start(self) -> None:
@@ -180,6 +221,11 @@ class RefServer:
 
     async def _models(self, request: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [{"id": self.model, "object": "model"}]})
+
+    async def _take_traces(self, request: web.Request) -> web.Response:
+        """The traces kept since the last call, by :func:`trace_key`; they are then forgotten."""
+        out, self._traces = self._traces, {}
+        return web.json_response({k: t.to_dict() for k, t in out.items()})
 
     async def _completions(self, request: web.Request) -> web.StreamResponse:
         return await self._serve(request, chat=False)
@@ -240,6 +286,7 @@ class RefServer:
 
         t_first = t0 + cfg.ttft_s(prompt_tokens)
         k = cfg.tokens_per_chunk
+        emits: list[tuple[float, int]] = []
         emitted = 0
         fault_pending = cfg.fault is not None
         while emitted < max_tokens or fault_pending:
@@ -255,8 +302,15 @@ class RefServer:
                 continue
             n = min(k, max_tokens - emitted)
             await self._waker.sleep_until(t_first + (emitted + n - 1) * cfg.gap_s)
-            await resp.write(chunk("".join(f" w{emitted + j}" for j in range(n))))
+            data = chunk("".join(f" w{emitted + j}" for j in range(n)))
+            emits.append((loop.time(), n))
+            await resp.write(data)
             emitted += n
+        if cfg.trace:
+            first = (body["messages"] or [{}])[0].get("content") if chat else body["prompt"]
+            self._traces[trace_key(str(first or ""))] = EmitTrace(t0, prompt_tokens, tuple(emits))
+            while len(self._traces) > TRACES_KEPT:
+                self._traces.pop(next(iter(self._traces)))
         await resp.write(chunk("" if not chat else None, finish="length"))
         if include_usage:
             await resp.write(_sse({"id": rid, "object": obj, "created": created, "model": self.model, "choices": [],

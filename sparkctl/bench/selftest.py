@@ -8,34 +8,38 @@ against its closed form. Also measures the client's own capacity (events/s at
 concurrency 64, event-loop lag p99). Results are frozen dataclasses; nothing
 here prints (see :func:`format_report`).
 
-Tolerances (the issue's budget, not widened):
+The truth each request is judged against: the closed forms over the token
+counts the timing model fixes (``P`` in, ``n`` out, ``k`` per chunk), at the
+times the server really wrote each chunk. The server keeps them
+(``trace: true``, :class:`~sparkctl.bench.refserver.EmitTrace`) on
+CLOCK_MONOTONIC, the clock the client stamps on, so a client on the same host
+compares its events with the writes that caused them. A virtual machine wakes
+an idle process late, and most after a long wait: the CI VM wrote the first
+chunk after a 0.4 s TTFT 2-3 ms late, and the client, stamping when its read
+callback ran, saw it 1-2 ms later still. Judged against the schedule alone,
+those 4-8 ms failed prefill (-1.8 %) and decode (+2.0 %) at concurrency 1 on
+every attempt, while the client's arithmetic was right. Now the server's
+lateness is reported per cell (``server_late_ms``; ``request_delay_ms`` from
+the send to the server's ``t0``) and the client dates bytes by the kernel's
+receive stamp (:mod:`sparkctl.bench.stamped`), so what is judged is the
+client: its stamps and its arithmetic.
+
+Tolerances (the issue's, not widened):
 
 * rates (prefill, decode, aggregate) and their inverses (TPOT, ITL p50):
   +-1 % at concurrency 1, +-2 % above;
-* TTFT: every request at or after its closed form (causal: the server cannot
-  emit earlier, and ``sent`` is stamped before the body leaves the client),
-  and the median request within +2 ms (loopback both ways plus two process
-  wake-ups: ~1 ms measured on this 2-core VM);
-* ITL p99: a tail, i.e. the machine's jitter: ``g +- (2 ms + 2w)``, ``w`` = the
-  worst lateness of a precise timer measured first
-  (:func:`measure_wake_lateness`);
-* token counts and their sources, statuses: exact, every request.
+* TTFT: every request at or after the server's first content write (causal),
+  and the median request within +2 ms;
+* ITL p99 (a tail: jitter) within 2 ms of the p99 of the written gaps;
+* token counts and their sources, statuses, and the chunking the server
+  traced: exact, every request.
 
 The statistic (and why it is the median): timed checks judge the median
 request of each (configuration, concurrency) cell, as the bench's reports
-give medians over repeats; the worst request is printed beside it. Measured
-on this shared 2-core VM with the server's emission times logged on the same
-monotonic clock, the closed forms match what the server schedules (decode
-from the first content chunk, ``(k-1)*g`` in the first visible chunk), the
-server emits ~0.15 ms late (0.3 ms on the first chunk after a long wait) and
-the client stamps a chunk ~0.15-0.4 ms after it is written. The offsets of
--1.2..-1.4 % (prefill) and +1.2..+2.5 % (decode) seen at concurrency 1 were
-single requests whose *first* content chunk reached the client 4-8 ms late
-(another process held the core): that chunk closes TTFT and opens the decode
-window, so one stall moves both, in those directions, and the old check took
-the worst request. A stall is the scheduler's error, not the arithmetic's;
-the median of >= 3 requests is not moved by one, while a wrong formula moves
-every request.
+give medians over repeats; the worst request is printed beside it. One
+request whose first chunk another process delayed moves prefill and decode
+in opposite directions; the median of >= 3 requests is not moved by one,
+while a wrong formula moves every request.
 
 """
 
@@ -47,12 +51,16 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import httpx
+
 from sparkctl.bench.client import BenchClient, ClientTimeouts, LoopLagProbe, RequestSpec
 from sparkctl.bench.events import RequestResult
 from sparkctl.bench.metrics import aggregate_throughput, percentile, request_metrics
-from sparkctl.bench.refserver import RefConfig, RefServer, RefServerProcess, PreciseWaker, count_prompt_tokens
+from sparkctl.bench.refserver import (EmitTrace, PreciseWaker, RefConfig, RefServer, RefServerProcess,
+                                      count_prompt_tokens)
 
 TTFT_SLACK_S = 0.002  # the issue's budget: TTFT within +2 ms of the closed form
+TTFT_CAUSAL_EPS_S = 0.00005  # a kernel receive stamp is converted from CLOCK_REALTIME
 RATE_TOL_PCT_C1 = 1.0  # rates at concurrency 1
 RATE_TOL_PCT = 2.0  # rates above concurrency 1
 # Above this CPU pressure (share of a cell's wall time in which some runnable task
@@ -107,8 +115,8 @@ class SelfTestReport:
     """Cells that still failed after their retries while other load contended
     for the CPU: their timing rows measure the machine's load, not the client."""
     wake_lateness_max_ms: float = 0.0
-    """p99 lateness of the reference server's precise timer on this machine,
-    measured before the runs; added (twice) to the ITL p99 tolerance."""
+    """Worst lateness of the reference server's precise timer on this machine,
+    measured before the runs (information: the checks use the server's traces)."""
 
     def failures(self) -> tuple[Check, ...]:
         return tuple(c for c in self.checks if not c.passed)
@@ -137,7 +145,7 @@ class Scenario:
 
 
 # a = 100 ms, b = 1 ms/token (1000 tok/s prefill), g = 5 ms (200 tok/s decode).
-# TTFT ~ 0.4 s keeps the TTFT budget (2 ms + timer lateness) inside the 1 % prefill-rate budget.
+# TTFT ~ 0.4 s keeps the 2 ms TTFT budget inside the 1 % prefill-rate budget.
 BASE_TIMING = RefConfig(ttft_base_s=0.1, ttft_per_token_s=0.001, gap_s=0.005)
 
 DEFAULT_SCENARIOS: tuple[Scenario, ...] = (
@@ -178,7 +186,7 @@ def _expected_prompt_tokens(sc: Scenario, result: RequestResult) -> int:
 
 def _spec(sc: Scenario, base: RefConfig, prompt_words: int) -> RequestSpec:
     ref = {"ttft_base_s": base.ttft_base_s, "ttft_per_token_s": base.ttft_per_token_s, "gap_s": base.gap_s,
-           **sc.ref}
+           "trace": True, **sc.ref}
     labels = {"prompt_words": str(prompt_words)}
     prompt = _prompt(prompt_words)
     if sc.endpoint == "chat":
@@ -201,9 +209,44 @@ def _median_pair(pairs: Sequence[tuple[float, float]], err: Any) -> tuple[float,
     return e, m, med, worst
 
 
+def _chunking(trace: EmitTrace) -> str:
+    """'P=305 21x3+1x2': the prompt tokens and the run-length tokens per chunk of a trace."""
+    runs: list[list[int]] = []
+    for _, k in trace.emits:
+        if runs and runs[-1][1] == k:
+            runs[-1][0] += 1
+        else:
+            runs.append([1, k])
+    return f"P={trace.prompt_tokens} " + ("+".join(f"{c}x{k}" for c, k in runs) or "none")
+
+
+def scheduled_trace(cfg: RefConfig, t_start_s: float, prompt_tokens: int, max_tokens: int) -> EmitTrace:
+    """The emissions the timing model schedules from ``t_start_s`` (a server with no lateness). Pure."""
+    k, t_first = cfg.tokens_per_chunk, t_start_s + cfg.ttft_s(prompt_tokens)
+    emits: list[tuple[float, int]] = []
+    done = 0
+    while done < max_tokens:
+        n = min(k, max_tokens - done)
+        emits.append((t_first + (done + n - 1) * cfg.gap_s, n))
+        done += n
+    return EmitTrace(t_start_s, prompt_tokens, tuple(emits))
+
+
 def check_cell(sc: Scenario, base: RefConfig, concurrency: int,
-               batches: Sequence[Sequence[RequestResult]], wake_slack_s: float = 0.0) -> list[Check]:
+               batches: Sequence[Sequence[RequestResult]],
+               traces: Mapping[str, EmitTrace] | None = None) -> list[Check]:
     """Compare the requests of one (scenario, concurrency) cell with the closed forms. Pure.
+
+    The expected value of each metric is its closed form over the token counts
+    the timing model fixes (prompt ``P``, ``n`` out, ``k`` per chunk), taken at
+    the times the server really emitted (``traces``, by the request's salt: the
+    server's ``loop.time()`` before each write, the client's clock). A machine
+    that wakes the server late moves what the server did, not what the client
+    must measure; how late it was is reported (``server_late_ms``, and
+    ``request_delay_ms`` from the client's send to the server's ``t0``). A
+    request with no trace is compared with the model's schedule from its send
+    (a server with no lateness). The chunking the server traced must be the
+    model's (``server_chunks``, exact).
 
     Timed checks judge the cell's *median* request (the statistic the bench's
     reports give: medians over repeats); the worst request is reported beside
@@ -211,7 +254,7 @@ def check_cell(sc: Scenario, base: RefConfig, concurrency: int,
     is the scheduler's (see the module docstring). Exact checks and the causal
     TTFT lower bound hold for every request.
     """
-    cfg = base.with_overrides(sc.ref)
+    cfg = base.with_overrides({k: v for k, v in sc.ref.items() if k != "trace"})
     rate_tol = RATE_TOL_PCT_C1 if concurrency == 1 else RATE_TOL_PCT
     rows: list[Check] = []
     results = [r for b in batches for r in b]
@@ -231,43 +274,64 @@ def check_cell(sc: Scenario, base: RefConfig, concurrency: int,
         m, e = bad[0] if bad else pairs[0]
         rows.append(Check(sc.name, concurrency, metric, e, m, None, "exact", not bad, n))
 
+    def info_ms(metric: str, values: list[float]) -> None:
+        if values:
+            rows.append(Check(sc.name, concurrency, metric, 0.0, (percentile(values, 50.0) or 0.0) * 1e3, None,
+                              f"worst {max(values, key=abs) * 1e3:.2f} ms", True, n))
+
     statuses = [(r.status, "ok") for r in results]
     exact("status", statuses)
 
     ttft, prefill, decode, tpot, itl50, itl99, ctoks, ptoks, tsrc, psrc = ([] for _ in range(10))
+    chunks: list[tuple[Any, Any]] = []
+    server_late: list[float] = []
+    request_delay: list[float] = []
+    last_emit: dict[int, float] = {}
     for r in results:
         p = _expected_prompt_tokens(sc, r)
         m = request_metrics(r.events, prompt_tokens_fallback=p if not cfg.usage else None)
-        ttft_exp = cfg.first_visible_s(p, sc.max_tokens)
+        t_sent = r.t_sent_s or 0.0
+        traced = (traces or {}).get(r.salt.rstrip("\n"))
+        plan = scheduled_trace(cfg, traced.t_start_s if traced else t_sent, p, sc.max_tokens)
+        truth = traced or plan
+        if traced is not None:
+            chunks.append((_chunking(traced), _chunking(plan)))
+            server_late.append(traced.emits[0][0] - plan.emits[0][0] if traced.emits else 0.0)
+            request_delay.append(traced.t_start_s - t_sent)
+        if not truth.emits:
+            continue
+        (e_first, k_first), e_last = truth.emits[0], truth.emits[-1][0]
+        last_emit[id(r)] = e_last
+        ttft_exp = e_first - t_sent
+        window, after_first = e_last - e_first, sc.max_tokens - k_first
+        itl_true = [(b - a) / kb for (a, _), (b, kb) in zip(truth.emits, truth.emits[1:])]
         ttft.append((m.ttft_s, ttft_exp))
         prefill.append((m.prefill_tok_s, p / ttft_exp))
-        decode.append((m.decode_tok_s, 1.0 / cfg.gap_s))
-        tpot.append((m.tpot_s, cfg.gap_s))
-        itl50.append((m.itl_p50_s, cfg.gap_s))
-        itl99.append((m.itl_p99_s, cfg.gap_s))
+        if after_first > 0 and window > 0:
+            decode.append((m.decode_tok_s, after_first / window))
+            tpot.append((m.tpot_s, window / after_first))
+        if itl_true:
+            itl50.append((m.itl_p50_s, percentile(itl_true, 50.0) or 0.0))
+            itl99.append((m.itl_p99_s, percentile(itl_true, 99.0) or 0.0))
         ctoks.append((m.completion_tokens, sc.max_tokens))
         ptoks.append((m.prompt_tokens, p))
         tsrc.append((m.token_source, "usage" if cfg.usage else "chunk_count"))
         psrc.append((m.prompt_token_source, "usage" if cfg.usage else "caller"))
 
-    # TTFT: every request at or after the causal lower bound (the server cannot
-    # emit before its schedule, and `sent` is stamped before the body leaves);
-    # the median request within +TTFT_SLACK_S (the issue's +2 ms: loopback both
-    # ways plus both processes' wake-ups) plus twice the timer lateness measured
-    # on this machine before the runs (the server wakes late to emit, the client
-    # to read), as for ITL p99. Quiet 2-core VM, 2026-11-29: median excess
-    # 1.25-1.6 ms in most cells, 2.03 ms in chat-k3 at c=1 on all 3 attempts,
-    # with wake lateness ~0.9 ms. A wrong closed form is off by (k-1)*g = 10 ms
-    # or b*P = 100+ ms, far outside either budget.
-    budget_s = TTFT_SLACK_S + 2 * wake_slack_s
-    tol = f"[0, +{budget_s * 1e3:.2f} ms]"
-    if any(m is None for m, _ in ttft):
-        rows.append(Check(sc.name, concurrency, "ttft_s", ttft[0][1], "missing", None, tol, False, n))
+    # TTFT: every request at or after the server's first content write (causal: `sent`
+    # is stamped before the body leaves, the server stamps before it writes; 50 us
+    # for the kernel stamp's conversion from CLOCK_REALTIME), and the median request
+    # within the issue's +2 ms: loopback plus the client's stamping. A wrong closed
+    # form (first chunk, role chunk, k) is off by (k-1)*g = 10 ms or more.
+    tol = f"[0, +{TTFT_SLACK_S * 1e3:.2f} ms]"
+    if not ttft or any(m is None for m, _ in ttft):
+        rows.append(Check(sc.name, concurrency, "ttft_s", ttft[0][1] if ttft else float("nan"), "missing", None,
+                          tol, False, n))
     else:
         e, m, med_excess, worst_excess = _median_pair(ttft, lambda m_, e_: m_ - e_)  # type: ignore[arg-type]
-        lo_ok = all(m_ >= e_ for m_, e_ in ttft)  # type: ignore[operator]
+        lo_ok = all(m_ >= e_ - TTFT_CAUSAL_EPS_S for m_, e_ in ttft)  # type: ignore[operator]
         rows.append(Check(sc.name, concurrency, "ttft_s", e, m, _rel_err_pct(m, e), tol,
-                          lo_ok and 0.0 <= med_excess <= budget_s, n,
+                          lo_ok and med_excess <= TTFT_SLACK_S, n,
                           worst_error_pct=_rel_err_pct(e + worst_excess, e)))
         rows.append(Check(sc.name, concurrency, "ttft_excess_ms", 0.0, med_excess * 1e3, None,
                           f"worst {worst_excess * 1e3:.2f} ms", True, n))
@@ -275,35 +339,51 @@ def check_cell(sc: Scenario, base: RefConfig, concurrency: int,
     rel("decode_tok_s", decode, rate_tol)
     rel("tpot_s", tpot, rate_tol)
     rel("itl_p50_s", itl50, rate_tol)
-    # ITL p99 is a tail: it measures the machine's jitter, not arithmetic, so its
-    # budget is the transport budget plus twice the timer lateness measured here
-    slack = TTFT_SLACK_S + 2 * wake_slack_s
-    if any(m is None for m, _ in itl99):
+    # ITL p99 is a tail: the client's stamping jitter on top of the server's, within 2 ms
+    if not itl99 or any(m is None for m, _ in itl99):
         rows.append(Check(sc.name, concurrency, "itl_p99_s", cfg.gap_s, "missing", None, "", False, n))
     else:
         e, m, med, worst = _median_pair(itl99, lambda m_, e_: m_ - e_)  # type: ignore[arg-type]
-        rows.append(Check(sc.name, concurrency, "itl_p99_s", e, m, _rel_err_pct(m, e), f"+-{slack * 1e3:.2f} ms",
-                          abs(med) <= slack, n, worst_error_pct=_rel_err_pct(e + worst, e)))
+        rows.append(Check(sc.name, concurrency, "itl_p99_s", e, m, _rel_err_pct(m, e),
+                          f"+-{TTFT_SLACK_S * 1e3:.2f} ms", abs(med) <= TTFT_SLACK_S, n,
+                          worst_error_pct=_rel_err_pct(e + worst, e)))
     exact("completion_tokens", ctoks)
     exact("prompt_tokens", ptoks)
     exact("token_source", tsrc)
     exact("prompt_token_source", psrc)
+    if chunks:
+        exact("server_chunks", chunks)
+    info_ms("server_late_ms", server_late)
+    info_ms("request_delay_ms", request_delay)
 
-    # aggregate throughput per batch: sum n / (latest last token - first send). The
-    # closed form takes each request from the moment its bytes left the client:
-    # requests released together still leave one after another (the spread is
-    # reported in its own row).
+    # aggregate throughput per batch: sum n / (latest last token - first send); the
+    # expected window ends at the server's last content write of the batch
     agg: list[tuple[float | None, float]] = []
     spreads: list[float] = []
     for b in batches:
         sent = [r.t_sent_s or 0.0 for r in b]
-        ends = [s_ - min(sent) + cfg.first_visible_s(_expected_prompt_tokens(sc, r), sc.max_tokens)
-                + (sc.max_tokens - min(cfg.tokens_per_chunk, sc.max_tokens)) * cfg.gap_s for s_, r in zip(sent, b)]
         spreads.append(max(sent) - min(sent))
-        agg.append((aggregate_throughput([r.events for r in b]).tok_s, len(b) * sc.max_tokens / max(ends)))
+        if all(id(r) in last_emit for r in b):
+            end = max(last_emit[id(r)] for r in b)
+            agg.append((aggregate_throughput([r.events for r in b]).tok_s, len(b) * sc.max_tokens / (end - min(sent))))
     rel("aggregate_tok_s", agg, rate_tol)
     rows.append(Check(sc.name, concurrency, "send_spread_s", 0.0, max(spreads), None, "info", True, n))
     return rows
+
+
+async def fetch_traces(base_url: str) -> dict[str, EmitTrace]:
+    """The reference server's emission traces since the last fetch (see :class:`EmitTrace`).
+
+    Empty where the two clocks are not the same one (then every request is
+    compared with the model's schedule): the server stamps with
+    ``time.monotonic()``, the client with ``time.perf_counter()``.
+    """
+    if time.get_clock_info("perf_counter").implementation != time.get_clock_info("monotonic").implementation:
+        return {}
+    async with httpx.AsyncClient(timeout=10.0) as hc:
+        resp = await hc.get(base_url + "/ref/traces")
+        resp.raise_for_status()
+        return {k: EmitTrace.from_dict(v) for k, v in resp.json().items()}
 
 
 async def measure_wake_lateness(n_short: int = 40, short_s: float = 0.005, n_long: int = 4,
@@ -311,10 +391,10 @@ async def measure_wake_lateness(n_short: int = 40, short_s: float = 0.005, n_lon
     """Worst lateness of the reference server's timer (:class:`PreciseWaker`) here, in seconds.
 
     A virtual machine or a busy host wakes sleeping threads late, most after a
-    long idle sleep (a TTFT wait is one). The server then emits late by that
-    much, by construction, and the client wakes late to read it, so the TTFT
-    and ITL tail tolerances add twice this figure. Short waits (a decode gap)
-    and long ones (a TTFT) are both sampled; the maximum is returned.
+    long idle sleep (a TTFT wait is one). Reported beside the checks, as the
+    machine's figure; the checks take the server's lateness from its traces.
+    Short waits (a decode gap) and long ones (a TTFT) are both sampled; the
+    maximum is returned.
     """
     loop = asyncio.get_running_loop()
     waker = PreciseWaker(loop)
@@ -420,9 +500,10 @@ async def run_selftest_async(concurrency_levels: Sequence[int] = (1, 16), *, rep
                         psi0, t0 = cpu_pressure_total_s(), time.perf_counter()
                         async with LoopLagProbe() as lag:
                             batches = [await client.run_batch(specs) for _ in range(repeats)]
+                        traces = await fetch_traces(srv.base_url)
                         psi1, t1 = cpu_pressure_total_s(), time.perf_counter()
                         lags += lag.samples_s
-                        cell = check_cell(sc, base, c, batches, wake_slack_s=wake_p99_s)
+                        cell = check_cell(sc, base, c, batches, traces)
                         cell_lag_ms = (percentile(lag.samples_s, 99.0) or 0.0) * 1e3
                         psi_pct = None if psi0 is None or psi1 is None else (psi1 - psi0) / (t1 - t0) * 100.0
                         contended = psi_pct > contended_psi_pct if psi_pct is not None \
@@ -480,7 +561,8 @@ def format_report(report: SelfTestReport) -> str:
         worst = "" if r.worst_error_pct is None else f"{r.worst_error_pct:+.3f}"
         lines.append(f"{r.config:<22} {r.concurrency:>3} {r.metric:<20} {fmt(r.expected):>12} {fmt(r.measured):>12} "
                      f"{err:>8} {worst:>8}  {r.tolerance:<14} {'yes' if r.passed else 'NO'}")
-    lines.append(f"timer wake lateness max (2x added to the ITL p99 tolerance): {report.wake_lateness_max_ms:.3f} ms")
+    lines.append(f"timer wake lateness max on this machine (info; the server's own is server_late_ms): "
+                 f"{report.wake_lateness_max_ms:.3f} ms")
     for c, lag in report.loop_lag_p99_ms.items():
         lines.append(f"loop lag p99 during c={c}: {lag:.3f} ms")
     if report.capacity:

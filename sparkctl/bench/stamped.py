@@ -1,11 +1,21 @@
 """The bench client's socket layer: an httpcore network backend that stamps every receive.
 
-Owns one thing: connections whose bytes are stamped with ``time.perf_counter()``
-in the event loop's read callback (``Protocol.data_received``), the earliest
-moment Python can see them, and queued with that stamp until the request's
+Owns one thing: connections whose bytes carry the time they were received, on
+the ``time.perf_counter()`` clock, queued with that stamp until the request's
 task reads them. :class:`StampedStream.last_read_t` is the stamp of the bytes
 the last :meth:`StampedStream.read` returned, so the client can date an SSE
 event by when its last byte arrived, not by when its task got around to it.
+
+The stamp is the kernel's: each TCP socket asks for receive timestamps
+(``SO_TIMESTAMPNS``) and reads with ``recvmsg``, so a segment is dated when the
+network stack took it in (on loopback: when the server's ``send`` ran), not
+when this process next got a CPU. A virtual machine wakes an idle process
+milliseconds late (1-2 ms measured on the 2-core CI VM, most after a long wait
+such as a TTFT); those milliseconds are the client's scheduling, not the
+server's timing, and the kernel stamp leaves them out. Where the kernel gives
+no stamp (a platform without ``SO_TIMESTAMPNS``, the second TLS record
+decrypted from one read), the read callback's ``perf_counter()`` is used, as before:
+:attr:`StampedStream.stamp_source` says which ("kernel" or "loop").
 
 Why: with N streams emitting in lock-step, the N consuming tasks run one after
 another. httpcore's default (anyio) stream pauses reading between reads, so
@@ -22,7 +32,10 @@ print, or read the environment.
 from __future__ import annotations
 
 import asyncio
+import socket
 import ssl
+import struct
+import sys
 import time
 import typing
 from collections import deque
@@ -37,10 +50,77 @@ _HIGH_WATER_BYTES = 4 << 20
 _LOW_WATER_BYTES = 1 << 20
 
 
+# Linux: SO_TIMESTAMPNS = SCM_TIMESTAMPNS = 35 (a struct timespec of CLOCK_REALTIME)
+_SO_TIMESTAMPNS: int | None = getattr(socket, "SO_TIMESTAMPNS", 35 if sys.platform.startswith("linux") else None)
+_TIMESPEC = struct.Struct("@qq")
+_ANC_SPACE = socket.CMSG_SPACE(_TIMESPEC.size) if hasattr(socket, "CMSG_SPACE") else 0
+# A kernel stamp older than this at read time is not believed (the read callback's stamp is used)
+_MAX_STAMP_AGE_S = 10.0
+
+
+def kernel_stamp_to_perf(anc: list[tuple[int, int, bytes]], rt_now_ns: int, pc_now: float) -> float | None:
+    """The receive time in an ``SCM_TIMESTAMPNS`` ancillary item, on the ``perf_counter`` clock. Pure.
+
+    The kernel dates a segment on CLOCK_REALTIME; ``rt_now_ns``/``pc_now`` are the
+    two clocks read together just after the ``recvmsg``, so the stamp is ``pc_now``
+    minus its age. None when there is no stamp, or it is in the future or older
+    than ``_MAX_STAMP_AGE_S`` (a realtime clock stepped in between).
+    """
+    for level, kind, data in anc:
+        if level == socket.SOL_SOCKET and kind == _SO_TIMESTAMPNS and len(data) >= _TIMESPEC.size:
+            sec, nsec = _TIMESPEC.unpack_from(data)
+            age_s = (rt_now_ns - (sec * 1_000_000_000 + nsec)) / 1e9
+            return pc_now - age_s if 0.0 <= age_s <= _MAX_STAMP_AGE_S else None
+    return None
+
+
+class _StampingSocket(socket.socket):
+    """A TCP socket whose ``recv`` also takes the kernel's receive stamp (:attr:`rx_stamp`).
+
+    asyncio's selector transport reads its socket with ``recv`` and hands the
+    bytes to ``Protocol.data_received`` in the same callback, so the protocol
+    takes the stamp of exactly the bytes it is given.
+    """
+
+    __slots__ = ("rx_stamp",)
+
+    def __init__(self, *args: typing.Any, **kwargs: typing.Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.rx_stamp: float | None = None
+
+    def enable_stamps(self) -> bool:
+        if _SO_TIMESTAMPNS is None or not _ANC_SPACE:
+            return False
+        try:
+            self.setsockopt(socket.SOL_SOCKET, _SO_TIMESTAMPNS, 1)
+        except OSError:
+            return False
+        return True
+
+    def recv(self, bufsize: int, flags: int = 0) -> bytes:
+        data, anc, _, _ = self.recvmsg(bufsize, _ANC_SPACE, flags)
+        self.rx_stamp = kernel_stamp_to_perf(anc, time.time_ns(), time.perf_counter()) if anc else None
+        return data
+
+    def recv_into(self, buffer: typing.Any, nbytes: int = 0, flags: int = 0) -> int:
+        # asyncio reads with recv_into for a buffered protocol (its TLS layer)
+        view = memoryview(buffer).cast("B")
+        n, anc, _, _ = self.recvmsg_into([view[:nbytes] if nbytes else view], _ANC_SPACE, flags)
+        self.rx_stamp = kernel_stamp_to_perf(anc, time.time_ns(), time.perf_counter()) if anc else None
+        return n
+
+    def take_stamp(self) -> float | None:
+        t, self.rx_stamp = self.rx_stamp, None
+        return t
+
+
 class _StampingProtocol(asyncio.Protocol):
     """Queues (stamp, bytes) per receive; wakes the one reader, if it waits."""
 
-    def __init__(self) -> None:
+    def __init__(self, sock: _StampingSocket | None = None) -> None:
+        self.sock = sock
+        """Where the kernel's stamp of the bytes being delivered is (None: stamp on arrival here)."""
+        self.kernel_stamps = 0
         self.reads: deque[tuple[float, bytes]] = deque()
         self.queued_bytes = 0
         self.eof = False
@@ -54,7 +134,12 @@ class _StampingProtocol(asyncio.Protocol):
         self.transport = typing.cast(asyncio.Transport, transport)
 
     def data_received(self, data: bytes) -> None:
-        self.reads.append((time.perf_counter(), data))  # the stamp first, nothing before it
+        t = time.perf_counter()  # the stamp first, nothing before it
+        k = self.sock.take_stamp() if self.sock is not None else None
+        if k is not None and k <= t:
+            t = k
+            self.kernel_stamps += 1
+        self.reads.append((t, data))
         self.queued_bytes += len(data)
         if self.queued_bytes > _HIGH_WATER_BYTES and self.transport is not None and not self._paused:
             self._paused = True
@@ -120,6 +205,11 @@ class StampedStream(httpcore.AsyncNetworkStream):
         self._p = protocol
         self.last_read_t: float | None = None
         """perf_counter() when the last byte returned by :meth:`read` was received."""
+
+    @property
+    def stamp_source(self) -> str:
+        """"kernel" once a receive was dated by the kernel's stamp, else "loop" (the read callback's clock)."""
+        return "kernel" if self._p.kernel_stamps else "loop"
 
     async def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
         p = self._p
@@ -187,6 +277,31 @@ class StampedStream(httpcore.AsyncNetworkStream):
         return None
 
 
+async def _connect(loop: asyncio.AbstractEventLoop, host: str, port: int,
+                   local_address: str | None) -> _StampingSocket:
+    """A connected non-blocking :class:`_StampingSocket`: each address of ``host`` in turn."""
+    infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    if not infos:
+        raise OSError(f"{host}: no address")
+    last: OSError | None = None
+    for family, kind, proto, _, addr in infos:
+        sock = _StampingSocket(family, kind, proto)
+        try:
+            sock.setblocking(False)
+            if local_address:
+                sock.bind((local_address, 0))
+            await loop.sock_connect(sock, addr)
+            return sock
+        except OSError as exc:
+            sock.close()
+            last = exc
+        except BaseException:
+            sock.close()
+            raise
+    assert last is not None
+    raise last
+
+
 class StampedBackend(httpcore.AsyncNetworkBackend):
     """Opens :class:`StampedStream` connections on the running asyncio loop (TCP only)."""
 
@@ -197,18 +312,18 @@ class StampedBackend(httpcore.AsyncNetworkBackend):
         loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(timeout):
+                sock = await _connect(loop, host, port, local_address)
+                stamps = sock.enable_stamps()
+                # asyncio sets TCP_NODELAY; the caller's options go on top
+                for opt in socket_options or ():
+                    sock.setsockopt(*opt)  # type: ignore[arg-type]
                 transport, protocol = await loop.create_connection(
-                    _StampingProtocol, host, port, local_addr=(local_address, 0) if local_address else None)
+                    lambda: _StampingProtocol(sock if stamps else None), sock=sock)
         except TimeoutError:
             raise httpcore.ConnectTimeout(f"connect to {host}:{port} timed out") from None
         except OSError as exc:
             raise httpcore.ConnectError(str(exc)) from exc
-        sock = transport.get_extra_info("socket")
-        if sock is not None:
-            # asyncio already sets TCP_NODELAY; the caller's options go on top
-            for opt in socket_options or ():
-                sock.setsockopt(*opt)  # type: ignore[arg-type]
-        return StampedStream(typing.cast(asyncio.Transport, transport), typing.cast(_StampingProtocol, protocol))
+        return StampedStream(typing.cast(asyncio.Transport, transport), protocol)
 
     async def sleep(self, seconds: float) -> None:
         await asyncio.sleep(seconds)
