@@ -20,13 +20,21 @@ within 5 % of offered). The last row is the flood: the server offers far more
 than a Python event loop takes (``g`` = 0.5 ms), i.e. the client's ceiling.
 Prints figures; asserts nothing. Nothing leaves 127.0.0.1.
 
+With ``--stamps kernel,loop`` two clients run against the same server, steps
+alternating between them: the kernel's receive stamps (the default) against
+stamps taken in the read callback only, i.e. what ``recvmsg`` and the
+ancillary data cost the client.
+
     python bench/client_capacity.py [--concurrency 64] [--rates 1000,2000,...] [--step-seconds 2]
+                                    [--stamps kernel,loop]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import dataclasses
 import time
 from dataclasses import dataclass
 
@@ -40,6 +48,7 @@ KEEP_UP = 0.95  # achieved / offered below this: the client fell behind the offe
 
 @dataclass(frozen=True)
 class Step:
+    stamps: str  # "kernel" or "loop": who dated the receives
     offered_events_per_s: float | None  # None: flood
     events_per_s: float
     window_s: float
@@ -50,7 +59,7 @@ class Step:
     statuses: dict[str, int]
 
 
-async def run_step(client: BenchClient, concurrency: int, gap_s: float, tokens: int) -> Step:
+async def run_step(client: BenchClient, mode: str, concurrency: int, gap_s: float, tokens: int) -> Step:
     spec = RequestSpec("completions", "refserver", tokens, prompt="capacity probe", salt=False,
                        extra_body={"ref": {"ttft_base_s": 0.02, "ttft_per_token_s": 0.0, "gap_s": gap_s,
                                            "tokens_per_chunk": 1}})
@@ -70,6 +79,7 @@ async def run_step(client: BenchClient, concurrency: int, gap_s: float, tokens: 
     for r in results:
         statuses[r.status] = statuses.get(r.status, 0) + 1
     return Step(
+        stamps=mode,
         offered_events_per_s=concurrency / gap_s,
         events_per_s=n / (end - start) if end > start else 0.0,
         window_s=end - start,
@@ -82,20 +92,24 @@ async def run_step(client: BenchClient, concurrency: int, gap_s: float, tokens: 
 
 
 async def sweep(concurrency: int, rates: list[float], step_s: float, flood_gap_s: float,
-                flood_tokens: int) -> list[Step]:
+                flood_tokens: int, stamp_modes: list[str]) -> list[Step]:
     steps: list[Step] = []
-    async with RefServerProcess() as srv:
+    async with RefServerProcess() as srv, contextlib.AsyncExitStack() as stack:
         timeouts = ClientTimeouts(connect_s=10.0, read_s=30.0, request_s=300.0)
-        async with BenchClient(srv.base_url, concurrency=concurrency, timeouts=timeouts) as client:
-            await client.warm_up(RequestSpec("completions", "refserver", 2, prompt="warm", salt=False,
-                                             extra_body={"ref": {"ttft_base_s": 0.0, "gap_s": 0.0}}))
-            for rate in rates:
-                gap = concurrency / rate
-                steps.append(await run_step(client, concurrency, gap, max(int(step_s / gap), 8)))
-            flood = await run_step(client, concurrency, flood_gap_s, flood_tokens)
-            steps.append(Step(None, *[getattr(flood, f) for f in
-                                     ("events_per_s", "window_s", "lag_p50_ms", "lag_p99_ms", "lag_max_ms",
-                                      "cpu_pressure_pct", "statuses")]))
+        clients: dict[str, BenchClient] = {}
+        for mode in stamp_modes:
+            clients[mode] = await stack.enter_async_context(
+                BenchClient(srv.base_url, concurrency=concurrency, timeouts=timeouts,
+                            kernel_stamps=mode == "kernel"))
+            await clients[mode].warm_up(RequestSpec("completions", "refserver", 2, prompt="warm", salt=False,
+                                                    extra_body={"ref": {"ttft_base_s": 0.0, "gap_s": 0.0}}))
+        for rate in rates:
+            gap = concurrency / rate
+            for mode, client in clients.items():
+                steps.append(await run_step(client, mode, concurrency, gap, max(int(step_s / gap), 8)))
+        for mode, client in clients.items():
+            flood = await run_step(client, mode, concurrency, flood_gap_s, flood_tokens)
+            steps.append(dataclasses.replace(flood, offered_events_per_s=None))
     return steps
 
 
@@ -115,23 +129,30 @@ def main() -> None:
     p.add_argument("--lag-budget-ms", type=float, default=5.0)
     p.add_argument("--flood-gap-s", type=float, default=0.0005)
     p.add_argument("--flood-tokens", type=int, default=256)
+    p.add_argument("--stamps", default="kernel",
+                   help="who dates receives, comma separated: kernel (the default client), loop (read callback)")
     a = p.parse_args()
     rates = [float(x) for x in a.rates.split(",")]
-    steps = asyncio.run(sweep(a.concurrency, rates, a.step_seconds, a.flood_gap_s, a.flood_tokens))
+    modes = [m.strip() for m in a.stamps.split(",") if m.strip()]
+    if not modes or set(modes) - {"kernel", "loop"}:
+        p.error("--stamps takes kernel, loop or both")
+    steps = asyncio.run(sweep(a.concurrency, rates, a.step_seconds, a.flood_gap_s, a.flood_tokens, modes))
     print(f"client capacity sweep: concurrency {a.concurrency}, streams in lock-step, lag budget "
           f"p99 < {a.lag_budget_ms:g} ms (steady window)")
-    print(f"{'offered ev/s':>12} {'achieved ev/s':>13} {'window s':>9} {'lag p50 ms':>10} {'lag p99 ms':>10} "
-          f"{'lag max ms':>10} {'cpu psi':>8}  statuses")
+    print(f"{'stamps':>6} {'offered ev/s':>12} {'achieved ev/s':>13} {'window s':>9} {'lag p50 ms':>10} "
+          f"{'lag p99 ms':>10} {'lag max ms':>10} {'cpu psi':>8}  statuses")
     for s in steps:
         offered = "flood" if s.offered_events_per_s is None else f"{s.offered_events_per_s:,.0f}"
         psi = "n/a" if s.cpu_pressure_pct is None else f"{s.cpu_pressure_pct:.0f}%"
-        print(f"{offered:>12} {s.events_per_s:>13,.0f} {s.window_s:>9.2f} {s.lag_p50_ms:>10.2f} "
+        print(f"{s.stamps:>6} {offered:>12} {s.events_per_s:>13,.0f} {s.window_s:>9.2f} {s.lag_p50_ms:>10.2f} "
               f"{s.lag_p99_ms:>10.2f} {s.lag_max_ms:>10.1f} {psi:>8}  {s.statuses}")
-    best = capacity(steps, a.lag_budget_ms)
-    flood = steps[-1]
-    print(f"capacity (lag p99 < {a.lag_budget_ms:g} ms, kept up): "
-          + (f"{best.events_per_s:,.0f} events/s" if best else "none of the steps")
-          + f"; flood ceiling {flood.events_per_s:,.0f} events/s (lag p99 {flood.lag_p99_ms:.1f} ms)")
+    for mode in modes:
+        mine = [s for s in steps if s.stamps == mode]
+        best = capacity(mine, a.lag_budget_ms)
+        flood = mine[-1]
+        print(f"{mode} stamps: capacity (lag p99 < {a.lag_budget_ms:g} ms, kept up): "
+              + (f"{best.events_per_s:,.0f} events/s" if best else "none of the steps")
+              + f"; flood ceiling {flood.events_per_s:,.0f} events/s (lag p99 {flood.lag_p99_ms:.1f} ms)")
 
 
 if __name__ == "__main__":

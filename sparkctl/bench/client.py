@@ -321,6 +321,7 @@ class BenchClient:
         timeouts: ClientTimeouts = ClientTimeouts(),
         api_key: str | None = None,
         trust_env: bool = False,
+        kernel_stamps: bool = True,
     ) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be >= 1")
@@ -338,7 +339,7 @@ class BenchClient:
             timeout=httpx.Timeout(connect=timeouts.connect_s, read=timeouts.read_s, write=timeouts.write_s, pool=None),
             headers=headers,
             trust_env=trust_env,
-            transport=StampedTransport(limits=limits),
+            transport=StampedTransport(limits=limits, kernel_stamps=kernel_stamps),
         )
         self._seq = 0
 

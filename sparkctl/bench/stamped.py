@@ -120,7 +120,7 @@ class _StampingProtocol(asyncio.Protocol):
     def __init__(self, sock: _StampingSocket | None = None) -> None:
         self.sock = sock
         """Where the kernel's stamp of the bytes being delivered is (None: stamp on arrival here)."""
-        self.kernel_stamps = 0
+        self.n_kernel_stamped = 0
         self.reads: deque[tuple[float, bytes]] = deque()
         self.queued_bytes = 0
         self.eof = False
@@ -138,7 +138,7 @@ class _StampingProtocol(asyncio.Protocol):
         k = self.sock.take_stamp() if self.sock is not None else None
         if k is not None and k <= t:
             t = k
-            self.kernel_stamps += 1
+            self.n_kernel_stamped += 1
         self.reads.append((t, data))
         self.queued_bytes += len(data)
         if self.queued_bytes > _HIGH_WATER_BYTES and self.transport is not None and not self._paused:
@@ -209,7 +209,7 @@ class StampedStream(httpcore.AsyncNetworkStream):
     @property
     def stamp_source(self) -> str:
         """"kernel" once a receive was dated by the kernel's stamp, else "loop" (the read callback's clock)."""
-        return "kernel" if self._p.kernel_stamps else "loop"
+        return "kernel" if self._p.n_kernel_stamped else "loop"
 
     async def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
         p = self._p
@@ -303,7 +303,14 @@ async def _connect(loop: asyncio.AbstractEventLoop, host: str, port: int,
 
 
 class StampedBackend(httpcore.AsyncNetworkBackend):
-    """Opens :class:`StampedStream` connections on the running asyncio loop (TCP only)."""
+    """Opens :class:`StampedStream` connections on the running asyncio loop (TCP only).
+
+    ``kernel_stamps=False`` dates every receive in the read callback only (the
+    comparison in ``bench/client_capacity.py --stamps kernel,loop``).
+    """
+
+    def __init__(self, kernel_stamps: bool = True) -> None:
+        self.kernel_stamps = kernel_stamps
 
     async def connect_tcp(self, host: str, port: int, timeout: float | None = None,
                           local_address: str | None = None,
@@ -313,7 +320,7 @@ class StampedBackend(httpcore.AsyncNetworkBackend):
         try:
             async with asyncio.timeout(timeout):
                 sock = await _connect(loop, host, port, local_address)
-                stamps = sock.enable_stamps()
+                stamps = self.kernel_stamps and sock.enable_stamps()
                 # asyncio sets TCP_NODELAY; the caller's options go on top
                 for opt in socket_options or ():
                     sock.setsockopt(*opt)  # type: ignore[arg-type]
@@ -337,7 +344,8 @@ class StampedTransport(httpx.AsyncHTTPTransport):
     exception mapping stay httpx's own.
     """
 
-    def __init__(self, *, limits: httpx.Limits, verify: ssl.SSLContext | bool = True) -> None:
+    def __init__(self, *, limits: httpx.Limits, verify: ssl.SSLContext | bool = True,
+                 kernel_stamps: bool = True) -> None:
         super().__init__(http1=True, http2=False, limits=limits, verify=verify)
         self._pool = httpcore.AsyncConnectionPool(
             ssl_context=httpx.create_ssl_context(verify=verify),
@@ -346,6 +354,6 @@ class StampedTransport(httpx.AsyncHTTPTransport):
             keepalive_expiry=limits.keepalive_expiry,
             http1=True,
             http2=False,
-            network_backend=StampedBackend(),
+            network_backend=StampedBackend(kernel_stamps),
         )
 
