@@ -179,7 +179,7 @@ def run_check(
                 endpoint[h] = f.served_models if f.served_models is not None else None
         return laws.Context(profile=p, inventory=inv, nodes=nodes, facts=facts, unreachable=unreachable,
                             waivers=waivers, hw_change=hw, link_probes=tuple(link_probes), relay_ok=relay_ok,
-                            endpoint_models=endpoint, stale_seen=stale_seen)
+                            endpoint_models=endpoint, stale_seen=stale_seen, profile_name=res.name)
 
     verdicts = laws.judge(context())
     if fabric and bandwidth_s:

@@ -91,6 +91,7 @@ class Context:
     endpoint_models: Mapping[str, list[str] | None] = field(default_factory=dict)  # head -> served names
     # "node:netdev" -> the node's boot id when this stale link was first seen (check keeps the history)
     stale_seen: Mapping[str, str] = field(default_factory=dict)
+    profile_name: str = "PROFILE"  # for the commands a fix names
 
 
 @dataclass(frozen=True)
@@ -418,7 +419,19 @@ def check_served_model(ctx: Context) -> list[Verdict]:
 
 
 def check_weights(ctx: Context) -> list[Verdict]:
+    """Free disk on every node, and the same files on every node (as sparkctl's hash caches say).
+
+    The files part reads what each node's hash cache vouches for (the probe
+    hashes nothing): nodes whose digests differ hold different files, so
+    their ranks would load different weights: FAIL, naming the odd nodes
+    against the largest group. A file changed since the node hashed it, or a
+    transfer left partial, is a WARN (``weights sync`` re-verifies and
+    resumes). Nothing at the path is a WARN (the engine would not start),
+    and a node sparkctl never fetched or synced on is skipped: its weights
+    may be managed some other way.
+    """
     out = []
+    path = ctx.profile.model.weights_path
     for node in ctx.nodes:
         f = _facts(ctx, node)
         if f is None:
@@ -426,12 +439,65 @@ def check_weights(ctx: Context) -> list[Verdict]:
         free = getattr(f, "disk_free_gib", None)
         if free is None:
             out.append(Verdict("weights", node, WARN, "free disk unknown", ">= 10 GiB free",
-                               f"cannot read free disk space for {ctx.profile.model.weights_path} on {node}"))
+                               f"cannot read free disk space for {path} on {node}"))
         elif free < 10:
             out.append(Verdict("weights", node, FAIL, f"{free:.1f} GiB free", ">= 10 GiB free",
                                f"free disk space on {node}"))
         else:
             out.append(Verdict("weights", node, OK, f"{free:.0f} GiB free", ">= 10 GiB free"))
+    return out + _same_weights(ctx, path)
+
+
+def _same_weights(ctx: Context, path: str) -> list[Verdict]:
+    out: list[Verdict] = []
+    want = "the same files on every node"
+    sync = f"sparkctl weights sync {ctx.profile_name}"
+    digests: dict[str, str] = {}
+    for node in ctx.nodes:
+        f = _facts(ctx, node)
+        if f is None:
+            continue
+        why = getattr(f, "unreadable", {}).get("weights")
+        w = getattr(f, "weights", None)
+        if why:
+            out.append(Verdict("weights", node, WARN, "unreadable", want, why, subject="files"))
+        elif w is None or w.kind == "no-agent":
+            out.append(Verdict("weights", node, SKIP, "not fetched or synced by sparkctl here", want,
+                               subject="files"))
+        elif w.kind == "missing":
+            out.append(Verdict("weights", node, WARN, f"nothing at {path}", want,
+                               f"`sparkctl weights fetch {ctx.profile_name} --node NODE` on one node, "
+                               f"then `{sync}`", subject="files"))
+        elif w.partial or w.n_unverified or w.digest is None:
+            seen = []
+            if w.n_unverified:
+                named = ", ".join(w.unverified[:3]) + (" ..." if w.n_unverified > 3 else "")
+                seen.append(f"{w.n_unverified} of {w.files} files changed since verified ({named})")
+            if w.partial:
+                seen.append(f"{w.partial} partial files of an interrupted transfer")
+            out.append(Verdict("weights", node, WARN, "; ".join(seen) or "not verified", want,
+                               f"`{sync}` verifies every file, repairs what differs and resumes what is partial",
+                               subject="files"))
+        else:
+            digests[node] = w.digest
+    groups: dict[str, list[str]] = {}
+    for node, d in digests.items():
+        groups.setdefault(d, []).append(node)
+    # the largest group is the reference; on a tie, the one with the first node in profile order
+    order = {n: i for i, n in enumerate(ctx.nodes)}
+    ref_digest, ref_nodes = min(groups.items(), key=lambda kv: (-len(kv[1]), order[kv[1][0]])) \
+        if groups else ("", [])
+    for node, d in digests.items():
+        w = ctx.facts[node].weights
+        size = f"{w.files} files, {w.bytes / 2**30:.2f} GiB, digest {d[:12]}"
+        if d == ref_digest:
+            others = len(ref_nodes) - 1
+            out.append(Verdict("weights", node, OK, size + (f", as on {others} other nodes" if others else ""),
+                               want, subject="files"))
+        else:
+            out.append(Verdict("weights", node, FAIL, size, f"digest {ref_digest[:12]} as on {', '.join(ref_nodes)}",
+                               f"the ranks would load different weights: `{sync} --from {ref_nodes[0]}` "
+                               f"(only the chunks that differ travel)", subject="files"))
     return out
 
 

@@ -55,6 +55,8 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from .inventory import Node
+from .render import under
+from .weights import AGENT_PATH, HASH_CACHE
 
 T = TypeVar("T")
 
@@ -163,6 +165,25 @@ class EngineProc:
 
 
 @dataclass(frozen=True)
+class WeightsSummary:
+    """What sparkctl's hash cache vouches for at the weights path (``weights_agent.py summary``).
+
+    ``kind``: ``dir`` or ``file``; ``missing`` (nothing at the path); ``no-agent``
+    (sparkctl never fetched or synced here, so nothing is vouched for).
+    ``digest`` is equal on two nodes exactly when they hold the same files; it
+    is None while any file is unverified (changed since this node hashed it).
+    """
+
+    kind: str
+    files: int = 0
+    bytes: int = 0
+    digest: str | None = None
+    n_unverified: int = 0
+    unverified: tuple[str, ...] = ()
+    partial: int = 0
+
+
+@dataclass(frozen=True)
 class NodeFacts:
     """Everything one probe batch read on a node. A fact that could not be read
     is None (or absent from its dict) and explained in ``unreadable`` (output
@@ -187,6 +208,7 @@ class NodeFacts:
     listening_ports: set[int] | None = None
     served_models: list[str] | None = None
     clock_lock_record: tuple[str, int] | None = None  # (boot_id, cap MHz) written when sparkctl locked the clock
+    weights: WeightsSummary | None = None
     unreadable: dict[str, str] = field(default_factory=dict)
     not_available: dict[str, str] = field(default_factory=dict)
 
@@ -207,6 +229,7 @@ SECTION_TITLES: dict[str, str] = {
     "uptime": "uptime",
     "meminfo": "memory (meminfo)",
     "disk": "free disk space",
+    "weights": "the weights (sparkctl's hash cache)",
     "gpu": "GPU state (nvidia-smi --query-gpu)",
     "gpu_clocks": "GPU clocks (nvidia-smi -q)",
     "ibdev2netdev": "RDMA device map (ibdev2netdev)",
@@ -282,6 +305,15 @@ def build_script(node: Node, weights_path: str | None = None, endpoint_port: int
         'while [ ! -e "$d" ]; do case "$d" in */*) d=${d%/*}; [ -n "$d" ] || d=/ ;; *) d=. ;; esac; done; '
         + tool("df", "-Pk", '"$d"')
     ))
+    if weights_path:
+        # what the agent's hash cache vouches for (stat only, nothing hashed); exit 3:
+        # sparkctl never fetched or synced on this node
+        agent = under(node.prefix, AGENT_PATH)
+        add("weights", (
+            f"[ -e {_q(agent)} ] || exit 3; have python3 || exit 127; "
+            f"python3 -S {_q(agent)} summary --dir {_q(under(node.prefix, weights_path))} "
+            f"--hash-cache {_q(under(node.prefix, HASH_CACHE))}"
+        ))
     add("gpu", tool("nvidia-smi", f"--query-gpu={','.join(GPU_QUERY_FIELDS)}", "--format=csv,noheader,nounits"))
     # The Clocks Event Reasons block belongs to the PERFORMANCE display group.
     add("gpu_clocks", tool("nvidia-smi", "-q", "-d", "CLOCK,PERFORMANCE"))
@@ -929,6 +961,43 @@ def parse_listening_ports(text: str) -> set[int]:
     return ports
 
 
+_WEIGHT_KINDS = ("dir", "file", "missing")
+
+
+def parse_weights_summary(text: str) -> WeightsSummary:
+    """The last JSON line of ``weights_agent.py summary``: a ``summary`` event (or its ``error``)."""
+    what = "weights summary"
+    doc: Any = None
+    for line in reversed(text.strip().splitlines()):
+        try:
+            doc = json.loads(line)
+        except (ValueError, RecursionError):
+            continue
+        break
+    if not isinstance(doc, dict):
+        raise ProbeParseError(what, "no JSON line" if doc is None else "not a JSON object")
+    if doc.get("event") == "error":
+        raise ProbeParseError(what, f"the agent said: {str(doc.get('message'))[:200]}")
+    if doc.get("event") != "summary" or doc.get("kind") not in _WEIGHT_KINDS:
+        raise ProbeParseError(what, f"not a summary (event {str(doc.get('event'))[:40]!r}, "
+                                    f"kind {str(doc.get('kind'))[:40]!r})")
+
+    def count(key: str) -> int:
+        v = doc.get(key, 0)
+        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+            raise ProbeParseError(what, f"{key} is not a count: {str(v)[:40]!r}")
+        return v
+
+    digest = doc.get("digest")
+    if digest is not None and not (isinstance(digest, str) and re.fullmatch(r"[0-9a-f]{64}", digest)):
+        raise ProbeParseError(what, f"digest is not a SHA-256: {str(digest)[:80]!r}")
+    listed = doc.get("unverified", [])
+    if not isinstance(listed, list) or not all(isinstance(x, str) for x in listed):
+        raise ProbeParseError(what, "unverified is not a list of paths")
+    return WeightsSummary(kind=doc["kind"], files=count("files"), bytes=count("bytes"), digest=digest,
+                          n_unverified=count("n_unverified"), unverified=tuple(listed), partial=count("partial"))
+
+
 def parse_models(text: str) -> list[str]:
     """``GET /v1/models``: the ids of the OpenAI ``data`` array (vLLM, SGLang,
     llama.cpp, which adds an Ollama-style ``models`` array, used only when
@@ -1093,6 +1162,9 @@ def _parse_batch(node: str, stdout: str) -> NodeFacts:
     else:
         clock_lock = get("clock_lock", parse_clock_lock)
     disk = get("disk", parse_df)
+    w_sec = sections.get("weights")
+    weights = WeightsSummary("no-agent") if w_sec is not None and w_sec.rc == 3 \
+        else get("weights", parse_weights_summary)
     held = get("held_packages", parse_held_packages)
 
     gpu: GpuFacts | None = None
@@ -1145,6 +1217,7 @@ def _parse_batch(node: str, stdout: str) -> NodeFacts:
     return NodeFacts(
         node=node,
         clock_lock_record=clock_lock,
+        weights=weights,
         hostname=get("hostname", parse_hostname),
         kernel=get("kernel", parse_kernel),
         page_size_bytes=get("page_size", parse_page_size),

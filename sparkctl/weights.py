@@ -58,6 +58,7 @@ from .transport import CommandResult, Transport
 
 AGENT_PATH = "/opt/sparkctl/weights_agent.py"  # under each node's prefix
 JOB_DIR = "/opt/sparkctl/weights"  # job logs and the hash cache, under each node's prefix
+HASH_CACHE = JOB_DIR + "/hash-cache.json"  # path -> size, mtime, sha256, chunk hashes (the agent's HashCache)
 START_TIMEOUT_S = 30.0  # a detached job must report within this (the agent waits 20 s itself)
 POLL_TIMEOUT_S = 15.0
 
@@ -419,7 +420,7 @@ def fetch(
     agent = _Agent(inv, transport, sudo)
     path = under(inv.node(node).prefix, dest)
     args = ["fetch", "--url", url, "--dest", path, "--connections", str(connections), "--chunk-mb", f"{chunk_mb:g}",
-            "--hash-cache", f"{_job_dir(inv, node)}/hash-cache.json"]
+            "--hash-cache", under(inv.node(node).prefix, HASH_CACHE)]
     if sha256:
         args += ["--sha256", sha256]
     job, _ = agent.start(node, "fetch", args)
@@ -462,7 +463,7 @@ def sync(
 
     src_path = under(inv.node(from_node).prefix, weights_path)
     job, _ = agent.start(from_node, "manifest", ["manifest", "--dir", src_path, "--chunk-mb", f"{chunk_mb:g}",
-                                                 "--hash-cache", f"{_job_dir(inv, from_node)}/hash-cache.json"])
+                                                 "--hash-cache", under(inv.node(from_node).prefix, HASH_CACHE)])
     final = _wait(agent, job, progress, poll_s)
     if final.get("event") != "done":
         raise WeightsError(f"no manifest of {src_path}: {final.get('message')}", Ref(node=from_node))
@@ -523,7 +524,7 @@ def sync(
                     pjob, _ = agent.start(chosen.receiver, "pull", [
                         "pull", "--from-url", url, "--manifest-json", "-", "--dest", dest_of(chosen.receiver),
                         "--connections", str(connections), "--chunk-mb", f"{chunk_mb:g}",
-                        "--hash-cache", f"{_job_dir(inv, chosen.receiver)}/hash-cache.json",
+                        "--hash-cache", under(inv.node(chosen.receiver).prefix, HASH_CACHE),
                     ], stdin=manifest_json)
                     active[chosen.receiver] = (pjob, chosen)
                 except WeightsError as exc:

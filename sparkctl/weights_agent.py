@@ -849,6 +849,52 @@ def _skip_name(name: str) -> bool:
     return name.endswith((PART_SUFFIX, SIDECAR_SUFFIX)) or ".tmp." in name
 
 
+def _list_files(root: str) -> tuple[str, dict[str, str], int]:
+    """(kind "dir"|"file", relpath -> path, partial files) of a model under ``root``."""
+    if os.path.isfile(root):
+        return "file", {os.path.basename(root): root}, 0
+    if not os.path.isdir(root):
+        raise AgentError(f"{root}: no such file or directory")
+    paths: dict[str, str] = {}
+    partial = 0
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames.sort()
+        for name in sorted(filenames):
+            full = os.path.join(dirpath, name)
+            if _skip_name(name):
+                partial += name.endswith(PART_SUFFIX)
+                continue
+            if os.path.isfile(full):
+                paths[os.path.relpath(full, root).replace(os.sep, "/")] = full
+    return "dir", paths, partial
+
+
+def cached_summary(root: str, cache: HashCache, *, listed: int = 10) -> dict:
+    """What the hash cache vouches for under ``root``, without reading a byte of the files.
+
+    A file counts as verified while its size and mtime are those it had when
+    this node last hashed it (a fetch, a pull or a manifest here). ``digest``
+    is the SHA-256 of the sorted ``relpath TAB size TAB sha256`` lines, so two
+    nodes hold the same files exactly when their digests are equal; it is None
+    while any file is unverified (the first ``listed`` are named). Read-only:
+    the check's probe runs it.
+    """
+    if not os.path.exists(root):
+        return {"kind": "missing", "root": root}
+    kind, paths, partial = _list_files(root)
+    lines, unverified, total = [], [], 0
+    for rel in sorted(paths):
+        size = os.path.getsize(paths[rel])
+        total += size
+        sha = cache.get(paths[rel])
+        if sha is None:
+            unverified.append(rel)
+        lines.append(f"{rel}\t{size}\t{sha}\n")
+    digest = hashlib.sha256("".join(lines).encode()).hexdigest() if paths and not unverified else None
+    return {"kind": kind, "root": root, "files": len(paths), "bytes": total, "digest": digest,
+            "n_unverified": len(unverified), "unverified": unverified[:listed], "partial": partial}
+
+
 def build_manifest(
     root: str, *, emit: Emitter, cache: HashCache | None = None, interval_s: float = 1.0,
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
@@ -860,22 +906,7 @@ def build_manifest(
     and a relay may pass on a chunk as soon as it is verified); the whole-file
     ``sha256`` is what the hash cache and other tools compare.
     """
-    if os.path.isfile(root):
-        paths = {os.path.basename(root): root}
-        kind = "file"
-    elif os.path.isdir(root):
-        kind = "dir"
-        paths = {}
-        for dirpath, dirnames, filenames in os.walk(root):
-            dirnames.sort()
-            for name in sorted(filenames):
-                full = os.path.join(dirpath, name)
-                if _skip_name(name) or not os.path.isfile(full):
-                    continue
-                rel = os.path.relpath(full, root).replace(os.sep, "/")
-                paths[rel] = full
-    else:
-        raise AgentError(f"{root}: no such file or directory")
+    kind, paths, _ = _list_files(root)
     meter = Meter(emit, interval_s, phase="hash")
     meter.total = sum(os.path.getsize(p) for p in paths.values())
     files = {}
@@ -1318,6 +1349,10 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--wait-s", type=float, default=0.0,
                    help="wait up to this long (at most 10 s) for a new event or the job's end")
 
+    c = sub.add_parser("summary", help="what the hash cache vouches for under a directory (hashes nothing)")
+    c.add_argument("--dir", required=True)
+    c.add_argument("--hash-cache", required=True)
+
     k = sub.add_parser("stop", help="end detached jobs of this agent")
     k.add_argument("--pid", type=int, required=True, action="append", help="repeat for several jobs")
     return p
@@ -1346,6 +1381,13 @@ def main(argv: list[str] | None = None) -> int:
         for ev in events:
             print(json.dumps(ev, separators=(",", ":")))
         emit("tail", offset=offset, alive=alive)
+        return 0
+    if args.cmd == "summary":
+        try:
+            emit("summary", **cached_summary(args.dir, HashCache(args.hash_cache)))
+        except (AgentError, OSError) as exc:
+            emit("error", message=str(exc))
+            return EXIT_ERROR
         return 0
     if args.cmd == "stop":
         running = [pid for pid in args.pid if _is_agent(pid)]

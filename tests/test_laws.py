@@ -61,6 +61,35 @@ def test_each_fault_is_caught_by_its_law_on_its_node(change: dict, law: str) -> 
     assert got == {(law, "spark-b")}
 
 
+def test_weights_law_fails_the_node_whose_files_differ_from_the_others() -> None:
+    from sparkctl.probes import WeightsSummary
+
+    same = WeightsSummary("dir", files=2, bytes=3 << 30, digest="a" * 64)
+    facts = {n: replace(healthy(n), weights=same) for n in INV.names}
+
+    def files(c: laws.Context) -> dict[str, laws.Verdict]:
+        return {v.node: v for v in laws.judge(c) if v.law == "weights" and v.subject == "files"}
+
+    ok = files(ctx(facts=facts))
+    assert {v.status for v in ok.values()} == {"ok"} and "as on 3 other nodes" in ok["spark-a"].observed
+    odd = files(ctx(facts={**facts, "spark-c": replace(facts["spark-c"], weights=replace(same, digest="b" * 64))},
+                    profile_name="ds41f-tp4-ring"))
+    assert odd["spark-c"].status == "fail" and odd["spark-a"].status == "ok"
+    assert odd["spark-c"].expected == "digest aaaaaaaaaaaa as on spark-a, spark-b, spark-d"
+    assert "sparkctl weights sync ds41f-tp4-ring --from spark-a" in odd["spark-c"].fix
+    # changed since verified, or partial: a warning that names the files; never hashed here: skipped
+    edited = replace(same, digest=None, n_unverified=1, unverified=("config.json",), partial=1)
+    mixed = files(ctx(facts={**facts, "spark-b": replace(facts["spark-b"], weights=edited),
+                             "spark-d": replace(facts["spark-d"], weights=WeightsSummary("no-agent")),
+                             "spark-a": replace(facts["spark-a"], weights=WeightsSummary("missing"))}))
+    assert mixed["spark-b"].status == "warn" and "config.json" in mixed["spark-b"].observed
+    assert "1 partial files" in mixed["spark-b"].observed
+    assert mixed["spark-d"].status == "skip" and mixed["spark-a"].status == "warn"
+    assert mixed["spark-c"].status == "ok" and not any(v.failed for v in mixed.values())
+    unread = replace(facts["spark-b"], weights=None, unreadable={"weights": "cannot read the weights on spark-b"})
+    assert files(ctx(facts={**facts, "spark-b": unread}))["spark-b"].status == "warn"
+
+
 def test_denied_kernel_names_the_reason_and_the_pin() -> None:
     bad = replace(healthy("spark-c"), kernel="6.17.0-1031-nvidia")
     v = next(v for v in laws.judge(ctx(facts={"spark-c": bad})) if v.law == "kernel_pin" and v.node == "spark-c")

@@ -121,6 +121,11 @@ REAL: list[tuple[str, Callable[[str], Any], Any]] = [
     ("v1-models-sglang-wrapped.json", probes.parse_models, ["deepseek-v4.1-flash"]),
     ("v1-models-sglang.json", probes.parse_models, ["glm-5.2-fp8"]),
     ("v1-models-llamacpp.json", probes.parse_models, ["qwen3-8b"]),
+    # sparkctl's own agent: what the hash cache vouches for under the weights path
+    ("weights-summary-agent-verified.json", probes.parse_weights_summary, probes.WeightsSummary(
+        "dir", 2, 3000017, "afa1aaa17f47826da4b1dd55b801aa10f01fc968013ed996ab718782b1eefcce", 0, (), 1)),
+    ("weights-summary-agent-unverified.json", probes.parse_weights_summary, probes.WeightsSummary(
+        "dir", 2, 3000022, None, 1, ("config.json",), 1)),
     # §2.2 show_gids (Spark rows; the full table layout is from another Mellanox box)
     ("show_gids-spark-rows.txt", probes.parse_show_gids, {"rocep1s0f0": {
         1: Gid(1, "fe80:0000:0000:0000:4ebb:47ff:fee8:9f39", "RoCE v2", "enp1s0f0np0"),
@@ -284,6 +289,12 @@ GARBAGE: list[tuple[Callable[[str], Any], str]] = [
     (probes.parse_ipv4, "inet 999.1.1.1/24\n"),
     (probes.parse_gid_dump, ""),
     (probes.parse_held_packages, "E: Could not open lock file\n"),
+    (probes.parse_weights_summary, ""),
+    (probes.parse_weights_summary, "Traceback (most recent call last):\n"),
+    (probes.parse_weights_summary, '{"event":"error","message":"permission denied"}\n'),
+    (probes.parse_weights_summary, '{"event":"summary","kind":"dir","files":-1}\n'),
+    (probes.parse_weights_summary, '{"event":"summary","kind":"dir","digest":"xyz"}\n'),
+    (probes.parse_weights_summary, '{"event":"summary","kind":"sideways"}\n'),
 ]
 
 
@@ -353,6 +364,7 @@ BATCH_SECTIONS: list[tuple[str, str, int]] = [
     ("uptime", "1163.51 1405.68\n", 0),
     ("meminfo", fx("meminfo-head.txt"), 0),
     ("disk", FORMAT_SAMPLES[0][0], 0),
+    ("weights", fx("weights-summary-agent-verified.json"), 0),
     ("gpu", GPU_LINE, 0),
     ("gpu_clocks", fx("nvidia-smi-q-clock-event-reasons-node0.txt"), 0),
     ("ibdev2netdev", fx("ibdev2netdev-spark-5c2d.txt"), 0),
@@ -388,6 +400,7 @@ def test_parse_batch_reads_every_fact() -> None:
     assert f.engines == [EngineProc(400721, "VLLM::EngineCore")]
     assert f.listening_ports == {8000, 22, 53}
     assert f.served_models == ["qwen3-8b"]
+    assert f.weights is not None and f.weights.digest is not None and f.weights.files == 2
 
 
 def test_missing_tool_is_not_available_and_failures_are_unreadable() -> None:
@@ -418,7 +431,7 @@ def test_truncated_batch_names_the_cut_facts(cut: int) -> None:
             assert name not in f.unreadable
             continue
         # without the manifest only the core sections are known to be missing
-        if manifest_seen or not name.startswith(("net.", "pcie.", "models")):
+        if manifest_seen or not name.startswith(("net.", "pcie.", "models", "weights")):
             assert f.unreadable[name].startswith(f"cannot read {probes.section_title(name)} on node spark-a: ")
 
 

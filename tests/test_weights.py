@@ -488,3 +488,35 @@ def test_tail_waits_for_the_next_event_and_not_for_a_dead_job(tmp_path: Path) ->
                         "--pid", str(dead.pid), "--wait-s", "8"], capture_output=True, text=True, timeout=30)
     last = json.loads(r.stdout.splitlines()[-1])
     assert (last["event"], last["offset"], last["alive"]) == ("tail", log.stat().st_size, False)
+
+
+def test_agent_summary_compares_nodes_by_the_hash_cache_without_reading_the_files(tmp_path: Path) -> None:
+    """Two copies in different places, hashed by their own caches, have one digest; a
+    different byte gives another; an edit since hashing, or a .part left over, is named."""
+    from sparkctl import weights_agent as agent
+
+    def node(name: str, blob: bytes) -> tuple[Path, agent.HashCache]:
+        root = tmp_path / name / "model"
+        root.mkdir(parents=True)
+        (root / "model.safetensors").write_bytes(blob)
+        (root / "config.json").write_text("{}\n")
+        cache = agent.HashCache(str(tmp_path / name / "hash-cache.json"))
+        agent.build_manifest(str(root), emit=agent.Emitter(open(os.devnull, "w")), cache=cache, chunk_bytes=1024)
+        return root, cache
+
+    a, ca = node("a", b"x" * 5000)
+    b, cb = node("b", b"x" * 5000)
+    c, cc = node("c", b"x" * 4999 + b"y")
+    sa, sb, sc = (agent.cached_summary(str(r), k) for r, k in ((a, ca), (b, cb), (c, cc)))
+    assert sa["digest"] and sa["digest"] == sb["digest"] != sc["digest"]
+    assert (sa["files"], sa["bytes"], sa["n_unverified"], sa["partial"]) == (2, 5003, 0, 0)
+    (b / "config.json").write_text("{ }\n")  # an edit since b hashed it
+    (b / "extra.bin.part").write_bytes(b"half")
+    sb = agent.cached_summary(str(b), cb)
+    assert sb["digest"] is None and sb["unverified"] == ["config.json"] and sb["partial"] == 1
+    assert agent.cached_summary(str(tmp_path / "nowhere"), ca)["kind"] == "missing"
+    # nothing is read: a file's bytes changed behind the cache's back (size and mtime kept) go unseen
+    st = os.stat(a / "model.safetensors")
+    (a / "model.safetensors").write_bytes(b"z" * 5000)
+    os.utime(a / "model.safetensors", ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert agent.cached_summary(str(a), ca)["digest"] == sa["digest"]

@@ -15,7 +15,10 @@ such as a TTFT); those milliseconds are the client's scheduling, not the
 server's timing, and the kernel stamp leaves them out. Where the kernel gives
 no stamp (a platform without ``SO_TIMESTAMPNS``, the second TLS record
 decrypted from one read), the read callback's ``perf_counter()`` is used, as before:
-:attr:`StampedStream.stamp_source` says which ("kernel" or "loop").
+:attr:`StampedStream.stamp_source` says which ("kernel" or "loop"). Linux
+turns receive stamping on from a work queue when the first socket of the
+machine asks for it, so the first segments after that may arrive unstamped;
+the client's warm-up request absorbs them.
 
 Why: with N streams emitting in lock-step, the N consuming tasks run one after
 another. httpcore's default (anyio) stream pauses reading between reads, so

@@ -86,6 +86,23 @@ def _sync(sim, *extra: str) -> dict:
     return json.loads(r.stdout)
 
 
+def _files_verdicts(sim) -> tuple[set[str], dict[str, dict]]:
+    """(laws that fail, the weights law's per-node verdicts on the files: what each node's hash cache vouches for)."""
+    r = sim.sparkctl("-i", str(sim.inventory), "check", PROFILE, "--json", "--bandwidth", "0",
+                     "--waive", "page_size", "--reason", "stock 4 KiB kernel, as in the field report")
+    assert r.stdout, r.stderr
+    vs = json.loads(r.stdout)["verdicts"]
+    return ({v["law"] for v in vs if v["status"] == "fail"},
+            {v["node"]: v for v in vs if v["law"] == "weights" and v.get("subject") == "files"})
+
+
+def _rehash(sim, node: str) -> None:
+    """What a fetch or pull on ``node`` leaves: its hash cache vouching for the files as they are."""
+    r = sim.ssh(node, f"python3 -S /opt/sparkctl/weights_agent.py manifest --dir {WEIGHTS} --chunk-mb 1 "
+                      "--hash-cache /opt/sparkctl/weights/hash-cache.json")
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
 def test_simulated_ring_weights_fetch_on_one_node_then_sync_over_the_fabric(sim_ring, internet: str) -> None:
     inv = load_inventory(sim_ring.inventory)
     want = hashlib.sha256(_blob(SIZE)).hexdigest()
@@ -121,6 +138,10 @@ def test_simulated_ring_weights_fetch_on_one_node_then_sync_over_the_fabric(sim_
     manifests = {n: _manifest(sim_ring, n) for n in NODES}
     assert manifests["spark-a"]["files"]["model.safetensors"]["sha256"] == want
     assert all(m == manifests["spark-a"] for m in manifests.values())
+    # and the check's weights law sees the same files on all four, from the hash caches alone
+    failed, files = _files_verdicts(sim_ring)
+    assert "weights" not in failed and set(files) == set(NODES), files
+    assert all(v["status"] == "ok" and "as on 3 other nodes" in v["observed"] for v in files.values()), files
 
 
 def test_simulated_ring_weights_rerun_is_a_no_op(sim_ring, internet: str) -> None:
@@ -135,6 +156,14 @@ def test_simulated_ring_weights_corrupted_copy_is_detected_and_repaired(sim_ring
     data[5 * MIB + 77] ^= 0x20  # one bit in chunk 5; the write changes mtime, as any real edit would
     victim.write_bytes(bytes(data))
     assert _manifest(sim_ring, "spark-d") != _manifest(sim_ring, "spark-a")
+    # the check sees the edit without hashing (size/mtime moved) and, once spark-d's
+    # cache vouches for the changed bytes, that its files differ from the three others
+    failed, files = _files_verdicts(sim_ring)
+    assert files["spark-d"]["status"] == "warn" and "model.safetensors" in files["spark-d"]["observed"], files
+    _rehash(sim_ring, "spark-d")
+    failed, files = _files_verdicts(sim_ring)
+    assert "weights" in failed and files["spark-d"]["status"] == "fail", files
+    assert "--from spark-a" in files["spark-d"]["fix"] and files["spark-a"]["status"] == "ok"
 
     rep = _sync(sim_ring)
     d = rep["nodes"]["spark-d"]
@@ -143,3 +172,5 @@ def test_simulated_ring_weights_corrupted_copy_is_detected_and_repaired(sim_ring
     assert victim.read_bytes() == _blob(SIZE)
     manifests = {n: _manifest(sim_ring, n) for n in NODES}
     assert all(m == manifests["spark-a"] for m in manifests.values())
+    failed, files = _files_verdicts(sim_ring)
+    assert "weights" not in failed and all(v["status"] == "ok" for v in files.values()), files
