@@ -343,6 +343,7 @@ def print_verdicts(report: Any) -> None:
             if not vs:
                 cells.append("[dim]-[/]")
                 continue
+            vs = [v for v in vs if v.status != "skip"] or vs  # a skip beside judged verdicts judged nothing
             worst = min(vs, key=lambda v: order.get(v.status, 9))
             note = worst.observed if len(vs) == 1 else f"{sum(v.status == worst.status for v in vs)}/{len(vs)}"
             cells.append(f"[{STATUS_STYLE.get(worst.status, '')}]{worst.status}[/] {escape(note[:28])}")
