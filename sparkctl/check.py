@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
-from . import laws, probes
+from . import laws, probes, weights
 from .inventory import Inventory
 from .layout import bind
 from .profiles import Resolved
@@ -132,7 +132,8 @@ def run_check(
         say(f"probing {len(nodes)} nodes (one batched script each)")
         scripts = {
             n: probes.remote_command(probes.build_script(
-                inv.node(n), weights_path=p.model.weights_path, endpoint_port=p.serve.port if n in heads else None))
+                inv.node(n), weights_path=p.model.weights_path, endpoint_port=p.serve.port if n in heads else None,
+                weights=weights.probe_paths(inv, n, p.model.weights_path)))
             for n in nodes
         }
         results = transport.run_all(scripts)

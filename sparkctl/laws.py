@@ -452,7 +452,7 @@ def _same_weights(ctx: Context, path: str) -> list[Verdict]:
     out: list[Verdict] = []
     want = "the same files on every node"
     sync = f"sparkctl weights sync {ctx.profile_name}"
-    digests: dict[str, str] = {}
+    verified: dict[str, Any] = {}  # node -> its WeightsSummary, every file vouched for
     for node in ctx.nodes:
         f = _facts(ctx, node)
         if f is None:
@@ -479,18 +479,17 @@ def _same_weights(ctx: Context, path: str) -> list[Verdict]:
                                f"`{sync}` verifies every file, repairs what differs and resumes what is partial",
                                subject="files"))
         else:
-            digests[node] = w.digest
+            verified[node] = w
     groups: dict[str, list[str]] = {}
-    for node, d in digests.items():
-        groups.setdefault(d, []).append(node)
+    for node, w in verified.items():
+        groups.setdefault(w.digest, []).append(node)
     # the largest group is the reference; on a tie, the one with the first node in profile order
     order = {n: i for i, n in enumerate(ctx.nodes)}
     ref_digest, ref_nodes = min(groups.items(), key=lambda kv: (-len(kv[1]), order[kv[1][0]])) \
         if groups else ("", [])
-    for node, d in digests.items():
-        w = ctx.facts[node].weights
-        size = f"{w.files} files, {w.bytes / 2**30:.2f} GiB, digest {d[:12]}"
-        if d == ref_digest:
+    for node, w in verified.items():
+        size = f"{w.files} files, {w.bytes / 2**30:.2f} GiB, digest {w.digest[:12]}"
+        if w.digest == ref_digest:
             others = len(ref_nodes) - 1
             out.append(Verdict("weights", node, OK, size + (f", as on {others} other nodes" if others else ""),
                                want, subject="files"))

@@ -55,8 +55,6 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from .inventory import Node
-from .render import under
-from .weights import AGENT_PATH, HASH_CACHE
 
 T = TypeVar("T")
 
@@ -162,6 +160,16 @@ class PcieFacts:
 class EngineProc:
     pid: int
     args: str
+
+
+@dataclass(frozen=True)
+class WeightsPaths:
+    """Where on a node the weights agent, its hash cache and the weights are (see
+    :func:`sparkctl.weights.probe_paths`, which owns them)."""
+
+    agent: str
+    hash_cache: str
+    root: str
 
 
 @dataclass(frozen=True)
@@ -276,8 +284,11 @@ def _netdevs(node: Node) -> list[str]:
     return seen
 
 
-def build_script(node: Node, weights_path: str | None = None, endpoint_port: int | None = None) -> str:
-    """The batched probe script for ``node`` (POSIX sh; see the module docstring)."""
+def build_script(node: Node, weights_path: str | None = None, endpoint_port: int | None = None,
+                 weights: WeightsPaths | None = None) -> str:
+    """The batched probe script for ``node`` (POSIX sh; see the module docstring).
+
+    ``weights``: also ask the weights agent what its hash cache vouches for."""
     sysfs, proc = node.sysfs_root.rstrip("/") or "/", node.proc_root.rstrip("/") or "/"
     steps: list[tuple[str, str]] = []
 
@@ -305,14 +316,12 @@ def build_script(node: Node, weights_path: str | None = None, endpoint_port: int
         'while [ ! -e "$d" ]; do case "$d" in */*) d=${d%/*}; [ -n "$d" ] || d=/ ;; *) d=. ;; esac; done; '
         + tool("df", "-Pk", '"$d"')
     ))
-    if weights_path:
+    if weights is not None:
         # what the agent's hash cache vouches for (stat only, nothing hashed); exit 3:
         # sparkctl never fetched or synced on this node
-        agent = under(node.prefix, AGENT_PATH)
         add("weights", (
-            f"[ -e {_q(agent)} ] || exit 3; have python3 || exit 127; "
-            f"python3 -S {_q(agent)} summary --dir {_q(under(node.prefix, weights_path))} "
-            f"--hash-cache {_q(under(node.prefix, HASH_CACHE))}"
+            f"[ -e {_q(weights.agent)} ] || exit 3; have python3 || exit 127; "
+            f"python3 -S {_q(weights.agent)} summary --dir {_q(weights.root)} --hash-cache {_q(weights.hash_cache)}"
         ))
     add("gpu", tool("nvidia-smi", f"--query-gpu={','.join(GPU_QUERY_FIELDS)}", "--format=csv,noheader,nounits"))
     # The Clocks Event Reasons block belongs to the PERFORMANCE display group.

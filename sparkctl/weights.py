@@ -53,6 +53,7 @@ from importlib import resources
 
 from .errors import ConfigError, LifecycleError, Ref
 from .inventory import Inventory
+from .probes import WeightsPaths
 from .render import under
 from .transport import CommandResult, Transport
 
@@ -249,6 +250,15 @@ def agent_path(inv: Inventory, node: str) -> str:
     return under(inv.node(node).prefix, AGENT_PATH)
 
 
+def hash_cache_path(inv: Inventory, node: str) -> str:
+    return under(inv.node(node).prefix, HASH_CACHE)
+
+
+def probe_paths(inv: Inventory, node: str, weights_path: str) -> WeightsPaths:
+    """What the check's probe needs to ask ``node``'s agent about the weights at ``weights_path``."""
+    return WeightsPaths(agent_path(inv, node), hash_cache_path(inv, node), under(inv.node(node).prefix, weights_path))
+
+
 def _job_dir(inv: Inventory, node: str) -> str:
     return under(inv.node(node).prefix, JOB_DIR)
 
@@ -420,7 +430,7 @@ def fetch(
     agent = _Agent(inv, transport, sudo)
     path = under(inv.node(node).prefix, dest)
     args = ["fetch", "--url", url, "--dest", path, "--connections", str(connections), "--chunk-mb", f"{chunk_mb:g}",
-            "--hash-cache", under(inv.node(node).prefix, HASH_CACHE)]
+            "--hash-cache", hash_cache_path(inv, node)]
     if sha256:
         args += ["--sha256", sha256]
     job, _ = agent.start(node, "fetch", args)
@@ -463,7 +473,7 @@ def sync(
 
     src_path = under(inv.node(from_node).prefix, weights_path)
     job, _ = agent.start(from_node, "manifest", ["manifest", "--dir", src_path, "--chunk-mb", f"{chunk_mb:g}",
-                                                 "--hash-cache", under(inv.node(from_node).prefix, HASH_CACHE)])
+                                                 "--hash-cache", hash_cache_path(inv, from_node)])
     final = _wait(agent, job, progress, poll_s)
     if final.get("event") != "done":
         raise WeightsError(f"no manifest of {src_path}: {final.get('message')}", Ref(node=from_node))
@@ -524,7 +534,7 @@ def sync(
                     pjob, _ = agent.start(chosen.receiver, "pull", [
                         "pull", "--from-url", url, "--manifest-json", "-", "--dest", dest_of(chosen.receiver),
                         "--connections", str(connections), "--chunk-mb", f"{chunk_mb:g}",
-                        "--hash-cache", under(inv.node(chosen.receiver).prefix, HASH_CACHE),
+                        "--hash-cache", hash_cache_path(inv, chosen.receiver),
                     ], stdin=manifest_json)
                     active[chosen.receiver] = (pjob, chosen)
                 except WeightsError as exc:

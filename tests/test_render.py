@@ -259,7 +259,8 @@ def test_plan_cli_orders_ranks_by_the_ring(repo: Path, sparkctl) -> None:
 
 
 def test_pure_modules_import_no_ssh_library() -> None:
-    code = ("import sys, sparkctl.render, sparkctl.profiles, sparkctl.inventory, sparkctl.layout, sparkctl.plan;"
+    code = ("import sys, sparkctl.render, sparkctl.profiles, sparkctl.inventory, sparkctl.layout, sparkctl.plan,"
+            " sparkctl.probes, sparkctl.laws;"
             "bad = [m for m in ('paramiko', 'fabric', 'invoke', 'socket_ssh') if m in sys.modules];"
             "print(','.join(bad))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -254,7 +254,7 @@ def check_cell(sc: Scenario, base: RefConfig, concurrency: int,
     is the scheduler's (see the module docstring). Exact checks and the causal
     TTFT lower bound hold for every request.
     """
-    cfg = base.with_overrides({k: v for k, v in sc.ref.items() if k != "trace"})
+    cfg = base.with_overrides(sc.ref)
     rate_tol = RATE_TOL_PCT_C1 if concurrency == 1 else RATE_TOL_PCT
     rows: list[Check] = []
     results = [r for b in batches for r in b]
