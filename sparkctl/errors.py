@@ -2,7 +2,7 @@
 
 Every error carries *what* went wrong, *where* (a :class:`Ref`: file, line,
 key, node, command) and a *hint* for the fix. Library code raises these; only
-``sparkctl.cli`` turns them into a message and an exit code.
+``sparkctl.cli.main`` turns them into a message and an exit code.
 """
 
 from __future__ import annotations
@@ -109,9 +109,3 @@ class Interrupted(LifecycleError):
 
 class LockHeld(SparkctlError):
     exit_code = 6
-
-
-class SimError(SparkctlError):
-    """The simulated cluster could not be built or changed."""
-
-    exit_code = 7

@@ -40,7 +40,7 @@ class Run:
 
 
 class _Main:
-    """Adapter so CliRunner can drive sparkctl.cli.main (which maps errors to exit codes)."""
+    """Adapter so CliRunner can drive sparkctl.cli.main.main (which maps errors to exit codes)."""
 
     name = "sparkctl"
 
@@ -54,7 +54,7 @@ class _Main:
 @pytest.fixture
 def sparkctl(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
     """Run the CLI in-process through main(), as a user would: (code, stdout, stderr)."""
-    from sparkctl.cli import main
+    from sparkctl.cli.main import main
 
     monkeypatch.setenv("SPARKCTL_SIM_DIR", str(tmp_path / "no-sim"))
     monkeypatch.delenv("SPARKCTL_INVENTORY", raising=False)

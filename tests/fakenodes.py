@@ -1,6 +1,6 @@
 """Fake nodes for the tests that collect every command sparkctl would send.
 
-:func:`fake_for` gives a :class:`sparkctl.transport.FakeTransport` whose nodes
+:func:`fake_for` gives a :class:`sparkctl.transport.ssh.FakeTransport` whose nodes
 answer just enough for ``up``, ``check --fix``, ``status``, ``down``,
 ``switch --supervise`` and ``weights`` to run through: the lock is acquired,
 nothing is left running, a started job has pid 4242, a supervisor has started,
@@ -15,8 +15,8 @@ import re
 import shlex
 from typing import Any
 
-from sparkctl import lifecycle
-from sparkctl.transport import Call, FakeTransport, reply
+from sparkctl.ops import lifecycle
+from sparkctl.transport.ssh import Call, FakeTransport, reply
 
 SERVE_EVENTS = '{"event":"started","pid":4242,"port":39999}\n'
 

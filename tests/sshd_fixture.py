@@ -134,8 +134,8 @@ class SshdHandle:
 
     def node(self, name: str = "a", **overrides: Any) -> Any:
         """An inventory ``Node`` that reaches this sshd (defaults as the schema gives them)."""
-        from sparkctl.inventory import Node
-        from sparkctl.schema import default_ports
+        from sparkctl.model.inventory import Node
+        from sparkctl.model.schema import default_ports
 
         values: dict[str, Any] = dict(
             name=name, index=0, host=self.host, ssh_user=self.user, ssh_port=self.port,

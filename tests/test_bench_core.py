@@ -9,9 +9,25 @@ from typing import Any
 
 import pytest
 
-from sparkctl.bench.client import BenchClient, ClientTimeouts, RequestSpec, SSESplitter, parse_frame
-from sparkctl.bench.events import Event, RequestResult, events_from_jsonl, result_to_jsonl
-from sparkctl.bench.metrics import aggregate_throughput, percentile, request_metrics, summarize
+from sparkctl.bench.client import (
+    BenchClient,
+    ClientTimeouts,
+    RequestSpec,
+    SSESplitter,
+    parse_frame,
+)
+from sparkctl.bench.events import (
+    Event,
+    RequestResult,
+    events_from_jsonl,
+    result_to_jsonl,
+)
+from sparkctl.bench.metrics import (
+    aggregate_throughput,
+    percentile,
+    request_metrics,
+    summarize,
+)
 from sparkctl.bench.refserver import RefConfig, RefServer, count_prompt_tokens
 
 # -- synthetic logs ----------------------------------------------------------------
@@ -341,7 +357,12 @@ def test_selftest_cell_takes_the_servers_lateness_from_its_trace_and_judges_the_
     a client that dates the first chunk 4 ms after it was written fails, and so does
     a server whose chunking is not the model's."""
     from sparkctl.bench.refserver import EmitTrace
-    from sparkctl.bench.selftest import BASE_TIMING, DEFAULT_SCENARIOS, check_cell, scheduled_trace
+    from sparkctl.bench.selftest import (
+        BASE_TIMING,
+        DEFAULT_SCENARIOS,
+        check_cell,
+        scheduled_trace,
+    )
 
     sc = next(s for s in DEFAULT_SCENARIOS if s.name == "chat-k3")
     cfg = BASE_TIMING.with_overrides(sc.ref)

@@ -25,7 +25,7 @@ from sparkctl.bench.results import (
     load_run,
 )
 from sparkctl.bench.runner import RunOptions, run, summarize_rows, telemetry_summary
-from sparkctl.sim.engines.local import prefill_rate, start_local, stop
+from sparkctl_sim.engines.local import prefill_rate, start_local, stop
 
 SPEEDUP = 10.0
 RECOVERY_BOUND_PCT = 10.0  # see test_runner_recovers_the_engines_configured_rates
@@ -225,7 +225,7 @@ def test_runner_recovers_the_engines_configured_rates(ds41f_run: tuple[Path, dic
     # words instead of tokens). Timing noise must not: engine and client share 2
     # loaded cores, and +-2 % flaked (-2.27 %) under load. Errors under 10 % (e.g.
     # the TTFT inside the aggregate window: ~1 % here with 384 tokens) are for the
-    # strict +-2 % check, bench/sim_rate_recovery.py, which prints every error with
+    # strict +-2 % check, tools/sim_rate_recovery.py, which prints every error with
     # the CPU pressure beside it.
     assert all(abs(e) <= RECOVERY_BOUND_PCT for e in errors.values()), errors
     assert all(p["valid_repeats"] == p["repeats"] == 2 for p in summary.points)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from sparkctl.laws import LAWS
+from sparkctl.plan.laws import LAWS
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -33,6 +33,6 @@ def test_readme_commands_exist(sparkctl) -> None:
     readme = (REPO / "README.md").read_text()
     blocks = "\n".join(b.split("```", 1)[0] for b in readme.split("```sh")[1:])
     used = set(re.findall(r"^sparkctl (?:-i \S+ )?([a-z-]+)", blocks, re.M))
-    from sparkctl.cli import cli
+    from sparkctl.cli.main import cli
 
-    assert used and used <= set(cli.commands), used - set(cli.commands)
+    assert used and used <= set(cli.list_commands(None)), used - set(cli.list_commands(None))  # type: ignore[arg-type]

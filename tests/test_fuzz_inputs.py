@@ -1,6 +1,6 @@
 """Property tests: random and mutated YAML only ever gives a sparkctl error.
 
-A reduced number of cases here; bench/fuzz_inputs.py runs >= 10,000.
+A reduced number of cases here; tools/fuzz_inputs.py runs >= 10,000.
 """
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sparkctl.errors import SparkctlError
-from sparkctl.fuzzing import dump, load_example, mutate, strategies
-from sparkctl.inventory import loads_inventory
-from sparkctl.profiles import resolve
-from sparkctl.render import render
-from sparkctl.resources import Roots
+from sparkctl.model.inventory import loads_inventory
+from sparkctl.model.profiles import resolve
+from sparkctl.model.resources import Roots
+from sparkctl.plan.render import render
+from tests.fuzzing import dump, load_example, mutate, strategies
 
 REPO = Path(__file__).resolve().parent.parent
 SCALARS, KEYS, TREE = strategies()

@@ -36,15 +36,15 @@ from fakenodes import FakeNodes, fake_for
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sparkctl import lifecycle, weights
-from sparkctl.check import run_check
 from sparkctl.errors import SparkctlError
-from sparkctl.inventory import load_inventory
-from sparkctl.profiles import resolve
-from sparkctl.render import render
-from sparkctl.resources import Roots
-from sparkctl.status import cluster_status
-from sparkctl.transport import Call, put_command
+from sparkctl.model.inventory import load_inventory
+from sparkctl.model.profiles import resolve
+from sparkctl.model.resources import Roots
+from sparkctl.ops import lifecycle, weights
+from sparkctl.ops.check import run_check
+from sparkctl.ops.status import cluster_status
+from sparkctl.plan.render import render
+from sparkctl.transport.ssh import Call, put_command
 
 # --------------------------------------------------------------------------- the hostile strings (the one list)
 
@@ -454,7 +454,7 @@ def unit_directives(text: str) -> list[str]:
 
 def unit_exec_texts(text: str) -> list[str]:
     """ExecStart*/ExecStartPost lines as systemd would run them, as shell texts (via the sim's unit parser)."""
-    from sparkctl.sim.procshims import expand_systemd_argv, split_systemd_words
+    from sparkctl_sim.procshims import expand_systemd_argv, split_systemd_words
 
     out = []
     for ln in text.splitlines():

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from sparkctl.errors import InventoryError
-from sparkctl.inventory import load_inventory, loads_inventory
+from sparkctl.model.inventory import load_inventory, loads_inventory
 
 RING = """\
 nodes:

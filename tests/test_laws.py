@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from sparkctl import laws
-from sparkctl.inventory import load_inventory
-from sparkctl.probes import GpuFacts, LinkFacts, NodeFacts
-from sparkctl.profiles import resolve
-from sparkctl.resources import Roots
+from sparkctl.facts.probes import GpuFacts, LinkFacts, NodeFacts
+from sparkctl.model.inventory import load_inventory
+from sparkctl.model.profiles import resolve
+from sparkctl.model.resources import Roots
+from sparkctl.plan import laws
 
 REPO = Path(__file__).resolve().parent.parent
 INV = load_inventory(REPO / "inventory.yaml")
@@ -62,7 +62,7 @@ def test_each_fault_is_caught_by_its_law_on_its_node(change: dict, law: str) -> 
 
 
 def test_weights_law_fails_the_node_whose_files_differ_from_the_others() -> None:
-    from sparkctl.probes import WeightsSummary
+    from sparkctl.facts.probes import WeightsSummary
 
     same = WeightsSummary("dir", files=2, bytes=3 << 30, digest="a" * 64)
     facts = {n: replace(healthy(n), weights=same) for n in INV.names}
@@ -97,7 +97,7 @@ def test_denied_kernel_names_the_reason_and_the_pin() -> None:
 
 
 def test_memory_floor_applies_while_an_engine_runs() -> None:
-    from sparkctl.probes import EngineProc
+    from sparkctl.facts.probes import EngineProc
 
     busy = replace(healthy("spark-a"), engines=[EngineProc(1, "ds41f serve")], mem_available_kib=8 * 1024 * 1024)
     assert ("memory_guard", "spark-a") in fails(ctx(facts={"spark-a": busy}))

@@ -24,9 +24,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sparkctl import probes
-from sparkctl.inventory import Node
-from sparkctl.probes import (
+from sparkctl.facts import probes
+from sparkctl.facts.probes import (
     DiskFree,
     EngineProc,
     Ethtool,
@@ -38,7 +37,8 @@ from sparkctl.probes import (
     ProbeParseError,
     SmiClocks,
 )
-from sparkctl.schema import default_ports
+from sparkctl.model.inventory import Node
+from sparkctl.model.schema import default_ports
 
 FIX = Path(__file__).parent / "fixtures" / "spark"
 

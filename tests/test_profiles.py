@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from sparkctl.errors import ConfigError, ProfileError
-from sparkctl.profiles import resolve
-from sparkctl.resources import Roots
+from sparkctl.model.profiles import resolve
+from sparkctl.model.resources import Roots
 
 BASE = """\
 description: a test base
@@ -144,7 +144,7 @@ def test_explain_cli(sparkctl) -> None:
 
 
 def test_schema_doc_is_generated_from_the_schema(repo: Path) -> None:
-    from sparkctl.schemadoc import schema_markdown
+    from sparkctl.model.schemadoc import schema_markdown
 
     assert (repo / "docs" / "profile-schema.md").read_text() == schema_markdown(), \
         "docs/profile-schema.md is stale: run `sparkctl schema --markdown > docs/profile-schema.md`"

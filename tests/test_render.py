@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from sparkctl.inventory import load_inventory, loads_inventory
-from sparkctl.profiles import resolve
-from sparkctl.render import MASK, render
-from sparkctl.resources import Roots
+from sparkctl.model.inventory import load_inventory, loads_inventory
+from sparkctl.model.profiles import resolve
+from sparkctl.model.resources import Roots
+from sparkctl.plan.render import MASK, render
 
 GOLDEN = Path(__file__).parent / "golden"
 FIX = Path(__file__).parent / "fixtures"
@@ -259,8 +259,8 @@ def test_plan_cli_orders_ranks_by_the_ring(repo: Path, sparkctl) -> None:
 
 
 def test_pure_modules_import_no_ssh_library() -> None:
-    code = ("import sys, sparkctl.render, sparkctl.profiles, sparkctl.inventory, sparkctl.layout, sparkctl.plan,"
-            " sparkctl.probes, sparkctl.laws;"
+    code = ("import sys, sparkctl.plan.render, sparkctl.model.profiles, sparkctl.model.inventory, sparkctl.model.layout, sparkctl.plan.planner,"
+            " sparkctl.facts.probes, sparkctl.plan.laws;"
             "bad = [m for m in ('paramiko', 'fabric', 'invoke', 'socket_ssh') if m in sys.modules];"
             "print(','.join(bad))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

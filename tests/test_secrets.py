@@ -29,17 +29,17 @@ import paramiko
 import pytest
 from fakenodes import fake_for
 
-from sparkctl import lifecycle, weights
 from sparkctl.bench.cluster_hooks import config_from_profile
 from sparkctl.bench.results import CSV_COLUMNS, csv_text
-from sparkctl.check import run_check
 from sparkctl.errors import ProfileError, RenderError, SparkctlError
-from sparkctl.inventory import loads_inventory
-from sparkctl.profiles import resolve
-from sparkctl.render import MASK, render
-from sparkctl.resources import Roots
-from sparkctl.status import cluster_status
-from sparkctl.transport import Call, LocalTransport, reply
+from sparkctl.model.inventory import loads_inventory
+from sparkctl.model.profiles import resolve
+from sparkctl.model.resources import Roots
+from sparkctl.ops import lifecycle, weights
+from sparkctl.ops.check import run_check
+from sparkctl.ops.status import cluster_status
+from sparkctl.plan.render import MASK, render
+from sparkctl.transport.ssh import Call, LocalTransport, reply
 
 SECRET = "hf_S3CRETvalue_0123456789abcdef"
 API_KEY = "sk-APIKEYvalue-9876543210"
@@ -217,9 +217,9 @@ def test_status_json_never_shows_a_secret(tmp_path: Path, sparkctl, monkeypatch:
     inv = _inv(tmp_path)
     fake = fake_for(inv)
     fake.add("*", re.compile(r"cat .*record\.json.*"), reply(record))
-    from sparkctl import cli
+    from sparkctl.cli import cluster as cli_cluster
 
-    monkeypatch.setattr(cli, "make_transport", lambda *a, **k: fake)
+    monkeypatch.setattr(cli_cluster, "make_transport", lambda *a, **k: fake)
     (tmp_path / "inv.yaml").write_text("nodes:\n" + "".join(
         f"  - {{name: spark-{x}, host: 192.168.1.10{i}, prefix: {tmp_path / 'nodes' / x}}}\n" for i, x in enumerate("ab"))
         + "cables:\n  - [spark-a:p0, spark-b:p0]\n")
@@ -262,7 +262,7 @@ def test_the_put_writes_the_secret_file_0600_even_with_umask_000(tmp_path: Path)
 
 def test_the_put_script_creates_its_temporary_file_with_mktemp() -> None:
     """mktemp makes the temporary file 0600 before a byte is written; chmod comes after the data."""
-    from sparkctl.transport import _PUT_SCRIPT
+    from sparkctl.transport.ssh import _PUT_SCRIPT
 
     lines = _PUT_SCRIPT.splitlines()
     i_tmp = next(i for i, ln in enumerate(lines) if "mktemp" in ln)
@@ -274,7 +274,7 @@ def test_the_put_script_creates_its_temporary_file_with_mktemp() -> None:
 # --------------------------------------------------------------------------- host keys
 
 def test_the_host_key_policy_refuses_unknown_keys() -> None:
-    from sparkctl.transport import _RejectUnknown, _UnknownHostKey
+    from sparkctl.transport.ssh import _RejectUnknown, _UnknownHostKey
 
     with pytest.raises(_UnknownHostKey):
         _RejectUnknown().missing_host_key(paramiko.SSHClient(), "spark-a", paramiko.RSAKey.generate(1024))
@@ -340,7 +340,7 @@ def _kind(cmd: str, table: dict[str, str]) -> str | None:
 
 def test_sudo_is_used_only_for_commands_that_need_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     calls, _files, _ = _operations(tmp_path, monkeypatch)
-    from sparkctl.check import record_hw_change
+    from sparkctl.ops.check import record_hw_change
 
     inv = _inv(tmp_path)
     t = fake_for(inv)

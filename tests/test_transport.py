@@ -1,4 +1,4 @@
-"""sparkctl.transport: the fake, the local runner, and SSH against a real sshd on 127.0.0.1."""
+"""sparkctl.transport.ssh: the fake, the local runner, and SSH against a real sshd on 127.0.0.1."""
 
 from __future__ import annotations
 
@@ -14,9 +14,17 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from sshd_fixture import (
+    SshdHandle,
+    fingerprint_of,
+    free_port,
+    keygen,
+    sshd_available,
+    start_sshd,
+)
 
 from sparkctl.errors import TransportError
-from sparkctl.transport import (
+from sparkctl.transport.ssh import (
     Call,
     CommandResult,
     FakeTransport,
@@ -32,8 +40,6 @@ from sparkctl.transport import (
     reply,
     trust,
 )
-
-from sshd_fixture import SshdHandle, fingerprint_of, free_port, keygen, sshd_available, start_sshd
 
 FAST = TransportSettings(connect_timeout_s=1.0, command_timeout_s=10.0, deadline_s=20.0)
 
@@ -79,7 +85,7 @@ def test_known_hosts_name() -> None:
 
 
 def test_wire_command_is_one_plain_word_list() -> None:
-    from sparkctl.transport import _wire_command
+    from sparkctl.transport.ssh import _wire_command
 
     cmd = "echo $HOME; rm -f '/tmp/x y'"
     assert _wire_command(cmd, sudo=False, timeout_s=0) == "sh -c " + shlex.quote(cmd)
@@ -443,8 +449,8 @@ def test_silent_server_times_out_within_the_connect_timeout(tmp_path: Path, no_s
 
     th = threading.Thread(target=accept, daemon=True)
     th.start()
-    from sparkctl.inventory import Node
-    from sparkctl.schema import default_ports
+    from sparkctl.model.inventory import Node
+    from sparkctl.model.schema import default_ports
 
     node = Node(
         name="mute", index=0, host="127.0.0.1", ssh_user="nvidia", ssh_port=listener.getsockname()[1],

@@ -17,14 +17,14 @@ from pathlib import Path
 
 import pytest
 
-from sparkctl import weights
-from sparkctl import weights_agent as agent
 from sparkctl.errors import ConfigError
-from sparkctl.inventory import load_inventory, loads_inventory
-from sparkctl.transport import LocalTransport
+from sparkctl.model.inventory import load_inventory, loads_inventory
+from sparkctl.ops import weights
+from sparkctl.remote import weights_agent as agent
+from sparkctl.transport.ssh import LocalTransport
 
 REPO = Path(__file__).resolve().parent.parent
-AGENT = REPO / "sparkctl" / "weights_agent.py"
+AGENT = REPO / "sparkctl" / "remote" / "weights_agent.py"
 KIB = 1024
 CHUNK = 256 * KIB
 
@@ -493,7 +493,7 @@ def test_tail_waits_for_the_next_event_and_not_for_a_dead_job(tmp_path: Path) ->
 def test_agent_summary_compares_nodes_by_the_hash_cache_without_reading_the_files(tmp_path: Path) -> None:
     """Two copies in different places, hashed by their own caches, have one digest; a
     different byte gives another; an edit since hashing, or a .part left over, is named."""
-    from sparkctl import weights_agent as agent
+    from sparkctl.remote import weights_agent as agent
 
     def node(name: str, blob: bytes) -> tuple[Path, agent.HashCache]:
         root = tmp_path / name / "model"

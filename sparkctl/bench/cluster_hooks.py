@@ -58,7 +58,7 @@ def prepare(ctx_obj: Any, profile: str, force: bool, check_fn: CheckFn | None = 
     ``model.served_name``. ``telemetry`` is None until a transport-backed
     sampler is wired in.
     """
-    from sparkctl.layout import bind
+    from sparkctl.model.layout import bind
 
     res = ctx_obj.resolve(profile)
     inv = ctx_obj.inventory()

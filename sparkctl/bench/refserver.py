@@ -48,8 +48,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
-import json
 import heapq
+import json
 import signal
 import sys
 import threading

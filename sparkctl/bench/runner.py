@@ -49,8 +49,15 @@ from sparkctl.bench import workloads as wl
 from sparkctl.bench.client import BenchClient, ClientTimeouts, RequestSpec, new_salt
 from sparkctl.bench.events import Event, RequestResult, result_to_jsonl
 from sparkctl.bench.metrics import aggregate_throughput, request_metrics, summarize
-from sparkctl.bench.results import (CSV_COLUMNS, HEADLINE, METRIC_COLUMNS, SCHEMA_VERSION, TELEMETRY_COLUMNS,
-                                    csv_text, write_atomic)
+from sparkctl.bench.results import (
+    CSV_COLUMNS,
+    HEADLINE,
+    METRIC_COLUMNS,
+    SCHEMA_VERSION,
+    TELEMETRY_COLUMNS,
+    csv_text,
+    write_atomic,
+)
 from sparkctl.errors import ConfigError, TransportError
 
 Telemetry = Callable[[], Awaitable[Mapping[str, Mapping[str, Any]]]]

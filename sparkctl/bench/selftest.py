@@ -56,8 +56,14 @@ import httpx
 from sparkctl.bench.client import BenchClient, ClientTimeouts, LoopLagProbe, RequestSpec
 from sparkctl.bench.events import RequestResult
 from sparkctl.bench.metrics import aggregate_throughput, percentile, request_metrics
-from sparkctl.bench.refserver import (EmitTrace, PreciseWaker, RefConfig, RefServer, RefServerProcess,
-                                      count_prompt_tokens)
+from sparkctl.bench.refserver import (
+    EmitTrace,
+    PreciseWaker,
+    RefConfig,
+    RefServer,
+    RefServerProcess,
+    count_prompt_tokens,
+)
 
 TTFT_SLACK_S = 0.002  # the budget: TTFT within +2 ms of the closed form
 TTFT_CAUSAL_EPS_S = 0.00005  # a kernel receive stamp is converted from CLOCK_REALTIME

@@ -309,7 +309,7 @@ class StampedBackend(httpcore.AsyncNetworkBackend):
     """Opens :class:`StampedStream` connections on the running asyncio loop (TCP only).
 
     ``kernel_stamps=False`` dates every receive in the read callback only (the
-    comparison in ``bench/client_capacity.py --stamps kernel,loop``).
+    comparison in ``tools/client_capacity.py --stamps kernel,loop``).
     """
 
     def __init__(self, kernel_stamps: bool = True) -> None:

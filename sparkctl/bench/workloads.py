@@ -270,7 +270,7 @@ def context_window(models_entry: Mapping[str, Any] | None, props: Mapping[str, A
 #          + FIT_MARGIN_TOKENS + max_tokens.
 
 # Filler words cost different token counts at different offsets into the prose:
-# on the tiny llama.cpp model's tokenizer (sparkctl.sim.tinymodel) the probe read
+# on the tiny llama.cpp model's tokenizer (sparkctl_sim.tinymodel) the probe read
 # 3.34 tokens a word, and 32-to-120-word spans at 20 other offsets 2.78 to 3.72
 # (the widest on the shortest spans, where the fixed 16 tokens below cover the rest).
 FIT_MARGIN_FRACTION = 0.10

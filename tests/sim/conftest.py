@@ -29,14 +29,14 @@ class Sim:
     env: dict[str, str]
 
     def sparkctl(self, *args: str, timeout: float = 180, check: bool = False) -> subprocess.CompletedProcess[str]:
-        r = subprocess.run([sys.executable, "-m", "sparkctl.cli", *args], env=self.env, capture_output=True,
+        r = subprocess.run([sys.executable, "-m", "sparkctl.cli.main", *args], env=self.env, capture_output=True,
                            text=True, timeout=timeout)
         if check and r.returncode != 0:
             raise AssertionError(f"sparkctl {' '.join(args)} -> {r.returncode}\n{r.stdout}\n{r.stderr}")
         return r
 
     def ssh(self, node: str, command: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
-        from sparkctl.sim import cluster
+        from sparkctl_sim import cluster
 
         return subprocess.run([*cluster.ssh_argv(self.root, node), command], capture_output=True, text=True,
                               timeout=timeout)

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from sparkctl.sim import cluster, nodestate
-from sparkctl.sim.cluster import SimError
-from sparkctl.sim.spec import ClusterSpec, SimLink, SimNode, SimRoute
+from sparkctl_sim import cluster, nodestate
+from sparkctl_sim.cluster import SimError
+from sparkctl_sim.spec import ClusterSpec, SimLink, SimNode, SimRoute
 
 HAVE_TOOLS = all(shutil.which(t) for t in ("ssh", "ssh-keygen", "ip", "unshare", "setsid", "ping")) and Path(
     "/usr/sbin/sshd").exists()

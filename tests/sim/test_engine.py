@@ -20,10 +20,10 @@ from typing import Any
 
 import pytest
 
-from sparkctl.sim import nodestate, perfmodel
-from sparkctl.sim.engine import install_engines, main
-from sparkctl.sim.engines import cli, runtime
-from sparkctl.sim.engines import tokens as tk
+from sparkctl_sim import nodestate, perfmodel
+from sparkctl_sim.engine import install_engines, main
+from sparkctl_sim.engines import cli, runtime
+from sparkctl_sim.engines import tokens as tk
 
 REPO = Path(__file__).resolve().parents[2]
 

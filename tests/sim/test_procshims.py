@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from sparkctl.sim import procshims
+from sparkctl_sim import procshims
 
 ENGINE_FLAGS = ["--network", "host", "--ipc", "host", "--device", "/dev/infiniband",
                 "--ulimit", "memlock=-1"]

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from sparkctl.sim import nodestate, shims
-from sparkctl.sim.shims import GpuProcess, GpuSample, Netdev
+from sparkctl_sim import nodestate, shims
+from sparkctl_sim.shims import GpuProcess, GpuSample, Netdev
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "spark"
 NOW = 1_789_300_000.0
@@ -487,7 +487,7 @@ def test_install_shims_wrappers_run(state: dict, tmp_path: Path) -> None:
     assert sorted(p.name for p in written) == sorted(shims.TOOLS)
     text = (bin_dir / "uname").read_text()
     assert text.startswith("#!/bin/sh\n")
-    assert text.rstrip().endswith('-m sparkctl.sim.shims uname "$@"')
+    assert text.rstrip().endswith('-m sparkctl_sim.shims uname "$@"')
     assert "'" in text  # quoted paths with spaces
     assert os.access(bin_dir / "uname", os.X_OK)
     env = {k: v for k, v in os.environ.items() if k not in (shims.STATE_ENV, "PYTHONPATH")}

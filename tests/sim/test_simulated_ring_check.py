@@ -13,7 +13,7 @@ import subprocess
 
 import pytest
 
-from sparkctl.inventory import load_inventory
+from sparkctl.model.inventory import load_inventory
 
 pytestmark = [pytest.mark.e2e, pytest.mark.needs_root]
 

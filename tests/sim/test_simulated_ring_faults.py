@@ -3,7 +3,7 @@ and the faults the matrix found, each pinned by a test.
 
 Simulated: engines, GB10 tools, the full disk (a filled tmpfs in the head's mount
 namespace). Real: OpenSSH, sparkctl's CLI as a subprocess, SIGINT, the lock, HTTP.
-The full matrix runs from bench/fault_matrix.py; docs/RELIABILITY.md has its table.
+The full matrix runs from tools/fault_matrix.py; docs/RELIABILITY.md has its table.
 The first tests are pure (the matrix and its judgement) and need no cluster.
 """
 
@@ -14,8 +14,8 @@ import time
 
 import pytest
 
-from sparkctl.sim import cluster
-from sparkctl.sim.faultmatrix import (
+from sparkctl_sim import cluster
+from sparkctl_sim.faultmatrix import (
     FAULTS,
     NEW,
     OLD,
@@ -41,7 +41,7 @@ NODES = ("spark-a", "spark-b", "spark-c", "spark-d")
 
 
 def engine_line(profile: str) -> str:
-    return f"123 python -m sparkctl.sim.engine {'tensorfold serve' if profile == NEW else 'ds41f serve'} --tp 4"
+    return f"123 python -m sparkctl_sim.engine {'tensorfold serve' if profile == NEW else 'ds41f serve'} --tp 4"
 
 
 def serving_snapshot(profile: str = NEW, **kw) -> Snapshot:
@@ -79,7 +79,7 @@ def test_judgement_finds_orphans_corrupt_records_and_a_lying_record() -> None:
     state, orphans, _ = classify(serving_snapshot(procs=procs))
     assert state == f"serving {NEW}" and orphans == 1
     # nothing answers but a wrapper is left: not stopped
-    left = {n: () for n in NODES} | {"spark-b": ("9 python -m sparkctl.sim.procshims docker run x",)}
+    left = {n: () for n in NODES} | {"spark-b": ("9 python -m sparkctl_sim.procshims docker run x",)}
     state, orphans, _ = classify(serving_snapshot(served=None, procs=left))
     assert state.startswith("mixed") and orphans == 1
     assert record_integrity('{"profile": ', ("record.json",))[0] is False

@@ -24,10 +24,10 @@ from pathlib import Path
 
 import pytest
 
-from sparkctl import weights_agent as agent
-from sparkctl.inventory import load_inventory
-from sparkctl.sim.cluster import MGMT_IFNAME
-from sparkctl.sim.spec import ClusterSpec
+from sparkctl.model.inventory import load_inventory
+from sparkctl.remote import weights_agent as agent
+from sparkctl_sim.cluster import MGMT_IFNAME
+from sparkctl_sim.spec import ClusterSpec
 
 pytestmark = [pytest.mark.e2e, pytest.mark.needs_root]
 

@@ -16,7 +16,7 @@ import time
 import httpx
 import pytest
 
-from sparkctl.inventory import load_inventory
+from sparkctl.model.inventory import load_inventory
 
 pytestmark = [pytest.mark.e2e, pytest.mark.needs_root]
 

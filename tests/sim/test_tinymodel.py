@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from sparkctl.sim import tinymodel
+from sparkctl_sim import tinymodel
 
 pytest.importorskip("gguf")
 

@@ -1,0 +1,373 @@
+"""Commands that reach the nodes: check, hw-change, trust, up, down, switch, status, logs, unlock."""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any
+
+import click
+from rich.table import Table
+
+from sparkctl.cli.base import (
+    Ctx,
+    NodeProgress,
+    cli,
+    emit_json,
+    err_console,
+    escape,
+    inventory_option,
+    json_option,
+    make_transport,
+    out,
+    parse_waivers,
+    pass_ctx,
+    print_verdicts,
+    secrets_from_env,
+    set_option,
+    with_transport_options,
+    with_waive_options,
+)
+from sparkctl.errors import ConfigError
+
+
+@cli.command("check")
+@click.argument("profile")
+@inventory_option
+@set_option
+@with_waive_options
+@click.option("--fix", is_flag=True, help="apply the safe remedies (the clock cap) and check again")
+@click.option("--bandwidth", "bandwidth_s", type=int, default=2, show_default=True, metavar="SECONDS",
+              help="measure every twin with ib_write_bw for this long (0: skip; stale links show only here)")
+@with_transport_options
+@json_option
+@pass_ctx
+def check_cmd(c: Ctx, profile: str, sets: tuple[str, ...], waive: tuple[str, ...], reason: str | None, fix: bool,
+              bandwidth_s: int, connect_timeout_s: float, command_timeout_s: float, deadline_s: float,
+              as_json: bool) -> None:
+    """Probe every node of PROFILE in parallel and judge every law (changes nothing, except --fix)."""
+    from sparkctl.ops.check import clear_hw_change_if_done, run_check
+
+    res = c.resolve(profile, sets)
+    inv = c.inventory()
+    waivers = parse_waivers(waive, reason)
+    with make_transport(inv, connect_timeout_s, command_timeout_s, deadline_s) as tr:
+        report = run_check(res, inv, tr, waivers=waivers, fix=fix, bandwidth_s=bandwidth_s,
+                           progress=None if as_json else (lambda m: err_console().print(f"[dim]{escape(m)}[/]")))
+    closed = clear_hw_change_if_done(inv, report)
+    if as_json:
+        emit_json(report.to_dict())
+    else:
+        print_verdicts(report)
+        for f in report.fixed:
+            out.print(f"fixed: {escape(f)}")
+        if closed:
+            out.print("the recorded hardware change is complete: every node booted since and links are healthy")
+        fails = sum(v.failed for v in report.verdicts)
+        out.print(f"\n{'[green]ok[/]' if report.ok else f'[bold red]{fails} failing[/]'}: {len(report.nodes)} nodes, "
+                  f"{len(report.verdicts)} verdicts in {report.duration_s:.1f} s")
+    if not report.ok:
+        raise SystemExit(4)
+
+
+
+
+@cli.command("hw-change")
+@inventory_option
+@click.option("--note", required=True, help="what changed (a cable moved, a card reseated, ...)")
+@click.option("--node", "nodes", multiple=True, help="affected nodes (default: all)")
+@with_transport_options
+@pass_ctx
+def hw_change_cmd(c: Ctx, note: str, nodes: tuple[str, ...], connect_timeout_s: float, command_timeout_s: float,
+                  deadline_s: float) -> None:
+    """Record a cable or PCIe change: `check` fails until the nodes are AC power-cycled."""
+    from sparkctl.ops.check import record_hw_change
+
+    inv = c.inventory()
+    for n in nodes:
+        if n not in inv.names:
+            raise ConfigError(f"--node {n}: not in the inventory", hint=f"nodes: {', '.join(inv.names)}")
+    with make_transport(inv, connect_timeout_s, command_timeout_s, deadline_s) as tr:
+        rec = record_hw_change(inv, tr, note, list(nodes) or None)
+    out.print(f"recorded hardware change '{escape(rec.note)}' at {rec.at} for {', '.join(rec.nodes)}.")
+    out.print("until each of them has booted since and its links run at full rate, `check` fails with: "
+              "shut both ends down, unplug them from AC for at least 60 s, reconnect without moving the cables.")
+
+
+@cli.command("trust")
+@click.argument("nodes", nargs=-1, required=True)
+@inventory_option
+@click.option("--fingerprint", help="record only if the node offers this SHA256:... fingerprint")
+@click.option("--yes", is_flag=True, help="record without asking (you checked the fingerprint another way)")
+@click.option("--connect-timeout", "connect_timeout_s", type=float, default=5.0, show_default=True)
+@pass_ctx
+def trust_cmd(c: Ctx, nodes: tuple[str, ...], fingerprint: str | None, yes: bool, connect_timeout_s: float) -> None:
+    """Record NODES' ssh host keys in known_hosts, on purpose (never done silently)."""
+    from sparkctl.transport.ssh import (
+        TransportSettings,
+        default_known_hosts,
+        fetch_host_key,
+        trust,
+    )
+
+    inv = c.inventory()
+    settings = TransportSettings(connect_timeout_s=connect_timeout_s)
+    for name in nodes:
+        if name not in inv.names:
+            raise ConfigError(f"node {name!r} is not in the inventory", hint=f"nodes: {', '.join(inv.names)}")
+        node = inv.node(name)
+        ktype, fp, _ = fetch_host_key(node, settings)
+        out.print(f"{name} ({node.host}:{node.ssh_port}) offers {ktype} {fp}")
+        if fingerprint and fingerprint != fp:
+            raise ConfigError(f"{name} offers {fp}, not the expected {fingerprint}", hint="do not trust this key")
+        if not (yes or fingerprint):
+            if not sys.stdin.isatty():
+                raise ConfigError("refusing to trust a host key without confirmation",
+                                  hint="pass --fingerprint SHA256:... (checked on the node) or --yes")
+            click.confirm(f"record this key for {name}?", abort=True)
+        trust(node, None, expected_fingerprint=fp, settings=settings)
+        out.print(f"recorded in {default_known_hosts(node)}")
+
+
+# --------------------------------------------------------------------------- up / down / switch / status / logs
+
+
+def _up_summary(result: Any) -> None:
+    if result.action == "noop":
+        out.print(f"{result.profile}: already serving with the same rendered files; nothing to do")
+        return
+    rec = result.record
+    phases = ", ".join(f"{p.phase} {p.seconds:.1f}s" for p in result.phases)
+    own = sum(p.seconds for p in result.phases if p.phase != "ready")
+    out.print(f"[green]{result.profile} serving[/] {rec.served_name} on "
+              f"{', '.join(rec.heads)}:{rec.port} ({result.action}; {phases}; sparkctl's own time {own:.1f} s)")
+
+
+@cli.command("up")
+@click.argument("profile")
+@inventory_option
+@set_option
+@with_waive_options
+@with_transport_options
+@json_option
+@pass_ctx
+def up_cmd(c: Ctx, profile: str, sets: tuple[str, ...], waive: tuple[str, ...], reason: str | None,
+           connect_timeout_s: float, command_timeout_s: float, deadline_s: float, as_json: bool) -> None:
+    """Check, push, start PROFILE's ranks in order and wait until it serves its model name."""
+    from sparkctl.ops.lifecycle import up
+
+    res = c.resolve(profile, sets)
+    inv = c.inventory()
+    waivers = parse_waivers(waive, reason)
+    with make_transport(inv, connect_timeout_s, command_timeout_s, deadline_s) as tr:
+        result = up(res, inv, tr, c.roots(), sets=sets, waivers=waivers, secrets=secrets_from_env(res),
+                    progress=NodeProgress(quiet=as_json))
+    if as_json:
+        emit_json({"profile": result.profile, "action": result.action,
+                   "phases": {p.phase: round(p.seconds, 3) for p in result.phases},
+                   "ready_s": round(result.ready_s, 3), "record": result.record.to_dict() if result.record else None})
+    else:
+        _up_summary(result)
+
+
+@cli.command("down")
+@inventory_option
+@click.option("--reset-clocks", is_flag=True, help="also reset the GPU clock lock (nvidia-smi -rgc)")
+@with_transport_options
+@json_option
+@pass_ctx
+def down_cmd(c: Ctx, reset_clocks: bool, connect_timeout_s: float, command_timeout_s: float, deadline_s: float,
+             as_json: bool) -> None:
+    """Stop what sparkctl started, verify processes gone and ports closed (idempotent)."""
+    from sparkctl.ops.lifecycle import down
+
+    inv = c.inventory()
+    with make_transport(inv, connect_timeout_s, command_timeout_s, deadline_s) as tr:
+        result = down(inv, tr, reset_clocks=reset_clocks, progress=NodeProgress(quiet=as_json))
+    if as_json:
+        emit_json({"stopped": list(result.stopped), "leftovers": dict(result.leftovers), "leaks_gib": dict(result.leaks),
+                   "clocks_reset": list(result.clocks_reset)})
+    else:
+        out.print(f"stopped sparkctl engines on {', '.join(result.stopped)}")
+        for n, what in result.leftovers.items():
+            out.print(f"[bold red]still there[/] on {n}: {escape(what)}")
+        for n, gib in result.leaks.items():
+            out.print(f"[yellow]memory not given back[/] on {n}: {gib:.1f} GiB held with no engine (reboot {n})")
+        if result.clocks_reset:
+            out.print(f"clock lock reset on {', '.join(result.clocks_reset)}")
+    if result.leftovers:
+        from sparkctl.errors import LifecycleError, Ref
+
+        first = min(result.leftovers)
+        raise LifecycleError(f"down failed in phase stop: engines may still run on {', '.join(sorted(result.leftovers))}",
+                             Ref(node=first), hint="the record says failed; run `sparkctl down` again once the node answers")
+
+
+@cli.command("switch")
+@click.argument("profile")
+@inventory_option
+@set_option
+@with_waive_options
+@click.option("--supervise", is_flag=True,
+              help="run the switch under a supervisor on the head node, detached from this session")
+@click.option("--wait", "wait", is_flag=True, help="with --supervise: follow the supervisor until it finishes")
+@with_transport_options
+@json_option
+@pass_ctx
+def switch_cmd(c: Ctx, profile: str, sets: tuple[str, ...], waive: tuple[str, ...], reason: str | None,
+               supervise: bool, wait: bool, connect_timeout_s: float, command_timeout_s: float, deadline_s: float,
+               as_json: bool) -> None:
+    """Replace the serving stack with PROFILE; if it does not become ready, bring the previous one back.
+
+    With --supervise the switch runs on the head node, so a laptop that sleeps
+    mid-switch still ends with a serving stack; `sparkctl status` shows its progress.
+    """
+    from sparkctl.ops.lifecycle import switch, switch_supervised
+
+    res = c.resolve(profile, sets)
+    inv = c.inventory()
+    waivers = parse_waivers(waive, reason)
+    if wait and not supervise:
+        raise click.UsageError("--wait goes with --supervise")
+    if supervise:
+        with make_transport(inv, connect_timeout_s, command_timeout_s, deadline_s) as tr:
+            sup = switch_supervised(res, inv, tr, c.roots(), sets=sets, waivers=waivers,
+                                    secrets=secrets_from_env(res), progress=NodeProgress(quiet=as_json), wait=wait)
+        if as_json:
+            emit_json({"supervised": True, "profile": sup.profile, "previous": sup.previous, "head": sup.head,
+                       "pid": sup.pid, "log": sup.log, "phase": sup.phase, "events": list(sup.events)})
+        elif not wait:
+            out.print(f"supervisor pid {sup.pid} on {sup.head} switches to {sup.profile}; "
+                      f"`sparkctl status` shows its progress (log {sup.log})")
+        elif sup.phase == "done":
+            out.print(f"[green]switched[/]: {sup.profile} serves now (supervised)")
+        else:
+            out.print(f"[bold red]switch to {profile} failed[/]: supervisor ended {sup.phase}")
+        if wait and sup.phase != "done":
+            raise SystemExit(5)
+        return
+    with make_transport(inv, connect_timeout_s, command_timeout_s, deadline_s) as tr:
+        result = switch(res, inv, tr, c.roots(), sets=sets, waivers=waivers, secrets=secrets_from_env(res),
+                        progress=NodeProgress(quiet=as_json))
+    if as_json:
+        emit_json({"serving": result.serving, "switched": result.switched, "rolled_back": result.rolled_back,
+                   "downtime_s": round(result.downtime_s, 3), "error": result.error})
+    elif result.switched:
+        out.print(f"[green]switched[/]: {result.serving} serves now; endpoint unavailable for {result.downtime_s:.1f} s")
+    else:
+        out.print(f"[bold red]switch to {profile} failed[/]: {escape(result.error)}")
+        out.print(f"rolled back: {result.serving} serves again (endpoint unavailable for {result.downtime_s:.1f} s)")
+    if not result.switched:
+        raise SystemExit(5)
+
+
+@cli.command("status")
+@inventory_option
+@click.option("--watch", "watch_s", type=float, default=None, metavar="SECONDS", help="refresh every SECONDS")
+@with_transport_options
+@json_option
+@pass_ctx
+def status_cmd(c: Ctx, watch_s: float | None, connect_timeout_s: float, command_timeout_s: float, deadline_s: float,
+               as_json: bool) -> None:
+    """What runs on every node, and where it drifted from the record."""
+    from sparkctl.ops.status import cluster_status
+
+    inv = c.inventory()
+    with make_transport(inv, connect_timeout_s, command_timeout_s, deadline_s) as tr:
+        while True:
+            st = cluster_status(inv, tr)
+            if as_json:
+                emit_json(st)
+            else:
+                _print_status(st)
+            if watch_s is None:
+                break
+            time.sleep(watch_s)
+
+
+def _print_status(st: dict[str, Any]) -> None:
+    rec = st["record"]
+    if rec:
+        out.print(f"[bold]{rec['profile']}[/] ({rec['engine']} {rec['engine_version']}, {rec['served_name']}): "
+                  f"{rec['state']} since {rec['started_at']}"
+                  + (f"; waivers: {', '.join(rec['waivers'])}" if rec["waivers"] else ""))
+    else:
+        out.print("no sparkctl record: nothing started by sparkctl")
+    t = Table(box=None, pad_edge=False)
+    for col in ("node", "rank", "engine", "alive", "SM MHz", "cap", "W", "C", "MemAvail GiB"):
+        t.add_column(col)
+    for n in st["nodes"]:
+        if not n["reachable"]:
+            t.add_row(n["node"], "-", "-", f"[red]unreachable[/] {escape(str(n['error']))[:40]}", "", "", "", "", "")
+            continue
+        t.add_row(n["node"], str(n.get("rank", "-")), str(n.get("engine") or "-"),
+                  "[green]yes[/]" if n["alive"] else "no", str(n["sm_mhz"]), str(n["clock_lock"] or "-"),
+                  str(n["power_w"]), str(n["temp_c"]), str(n["mem_available_gib"]))
+    out.print(t)
+    for h, e in st["endpoint"].items():
+        if "error" in e:
+            out.print(f"endpoint {e['url']}: [red]{e['error']}[/]")
+        else:
+            out.print(f"endpoint {e['url']}: serves {', '.join(e['models'])}; tokens generated {e['tokens_generated']}")
+    sup = st.get("supervisor")
+    if sup:
+        state = "[green]running[/]" if sup["alive"] else "exited"
+        out.print(f"switch supervisor on {sup['head']} (pid {sup['pid']}, {state}): "
+                  f"[bold]{escape(str(sup['phase']))}[/]; log {escape(sup['log'])}")
+        for e in sup["events"]:
+            out.print(f"  {escape(str(e.get('t', '')))}  {escape(str(e.get('phase', '')))[:14]:<14} "
+                      f"{escape(str(e.get('node', '')))[:10]:<10} {escape(str(e.get('message', '')))}")
+    for d in st["drift"]:
+        out.print(f"[yellow]drift[/] {escape(d)}")
+
+
+@cli.command("logs")
+@click.argument("node", required=False)
+@inventory_option
+@click.option("-n", "lines", type=int, default=50, show_default=True, help="lines per node")
+@click.option("-f", "follow", is_flag=True, help="keep printing new lines")
+@with_transport_options
+@pass_ctx
+def logs_cmd(c: Ctx, node: str | None, lines: int, follow: bool, connect_timeout_s: float, command_timeout_s: float,
+             deadline_s: float) -> None:
+    """Engine logs of every node (or NODE), each line prefixed by its node."""
+    import shlex
+
+    from sparkctl.plan.render import LOG_DIR, under
+
+    inv = c.inventory()
+    nodes = [node] if node else list(inv.names)
+    for n in nodes:
+        if n not in inv.names:
+            raise ConfigError(f"node {n!r} is not in the inventory", hint=f"nodes: {', '.join(inv.names)}")
+    paths = {n: shlex.quote(under(inv.node(n).prefix, LOG_DIR + "/engine.log")) for n in nodes}
+    with make_transport(inv, connect_timeout_s, command_timeout_s, deadline_s) as tr:
+        offsets: dict[str, int] = {}
+        res = tr.run_all({n: f"tail -n {int(lines)} {p} 2>/dev/null; echo; wc -c < {p} 2>/dev/null || echo 0"
+                          for n, p in paths.items()})
+        for n in nodes:
+            body = res[n].stdout.rstrip("\n").split("\n")
+            offsets[n] = int(body[-1]) if body and body[-1].strip().isdigit() else 0
+            for line in body[:-2] if len(body) >= 2 else []:
+                click.echo(f"[{n}] {line}")
+        while follow:
+            time.sleep(1.0)
+            res = tr.run_all({n: f"tail -c +{offsets[n] + 1} {p} 2>/dev/null" for n, p in paths.items()})
+            for n in nodes:
+                text = res[n].stdout if res[n].ok else ""
+                offsets[n] += len(text.encode())
+                for line in text.splitlines():
+                    click.echo(f"[{n}] {line}")
+
+
+@cli.command("unlock")
+@inventory_option
+@pass_ctx
+def unlock_cmd(c: Ctx) -> None:
+    """Remove the cluster lock left by a process that is gone."""
+    from sparkctl.ops.lifecycle import break_lock
+
+    inv = c.inventory()
+    with make_transport(inv, 5.0, 30.0, 60.0) as tr:
+        holder = break_lock(inv, tr)
+    out.print(f"lock removed (was: {escape(holder) or 'none'})")

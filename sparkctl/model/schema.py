@@ -1,0 +1,420 @@
+"""The one schema module: every key of a profile and of an inventory.
+
+Each field carries its type, its default and a one-line description; units are
+in the names (``clock_cap_mhz``, ``ready_timeout_s``). Unknown keys are errors
+(``extra="forbid"``). ``docs/profile-schema.md`` is generated from these models
+by ``sparkctl schema --markdown`` and a test keeps the two from drifting apart.
+
+Pure: no I/O. Loading, ``extends:`` chains and provenance live in
+``sparkctl.model.profiles``; topology derivation in ``sparkctl.model.inventory``.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    field_validator,
+    model_validator,
+)
+
+# Names that end up in file names, unit names, hostnames or shell words. A
+# conservative pattern: anything else is refused at load time, long before
+# quoting would have to save us.
+NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
+# Host names / IPv4 / IPv6 literals for the management address.
+HOST_RE = r"^[A-Za-z0-9][A-Za-z0-9.:_-]{0,252}$"
+# Interface names (Linux IFNAMSIZ is 16 including the NUL).
+IFNAME_RE = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,14}$"
+ENV_NAME_RE = r"^[A-Za-z_][A-Za-z0-9_]*$"
+# Paths that end up in unit files, scripts and file names on the node: absolute,
+# no spaces, quotes, '$', '%' (a systemd specifier) or control characters.
+SAFE_PATH_RE = r"^/[A-Za-z0-9._@+=/-]{0,1023}$"
+# Engine release tags and container images: shown in comments and unit
+# descriptions, passed to docker; never start with '-' (an option to docker).
+VERSION_RE = r"^[A-Za-z0-9][A-Za-z0-9._+:~-]{0,127}$"
+IMAGE_RE = r"^[A-Za-z0-9][A-Za-z0-9._/:@+-]{0,254}$"
+# Debian package names (policy 5.6.1) and kernel releases (`uname -r`): they
+# appear in printed remedies that an operator may paste into a shell.
+PACKAGE_RE = r"^[a-z0-9][a-z0-9+.-]{0,127}$"
+KERNEL_RE = r"^[A-Za-z0-9][A-Za-z0-9._+~-]{0,127}$"
+# Prometheus metric names.
+METRIC_RE = r"^[A-Za-z_:][A-Za-z0-9_:]{0,199}$"
+SERVED_NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$"
+SSH_USER_RE = r"^[a-z_][a-z0-9_-]{0,31}$"
+
+# What each pattern allows, for error messages (sparkctl.model.yamlsrc).
+PATTERN_HINTS = {
+    NAME_RE: "letters, digits, '.', '_', '-'; starts with a letter or digit; at most 63",
+    HOST_RE: "a host name or an IP address",
+    IFNAME_RE: "an interface name: letters, digits, '.', '_', '-'; at most 15",
+    ENV_NAME_RE: "a shell variable name: letters, digits and '_'",
+    SAFE_PATH_RE: "an absolute path of letters, digits and . _ @ + = / -",
+    VERSION_RE: "letters, digits and . _ + : ~ -; starts with a letter or digit",
+    IMAGE_RE: "an image reference such as registry:5000/org/image:tag@sha256:...",
+    PACKAGE_RE: "a Debian package name (lower case letters, digits, + . -)",
+    KERNEL_RE: "a kernel release as `uname -r` prints it",
+    METRIC_RE: "a Prometheus metric name",
+    SERVED_NAME_RE: "letters, digits and . _ : / -; starts with a letter or digit",
+    SSH_USER_RE: "a login name: lower case letters, digits, '_', '-'",
+}
+
+# Environment names that hold credentials. Their values belong in secret_env
+# (read from the operator's environment, masked in every output), never in a
+# profile, which `show`, `render` and the run record print.
+SECRET_NAME_RE = re.compile(
+    r"(^|_)(TOKEN|SECRET|PASSWORD|PASSWD|PASSPHRASE|CREDENTIALS?|API_?KEY|ACCESS_KEY|PRIVATE_KEY|AUTH)(_|$)")
+# Engine flags whose value is a credential (vLLM/SGLang --api-key, HF tokens):
+# on a command line they are visible in `ps` and in the 0755 launch script.
+SECRET_FLAGS = ("--api-key", "--api_key", "--hf-token", "--hf_token", "--token", "--admin-api-key")
+
+Name = Annotated[str, Field(pattern=NAME_RE)]
+IfName = Annotated[str, Field(pattern=IFNAME_RE)]
+SafePath = Annotated[str, Field(pattern=SAFE_PATH_RE)]
+
+
+def no_dotdot(v: str | None) -> str | None:
+    if v is not None and "/../" in v + "/":
+        raise ValueError("must not contain '..' components")
+    return v
+
+
+def no_control(v: str | None) -> str | None:
+    """Free text that is printed or used locally: no control characters (a newline forges output lines)."""
+    if v is not None and any(ord(c) < 32 or ord(c) == 127 for c in v):
+        raise ValueError("control characters (newline, CR, NUL, ...) are not allowed")
+    return v
+
+
+def is_secret_name(name: str) -> bool:
+    return bool(SECRET_NAME_RE.search(name.upper()))
+
+ENGINES = ("ds41f", "tensorfold", "vllm", "sglang", "llamacpp")
+
+# The field reports: 6.17.0-1031-nvidia "dies on the 3rd consecutive 8-way window
+# (NVRM NV_ERR_NO_MEMORY) and leaks ~80 GiB on engine death"; 1029 is the
+# bisect-proven good pin (field-report-2node-records.txt, published-numbers.yaml).
+DEFAULT_KERNEL_DENY = {
+    "6.17.0-1031-nvidia": "dies on the 3rd consecutive 8-way window (NVRM NV_ERR_NO_MEMORY) "
+    "and leaks ~80 GiB on engine death (bisect-proven against 1029)",
+}
+DEFAULT_KERNEL_ALLOW = ["6.17.0-1029-nvidia"]
+# spark-facts.md: the meta-packages that would pull a new kernel.
+DEFAULT_HOLD_PACKAGES = ["linux-nvidia-hwe-24.04", "linux-image-nvidia-hwe-24.04"]
+
+
+def _env_key(key: str) -> str:
+    # fullmatch: re.match with '$' would let a trailing newline through
+    if not re.fullmatch(ENV_NAME_RE[1:-1], key):
+        raise ValueError(f"environment variable name {key!r} is not a valid shell name")
+    if is_secret_name(key):
+        raise ValueError(f"{key} looks like a credential: list its name in engine.secret_env and export "
+                         "it before running sparkctl (a value in a profile is printed by show and render)")
+    return key
+
+
+def _env_value(value: str) -> str:
+    if any(c in value for c in "\n\r\x00"):
+        raise ValueError("environment values cannot contain newlines, CR or NUL (one line per variable)")
+    return value
+
+
+EnvKey = Annotated[str, AfterValidator(_env_key)]
+EnvValue = Annotated[str, AfterValidator(_env_value)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# --------------------------------------------------------------------------- profile
+
+
+class EngineSpec(_Strict):
+    """Which serving engine runs, and how it is started."""
+
+    name: Literal["ds41f", "tensorfold", "vllm", "sglang", "llamacpp"] = Field(
+        description="serving engine: ds41f, tensorfold, vllm, sglang or llamacpp"
+    )
+    version: str = Field(pattern=VERSION_RE, description="engine release tag, recorded in every benchmark row")
+    image: str | None = Field(None, pattern=IMAGE_RE, description="container image (runtime: docker)")
+    binary: str | None = Field(
+        None,
+        description="engine executable for runtime: native; the engine's usual command when unset",
+    )
+    args: list[str] = Field(default_factory=list, description="extra engine arguments, appended verbatim (quoted)")
+    env: dict[EnvKey, EnvValue] = Field(default_factory=dict, description="extra environment for every rank")
+    secret_env: list[Annotated[str, Field(pattern=ENV_NAME_RE)]] = Field(
+        default_factory=list,
+        description="names of secrets (e.g. HF_TOKEN) copied from the operator's environment into the "
+        "0600 env file; never printed",
+    )
+    docker_args: list[str] = Field(default_factory=list, description="extra `docker run` flags (quoted)")
+
+    @field_validator("binary")
+    @classmethod
+    def _binary(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        no_control(v)
+        try:
+            words = shlex.split(v)
+        except ValueError as exc:
+            raise ValueError(f"cannot split it into words like a shell: {exc}") from None
+        if not words or words[0].startswith("-"):
+            raise ValueError("must start with a command (not empty, not an option)")
+        return v
+
+    @field_validator("args", "docker_args")
+    @classmethod
+    def _args(cls, v: list[str]) -> list[str]:
+        for i, a in enumerate(v):
+            if "\x00" in a:
+                raise ValueError(f"argument {i} contains a NUL byte (a command line cannot carry one)")
+            flag = a.split("=", 1)[0]
+            if flag in SECRET_FLAGS:
+                raise ValueError(f"{flag} takes a credential, which would be visible in `ps` and in launch.sh: "
+                                 "pass it through engine.secret_env (e.g. VLLM_API_KEY) instead")
+        return v
+
+
+class ModelSpec(_Strict):
+    """The model served."""
+
+    id: str = Field(description="model id (e.g. the Hugging Face repo)")
+    served_name: str = Field(
+        pattern=SERVED_NAME_RE,
+        description="the name /v1/models must list; every health verdict checks it",
+    )
+    weights_path: str = Field(description="absolute path of the weights on every node")
+    weights_format: str = Field(description="weights format, e.g. fp8, exl3-2.9bpw, gguf")
+    context_len_tokens: int = Field(gt=0, le=4_194_304, description="maximum context length")
+
+    @field_validator("id", "weights_format")
+    @classmethod
+    def _text(cls, v: str) -> str:
+        return no_control(v) or v
+
+    @field_validator("weights_path")
+    @classmethod
+    def _abs(cls, v: str) -> str:
+        if not v.startswith("/") or "\x00" in v or "\n" in v or "/../" in v + "/":
+            raise ValueError("must be an absolute path without '..' components or newlines")
+        return v
+
+
+class TopologySpec(_Strict):
+    """Which nodes serve, and how the ranks are laid out."""
+
+    tp_size: int = Field(ge=1, le=8, description="tensor-parallel size: ranks per replica (one GPU per node)")
+    nodes: list[Name] | None = Field(
+        None, description="inventory nodes to use, in any order; all nodes when unset (ranks follow the ring)"
+    )
+    layout: Literal["single", "pair", "ring"] = Field(description="single box, a cabled pair, or the ring")
+    replicas: int = Field(1, ge=1, le=4, description="independent replicas (e.g. two TP2 replicas on a ring's halves)")
+    start_order: Literal["workers-first", "head-first"] = Field(
+        "workers-first", description="which ranks start first (real stacks disagree)"
+    )
+
+
+    @model_validator(mode="after")
+    def _layout_vs_tp(self) -> "TopologySpec":
+        if self.layout == "single" and self.tp_size != 1:
+            raise ValueError("layout single runs one rank per replica: tp_size must be 1")
+        if self.layout == "pair" and self.tp_size != 2:
+            raise ValueError("layout pair runs two ranks per replica: tp_size must be 2")
+        if self.layout == "ring" and self.tp_size < 3:
+            raise ValueError("layout ring needs tp_size >= 3 (use layout pair for two nodes)")
+        return self
+
+
+class LawsSpec(_Strict):
+    """The operational laws this stack is held to (docs/LAWS.md)."""
+
+    clock_cap_mhz: int | None = Field(
+        2000, ge=300, le=3003, description="GPU SM clock cap (nvidia-smi -lgc 0,CAP); null = uncapped"
+    )
+    kernel_allow: list[Annotated[str, Field(pattern=KERNEL_RE)]] = Field(
+        default_factory=lambda: list(DEFAULT_KERNEL_ALLOW), description="kernel releases known good for this stack"
+    )
+    kernel_deny: dict[Annotated[str, Field(pattern=KERNEL_RE)], str] = Field(
+        default_factory=lambda: dict(DEFAULT_KERNEL_DENY), description="kernel releases refused, with the reason"
+    )
+    kernel_hold_packages: list[Annotated[str, Field(pattern=PACKAGE_RE)]] = Field(
+        default_factory=lambda: list(DEFAULT_HOLD_PACKAGES),
+        description="kernel meta-packages that must be held (apt-mark hold)",
+    )
+    page_size_kib: Literal[4, 64] | None = Field(None, description="kernel page size the stack requires; null = any")
+    memory_saver: bool = Field(False, description="ask the engine for its memory saver mode")
+    gpu_memory_utilization: float = Field(
+        0.85, gt=0.0, le=0.92,
+        description="engine memory utilization; <= 0.92 (UVM over-commit is a livelock, not an OOM)",
+    )
+    min_free_gib: float = Field(12.0, ge=10.0, le=64.0, description="MemAvailable floor per node (10-15 GiB advised)")
+    ac_cycle: bool = Field(True, description="enforce the AC-cycle law after a recorded cable/PCIe change")
+
+
+class ServeSpec(_Strict):
+    """Ports and readiness."""
+
+    port: int = Field(8000, ge=1024, le=65535, description="HTTP port of the OpenAI-compatible endpoint (head rank)")
+    master_port: int = Field(29500, ge=1024, le=65535, description="rendezvous port on the head's fabric address")
+    ready_timeout_s: int = Field(900, ge=5, le=7200, description="deadline for the endpoint to become ready")
+    stop_timeout_s: int = Field(30, ge=1, le=600, description="grace period before a rank is killed")
+    smoke_request: bool = Field(True, description="readiness includes a 1-token completion")
+    tokens_metric: str | None = Field(
+        None, pattern=METRIC_RE, description="Prometheus counter of generated tokens; the engine's usual name when unset"
+    )
+
+
+class ThinkingSpec(_Strict):
+    """The per-request thinking knob."""
+
+    request_fields: dict[str, str | int | bool] = Field(
+        default_factory=dict,
+        description='fields added to a request when thinking is on, e.g. {reasoning_effort: "high"}',
+    )
+    default_on: bool = Field(False, description="thinking on by default in benchmarks")
+
+
+class BenchSpec(_Strict):
+    """Benchmark defaults for this stack."""
+
+    suites: list[Name] = Field(default_factory=lambda: ["prefill", "decode", "concurrency"], description="default suites")
+    prefill_lengths_tokens: list[int] = Field(
+        default_factory=lambda: [2048, 8192, 32768, 131072], description="prefill prompt lengths"
+    )
+    decode_tokens: int = Field(256, ge=1, description="tokens generated in the decode suite")
+    concurrency: list[int] = Field(default_factory=lambda: [1, 2, 4, 8, 16], description="concurrency levels")
+    repeats: int = Field(2, ge=1, le=20, description="repeats per point (3 with --record)")
+
+
+class NodeOverlay(_Strict):
+    """Per-node overrides (profile key ``nodes: {NAME: {...}}``)."""
+
+    engine: dict[str, Any] = Field(default_factory=dict, description="engine keys for this node (args, env, ...)")
+    laws: dict[str, Any] = Field(default_factory=dict, description="law keys for this node")
+
+
+class Profile(_Strict):
+    """A serving stack."""
+
+    description: str = Field("", description="one line shown by `sparkctl profiles`")
+    extends: str | None = Field(None, description="parent profile name; its values are the defaults here")
+    engine: EngineSpec
+    runtime: Literal["docker", "native"] = Field("docker", description="docker container or native binary")
+    supervisor: Literal["systemd", "detached"] = Field(
+        "systemd", description="systemd unit, or a detached process with pid and log files"
+    )
+    model: ModelSpec
+    topology: TopologySpec
+    laws: LawsSpec = Field(default_factory=LawsSpec)
+    serve: ServeSpec = Field(default_factory=ServeSpec)
+    thinking: ThinkingSpec = Field(default_factory=ThinkingSpec)
+    bench: BenchSpec = Field(default_factory=BenchSpec)
+    nodes: dict[Name, NodeOverlay] = Field(default_factory=dict, description="per-node overlays")
+
+    @model_validator(mode="after")
+    def _runtime_needs(self) -> "Profile":
+        if self.runtime == "docker" and not self.engine.image:
+            raise ValueError("engine.image is required when runtime is docker")
+        return self
+
+
+# Keys of dict-typed fields are merged one by one across layers (an overlay can
+# add one env var without restating the others); everything else is replaced.
+MERGED_DICTS = {("engine", "env"), ("laws", "kernel_deny"), ("thinking", "request_fields")}
+
+
+# --------------------------------------------------------------------------- inventory
+
+
+class PortSpec(_Strict):
+    """One QSFP cage: its two PCIe twin functions."""
+
+    netdevs: tuple[IfName, IfName] = Field(description="the two twin netdevs of this cage")
+    rdma: tuple[IfName, IfName] = Field(description="their RoCE devices, same order")
+
+
+def default_ports() -> dict[str, PortSpec]:
+    # spark-facts.md: p0 = enp1s0f0np0/rocep1s0f0 + enP2p1s0f0np0/roceP2p1s0f0, p1 likewise.
+    return {
+        "p0": PortSpec(netdevs=("enp1s0f0np0", "enP2p1s0f0np0"), rdma=("rocep1s0f0", "roceP2p1s0f0")),
+        "p1": PortSpec(netdevs=("enp1s0f1np1", "enP2p1s0f1np1"), rdma=("rocep1s0f1", "roceP2p1s0f1")),
+    }
+
+
+class NodeDefaults(_Strict):
+    """Values every node gets unless it says otherwise."""
+
+    ssh_user: str = Field("nvidia", pattern=SSH_USER_RE, description="ssh login")
+    ssh_port: int = Field(22, ge=1, le=65535, description="ssh port")
+    ssh_identity: str | None = Field(None, description="private key file; ~/.ssh/config applies when unset")
+    sudo: bool = Field(True, description="run privileged commands with sudo -n")
+    known_hosts: str | None = Field(None, description="known_hosts file; ~/.ssh/known_hosts when unset")
+    prefix: SafePath = Field("/", description="root under which rendered files are placed (simulated rootless nodes)")
+    sysfs_root: SafePath = Field("/sys", description="where sysfs is read (simulated rootless nodes)")
+    proc_root: SafePath = Field("/proc", description="where procfs is read (simulated rootless nodes)")
+    mgmt_iface: IfName = Field("enP7s7", description="management interface")
+
+    @field_validator("prefix", "sysfs_root", "proc_root")
+    @classmethod
+    def _paths(cls, v: str | None) -> str | None:
+        return no_dotdot(v)
+
+    @field_validator("ssh_identity", "known_hosts")
+    @classmethod
+    def _local_paths(cls, v: str | None) -> str | None:
+        return no_control(v)
+
+
+class NodeSpec(_Strict):
+    """One DGX Spark."""
+
+    name: Name = Field(description="node name (used in messages, files and units)")
+    host: str = Field(pattern=HOST_RE, description="management address or host name for ssh")
+    ssh_user: str | None = Field(None, pattern=SSH_USER_RE, description="overrides defaults")
+    ssh_port: int | None = Field(None, ge=1, le=65535, description="overrides defaults")
+    ssh_identity: str | None = Field(None, description="overrides defaults")
+    sudo: bool | None = Field(None, description="overrides defaults")
+    known_hosts: str | None = Field(None, description="overrides defaults")
+    prefix: SafePath | None = Field(None, description="overrides defaults")
+    sysfs_root: SafePath | None = Field(None, description="overrides defaults")
+    proc_root: SafePath | None = Field(None, description="overrides defaults")
+    mgmt_iface: IfName | None = Field(None, description="overrides defaults")
+    ports: dict[Literal["p0", "p1"], PortSpec] | None = Field(None, description="QSFP cage names; Spark defaults")
+
+    @field_validator("prefix", "sysfs_root", "proc_root")
+    @classmethod
+    def _paths(cls, v: str | None) -> str | None:
+        return no_dotdot(v)
+
+    @field_validator("ssh_identity", "known_hosts")
+    @classmethod
+    def _local_paths(cls, v: str | None) -> str | None:
+        return no_control(v)
+
+
+class ClusterSpec(_Strict):
+    """Cluster-wide fabric settings."""
+
+    name: Name = Field("spark", description="cluster name")
+    fabric_pool: str = Field("10.20.0.0/16", description="pool for one /24 per twin per cable")
+    fabric_mtu_bytes: int = Field(9000, ge=1280, le=9216, description="MTU of every fabric twin")
+
+
+class InventoryFile(_Strict):
+    """An inventory: the boxes and how the cables run."""
+
+    cluster: ClusterSpec = Field(default_factory=ClusterSpec)
+    defaults: NodeDefaults = Field(default_factory=NodeDefaults)
+    nodes: list[NodeSpec] = Field(min_length=1, description="the boxes, head first")
+    cables: list[tuple[str, str]] = Field(
+        default_factory=list, description='each cable joins "node:port" to "node:port" (port p0 or p1), or "switch"'
+    )

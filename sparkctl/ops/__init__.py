@@ -1,0 +1,1 @@
+"""The edges that change hosts: the executor of plans, the lock, check, status, weights."""

@@ -1,0 +1,221 @@
+"""``sparkctl check``: probe every node in parallel, judge every law, optionally fix.
+
+The edge between the pure laws and the hosts: it gathers facts through the
+transport (one batched probe script per node, then one fabric probe script per
+node), hands them to :func:`sparkctl.plan.laws.judge`, and with ``fix`` applies the
+safe remedies (the clock cap) and judges again. It changes nothing otherwise.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+
+from sparkctl.facts import probes
+from sparkctl.model.inventory import Inventory
+from sparkctl.model.layout import bind
+from sparkctl.model.profiles import Resolved
+from sparkctl.ops import weights
+from sparkctl.ops.localstate import cluster_dir, hw_change_path, read_json, write_json
+from sparkctl.plan import laws
+from sparkctl.transport.ssh import CommandResult, Transport
+
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class CheckReport:
+    profile: str
+    nodes: tuple[str, ...]
+    verdicts: tuple[laws.Verdict, ...]
+    facts: Mapping[str, probes.NodeFacts | None]
+    fixed: tuple[str, ...] = ()
+    waivers: Mapping[str, laws.Waiver] = field(default_factory=dict)
+    duration_s: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return not any(v.failed for v in self.verdicts)
+
+    def to_dict(self) -> dict:
+        return {
+            "profile": self.profile, "ok": self.ok, "nodes": list(self.nodes), "duration_s": round(self.duration_s, 3),
+            "waivers": {k: w.reason for k, w in self.waivers.items()}, "fixed": list(self.fixed),
+            "verdicts": [v.__dict__ for v in self.verdicts],
+        }
+
+
+def load_hw_change(inv: Inventory) -> laws.HwChange | None:
+    data = read_json(hw_change_path(inv))
+    if not data:
+        return None
+    return laws.HwChange(note=data["note"], at=data["at"], boot_ids=data["boot_ids"], nodes=tuple(data["nodes"]))
+
+
+def boot_id_command(inv: Inventory, node: str) -> str:
+    import shlex
+
+    return f"cat {shlex.quote(inv.node(node).proc_root.rstrip('/') + '/sys/kernel/random/boot_id')}"
+
+
+def record_hw_change(inv: Inventory, transport: Transport, note: str, nodes: list[str] | None = None) -> laws.HwChange:
+    """Record a cable/PCIe change with every affected node's current boot id."""
+    from sparkctl.errors import TransportError
+
+    names = nodes or list(inv.names)
+    res = transport.run_all({n: boot_id_command(inv, n) for n in names})
+    bad = {n: r for n, r in res.items() if not r.ok}
+    if bad:
+        n, r = next(iter(bad.items()))
+        raise TransportError(f"cannot read the boot id: {r.error or r.stderr.strip()}", hint="the record needs every node")
+    rec = laws.HwChange(note=note, at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                        boot_ids={n: r.stdout.strip() for n, r in res.items()}, nodes=tuple(names))
+    write_json(hw_change_path(inv), {"note": rec.note, "at": rec.at, "boot_ids": dict(rec.boot_ids),
+                                     "nodes": list(rec.nodes)})
+    return rec
+
+
+def clear_hw_change_if_done(inv: Inventory, report: CheckReport) -> bool:
+    """Once every node of a pending change passes the AC-cycle law, the record is closed."""
+    path = hw_change_path(inv)
+    data = read_json(path)
+    if not data:
+        return False
+    ac = [v for v in report.verdicts if v.law == "ac_cycle" and v.node in data["nodes"]]
+    if ac and all(v.status == laws.OK for v in ac) and set(data["nodes"]) <= set(report.nodes):
+        path.rename(path.with_name(f"hw-change.done.{int(time.time())}.json"))
+        return True
+    return False
+
+
+def _fabric_targets(inv: Inventory, nodes: tuple[str, ...]) -> dict[str, list[probes.FabricTarget]]:
+    targets: dict[str, list[probes.FabricTarget]] = {n: [] for n in nodes}
+    inside = set(nodes)
+    for i, lk in enumerate(inv.links):
+        if lk.a.node == lk.b.node or lk.a.node not in inside or lk.b.node not in inside:
+            continue
+        for me, peer in ((lk.a, lk.b), (lk.b, lk.a)):
+            targets[me.node].append(probes.FabricTarget("df", me.netdev, peer.node, peer.address))
+        targets[lk.b.node].append(probes.FabricTarget("bw-server", lk.b.netdev, lk.a.node, "", lk.b.rdma, 18515 + i))
+        targets[lk.a.node].append(probes.FabricTarget("bw-client", lk.a.netdev, lk.b.node, lk.b.address, lk.a.rdma,
+                                                      18515 + i))
+    if inv.topology == "ring":
+        for n in nodes:
+            for other in nodes:
+                if other != n and other not in inv.neighbours(n):
+                    addr = inv.primary_address(other)
+                    if addr:
+                        targets[n].append(probes.FabricTarget("relay", "", other, addr))
+    return targets
+
+
+def run_check(
+    res: Resolved,
+    inv: Inventory,
+    transport: Transport,
+    *,
+    waivers: Mapping[str, laws.Waiver] | None = None,
+    fix: bool = False,
+    bandwidth_s: int = 0,
+    fabric: bool = True,
+    progress: Progress | None = None,
+) -> CheckReport:
+    say = progress or (lambda _m: None)
+    t0 = time.perf_counter()
+    layout = bind(res, inv)
+    nodes = layout.nodes
+    heads = {r.node for r in layout.heads()}
+    waivers = dict(waivers or {})
+    p = res.profile
+
+    def gather() -> tuple[dict[str, probes.NodeFacts | None], dict[str, str]]:
+        say(f"probing {len(nodes)} nodes (one batched script each)")
+        scripts = {
+            n: probes.remote_command(probes.build_script(
+                inv.node(n), weights_path=p.model.weights_path, endpoint_port=p.serve.port if n in heads else None,
+                weights=weights.probe_paths(inv, n, p.model.weights_path)))
+            for n in nodes
+        }
+        results = transport.run_all(scripts)
+        facts: dict[str, probes.NodeFacts | None] = {}
+        unreachable: dict[str, str] = {}
+        for n in nodes:
+            r = results[n]
+            if r.error:
+                facts[n] = None
+                unreachable[n] = r.error
+            else:
+                facts[n] = probes.parse_batch(n, r.stdout)
+        return facts, unreachable
+
+    facts, unreachable = gather()
+    link_probes: list[laws.LinkProbe] = []
+    relay_ok: dict[tuple[str, str], bool] = {}
+    if fabric:
+        targets = _fabric_targets(inv, tuple(n for n in nodes if facts.get(n) is not None))
+        scripts = {n: probes.remote_command(probes.build_fabric_script(t, inv.mtu, bandwidth_s))
+                   for n, t in targets.items() if t}
+        if scripts:
+            say("probing the fabric (don't-fragment pings" + (", ib_write_bw" if bandwidth_s else "") + ", relay)")
+            results: dict[str, CommandResult] = transport.run_all(scripts)
+            for n, r in results.items():
+                if r.error:
+                    continue
+                for t, reached, bw in probes.parse_fabric(targets[n], r.stdout):
+                    if t.kind == "relay" and reached is not None:
+                        relay_ok[(n, t.peer)] = reached
+                    elif t.kind == "df" and reached is not None:
+                        link_probes.append(laws.LinkProbe(n, t.netdev, t.peer, t.address, df_ping_ok=reached))
+                    elif t.kind == "bw-client" and bw is not None:
+                        link_probes.append(laws.LinkProbe(n, t.netdev, t.peer, t.address, bandwidth_gbps=bw))
+    hw = load_hw_change(inv)
+    stale_path = cluster_dir(inv) / "stale-links.json"
+    stale_seen: dict[str, str] = dict(read_json(stale_path) or {})
+
+    def context() -> laws.Context:
+        endpoint = {}
+        for h in heads:
+            f = facts.get(h)
+            if f is not None:
+                endpoint[h] = f.served_models if f.served_models is not None else None
+        return laws.Context(profile=p, inventory=inv, nodes=nodes, facts=facts, unreachable=unreachable,
+                            waivers=waivers, hw_change=hw, link_probes=tuple(link_probes), relay_ok=relay_ok,
+                            endpoint_models=endpoint, stale_seen=stale_seen, profile_name=res.name)
+
+    verdicts = laws.judge(context())
+    if fabric and bandwidth_s:
+        # Remember when each stale link was first seen, so a later check can say
+        # that a reboot in between did not clear it; forget the healthy ones.
+        now_stale = laws.stale_links(context())
+        seen = {}
+        for node, items in now_stale.items():
+            f = facts.get(node)
+            for nd, _ in items:
+                key = f"{node}:{nd}"
+                seen[key] = stale_seen.get(key) or (f.boot_id if f and f.boot_id else "")
+        if seen != stale_seen:
+            write_json(stale_path, seen)
+    fixed: list[str] = []
+    if fix:
+        ctx = context()
+        for law in laws.LAWS:
+            if law.remedy is None:
+                continue
+            mine = [v for v in verdicts if v.law == law.id]
+            remedy = law.remedy(ctx, mine)
+            if remedy is None or not remedy.safe:
+                continue
+            for node, cmds in remedy.commands.items():
+                for cmd in cmds:
+                    r = transport.run(node, cmd, sudo=True)
+                    fixed.append(f"{node}: {cmd.split(' && ')[0]} -> {'ok' if r.ok else (r.error or r.stderr.strip())}")
+                    if not r.ok:
+                        break
+        if fixed:
+            say("re-probing after the fixes")
+            facts, unreachable = gather()
+            verdicts = laws.judge(context())
+    return CheckReport(profile=res.name, nodes=nodes, verdicts=tuple(verdicts), facts=facts, fixed=tuple(fixed),
+                       waivers=waivers, duration_s=time.perf_counter() - t0)

@@ -1,0 +1,588 @@
+"""Model weights onto the nodes: one download from the internet, the rest over the fabric.
+
+The download laws of the field report: one box downloads from the internet (an
+ISP cap of 3 TB was hit when every box did), the others receive the files over
+the DAC cables. This module owns that distribution:
+
+* :func:`fetch` runs the one internet download, on one node.
+* :func:`plan_sync` (pure) decides who sends to whom, over the fabric only.
+* :func:`sync` executes that plan: manifest on the source, per-link HTTP
+  servers, parallel ranged pulls, verification against the manifest.
+
+The work on a node is done by :mod:`sparkctl.remote.weights_agent`, a standard-library
+script pushed with :meth:`Transport.put` and run as detached jobs that this
+module watches with short ``tail`` commands; a multi-hour download thus never
+depends on one SSH channel staying up, and re-running resumes where it
+stopped (per chunk, and skipping complete files).
+
+What it must not do: print, prompt or exit (progress goes to the ``progress``
+callback, results come back as frozen dataclasses), import paramiko, or move a
+byte over a management address.
+
+Why a chain through the ring and not the relay. On the 4-node ring the node
+across from the source (C for source A) is not cabled to it. Two ways exist:
+pull from A through a neighbour's kernel forwarding (A -> B -> C over the
+static routes), or wait until a neighbour holds the files and pull from it
+(A -> B, then B -> C). We take the chain: relayed bytes would share the A-B
+cable with B's own pull (both finish at half speed, C no sooner than with the
+chain), and every relayed byte costs the relay node's CPU in software
+forwarding, the node that is also writing and hashing its own copy. The chain
+keeps each transfer on one otherwise idle cable between two directly cabled
+nodes and depends on no route being up. The kernel relay is used only when a
+receiver has no receiving neighbour at all (a profile that uses A and C alone).
+
+The chain is pipelined, not store-and-forward: C starts pulling from B as soon
+as B's pull has started, and B's server hands C each chunk once B has
+verified it against the manifest (``serve --relay``), holding a request for a
+chunk B does not have yet. C thus trails B by about ``connections x chunk``
+bytes instead of by the whole model, and the 4-node ring takes little longer
+than the pair. A pipelined pull that fails (B restarted under it, or B
+failed) goes once more after B is done, or from another verified neighbour.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import time
+import uuid
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from importlib import resources
+
+from sparkctl.errors import ConfigError, LifecycleError, Ref
+from sparkctl.facts.probes import WeightsPaths
+from sparkctl.model.inventory import Inventory
+from sparkctl.plan.render import under
+from sparkctl.transport.ssh import CommandResult, Transport
+
+AGENT_PATH = "/opt/sparkctl/weights_agent.py"  # under each node's prefix
+JOB_DIR = "/opt/sparkctl/weights"  # job logs and the hash cache, under each node's prefix
+HASH_CACHE = JOB_DIR + "/hash-cache.json"  # path -> size, mtime, sha256, chunk hashes (the agent's HashCache)
+START_TIMEOUT_S = 30.0  # a detached job must report within this (the agent waits 20 s itself)
+POLL_TIMEOUT_S = 15.0
+
+
+class WeightsError(LifecycleError):
+    """A download or a sync could not be run at all (a failed node is a value in the report)."""
+
+
+# --------------------------------------------------------------------------- data
+
+
+@dataclass(frozen=True)
+class Transfer:
+    """One receiver pulling the whole manifest from one sender at one fabric address.
+
+    ``via`` names the neighbour whose kernel forwards the bytes when the sender is
+    not cabled to the receiver (only when no chain exists).
+    """
+
+    receiver: str
+    sender: str
+    sender_address: str
+    via: str | None = None
+
+
+@dataclass(frozen=True)
+class Progress:
+    """One progress report of one node's job, for the ``progress`` callback."""
+
+    node: str
+    phase: str  # fetch | manifest | pull
+    file: str | None
+    bytes_done: int
+    bytes_total: int | None
+    rate_Bps: float
+
+
+@dataclass(frozen=True)
+class FetchReport:
+    node: str
+    url: str
+    dest: str
+    bytes: int
+    seconds: float
+    rate_Bps: float
+    sha256: str | None
+    skipped: bool
+
+
+@dataclass(frozen=True)
+class NodeSync:
+    """What one receiver got: bytes moved this run, time, rate, and whether it verified."""
+
+    node: str
+    sender: str | None
+    address: str | None
+    bytes: int
+    seconds: float
+    rate_Bps: float
+    verified: bool
+    files: int = 0
+    skipped_files: int = 0
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class SyncReport:
+    source: str
+    weights_path: str
+    files: int
+    total_bytes: int
+    plan: tuple[tuple[Transfer, ...], ...]
+    nodes: Mapping[str, NodeSync] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return all(n.verified for n in self.nodes.values())
+
+
+ProgressCallback = Callable[[Progress], None]
+
+
+# --------------------------------------------------------------------------- plan (pure)
+
+
+def plan_sync(inv: Inventory, from_node: str, nodes: Iterable[str] | None = None) -> list[list[Transfer]]:
+    """Stages of transfers that bring every node in ``nodes`` the source's files, fabric only.
+
+    Stage 0: the source's cabled neighbours pull from it in parallel, each on its
+    own cable. Stage k: nodes k+1 hops away pull from a node of stage k-1 that is
+    cabled to them (ring order breaks ties, so the plan is stable). Addresses
+    are always the sender's end of twin 0 of the cable between the two nodes.
+    A receiver with no receiving node on any path pulls from the source through
+    a neighbour's forwarding (``via``). Switch topologies pull from the source
+    in one stage, on the shared subnet.
+    """
+    names = inv.names
+    if from_node not in names:
+        raise ConfigError(f"unknown source node {from_node!r}", Ref(node=from_node), hint=f"nodes: {', '.join(names)}")
+    wanted = list(dict.fromkeys(nodes if nodes is not None else names))
+    for n in wanted:
+        if n not in names:
+            raise ConfigError(f"unknown node {n!r}", Ref(node=n), hint=f"nodes: {', '.join(names)}")
+    receivers = [n for n in wanted if n != from_node]
+    if not receivers:
+        return []
+    if inv.topology == "switch":
+        addr = _switch_address(inv, from_node)
+        return [[Transfer(r, from_node, addr) for r in _ring_sorted(inv, receivers)]]
+
+    # Breadth-first over cables, walking only through nodes that take part.
+    members = set(receivers) | {from_node}
+    depth: dict[str, int] = {from_node: 0}
+    parent: dict[str, str] = {}
+    frontier = [from_node]
+    while frontier:
+        nxt: list[str] = []
+        for sender in frontier:
+            for peer in inv.neighbours(sender):
+                if peer in members and peer not in depth:
+                    depth[peer] = depth[sender] + 1
+                    parent[peer] = sender
+                    nxt.append(peer)
+        frontier = _ring_sorted(inv, nxt)
+    stages: dict[int, list[Transfer]] = {}
+    for r in _ring_sorted(inv, receivers):
+        if r in parent:
+            stages.setdefault(depth[r] - 1, []).append(Transfer(r, parent[r], _address(inv, parent[r], r)))
+            continue
+        relay = _first_hop(inv, from_node, r)
+        stages.setdefault(0, []).append(Transfer(r, from_node, _address(inv, from_node, relay), via=relay))
+    return [stages[k] for k in sorted(stages)]
+
+
+def _ring_sorted(inv: Inventory, names: Iterable[str]) -> list[str]:
+    order = {n: i for i, n in enumerate(inv.ring_order)}
+    return sorted(names, key=lambda n: order.get(n, len(order)))
+
+
+def _address(inv: Inventory, sender: str, receiver: str) -> str:
+    link = inv.link_between(sender, receiver, twin=0)
+    if link is None:
+        raise ConfigError(f"no cable between {sender} and {receiver}", Ref(node=receiver))
+    return link.end(sender).address
+
+
+def _switch_address(inv: Inventory, node: str) -> str:
+    eps = sorted(inv.endpoints(node), key=lambda e: (e.port, e.netdev))
+    if not eps:
+        raise ConfigError(f"node {node} has no fabric address", Ref(node=node))
+    return eps[0].address
+
+
+def _first_hop(inv: Inventory, src: str, dst: str) -> str:
+    """The neighbour of ``src`` on a shortest cable path to ``dst`` (what the static routes use)."""
+    prev: dict[str, str] = {src: src}
+    frontier = [src]
+    while frontier and dst not in prev:
+        nxt = []
+        for n in frontier:
+            for peer in inv.neighbours(n):
+                if peer not in prev:
+                    prev[peer] = n
+                    nxt.append(peer)
+        frontier = nxt
+    if dst not in prev:
+        raise ConfigError(f"no fabric path from {src} to {dst}", Ref(node=dst))
+    hop = dst
+    while prev[hop] != src:
+        hop = prev[hop]
+    return hop
+
+
+def describe_plan(plan: Sequence[Sequence[Transfer]]) -> list[str]:
+    """One line per transfer, for a dry run."""
+    lines = []
+    for k, stage in enumerate(plan):
+        for t in stage:
+            via = f" via {t.via}" if t.via else ""
+            lines.append(f"stage {k}: {t.receiver} <- {t.sender} @ {t.sender_address}{via}")
+    return lines
+
+
+# --------------------------------------------------------------------------- agent jobs
+
+
+def agent_path(inv: Inventory, node: str) -> str:
+    return under(inv.node(node).prefix, AGENT_PATH)
+
+
+def hash_cache_path(inv: Inventory, node: str) -> str:
+    return under(inv.node(node).prefix, HASH_CACHE)
+
+
+def probe_paths(inv: Inventory, node: str, weights_path: str) -> WeightsPaths:
+    """What the check's probe needs to ask ``node``'s agent about the weights at ``weights_path``."""
+    return WeightsPaths(agent_path(inv, node), hash_cache_path(inv, node), under(inv.node(node).prefix, weights_path))
+
+
+def _job_dir(inv: Inventory, node: str) -> str:
+    return under(inv.node(node).prefix, JOB_DIR)
+
+
+def agent_source() -> bytes:
+    return resources.files("sparkctl.remote").joinpath("weights_agent.py").read_bytes()
+
+
+def push_agent(inv: Inventory, transport: Transport, node: str, *, sudo: bool | None = None) -> None:
+    use_sudo = inv.node(node).sudo if sudo is None else sudo
+    res = transport.put(node, agent_path(inv, node), agent_source(), 0o755, sudo=use_sudo)
+    if not res.ok:
+        raise WeightsError(f"could not install the weights agent: {res.describe()}", Ref(node=node),
+                           hint="the node needs python3 and a writable /opt/sparkctl (or sudo: true)")
+
+
+def _events(stdout: str) -> list[dict]:
+    out = []
+    for line in stdout.splitlines():
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                pass
+    return out
+
+
+@dataclass
+class _Job:
+    """A detached agent job on one node, watched through ``tail``."""
+
+    node: str
+    phase: str
+    log: str
+    pid: int
+    offset: int = 0
+    final: dict | None = None
+    started_at: float = field(default_factory=time.monotonic)
+
+
+class _Agent:
+    """Runs agent subcommands on nodes through the transport."""
+
+    def __init__(self, inv: Inventory, transport: Transport, sudo: bool | None) -> None:
+        self.inv, self.transport, self.sudo = inv, transport, sudo
+
+    def _sudo(self, node: str) -> bool:
+        return self.inv.node(node).sudo if self.sudo is None else self.sudo
+
+    def argv(self, node: str, *args: str) -> list[str]:
+        # -S: the agent needs the standard library only; no site-packages (nothing there can
+        # shadow a stdlib module) and a faster start on every job and poll
+        return ["python3", "-S", agent_path(self.inv, node), *args]
+
+    def start(self, node: str, phase: str, args: Sequence[str], stdin: str | None = None) -> tuple[_Job, dict]:
+        log = f"{_job_dir(self.inv, node)}/{phase}-{uuid.uuid4().hex[:12]}.jsonl"
+        cmd = self.argv(node, *args, "--log", log)
+        res = self.transport.run(node, cmd, sudo=self._sudo(node), timeout_s=START_TIMEOUT_S, stdin=stdin)
+        evs = _events(res.stdout)
+        first = evs[-1] if evs else {}
+        if not res.ok or first.get("event") == "error" or not first.get("pid"):
+            why = first.get("message") or res.describe()
+            raise WeightsError(f"{phase} did not start: {why}", Ref(node=node, command=shlex.join(cmd)))
+        return _Job(node, phase, log, int(first["pid"])), first
+
+    def poll(self, jobs: Sequence[_Job], wait_s: float = 0.0) -> dict[str, list[dict]]:
+        """New events of each job (one tail per node, all nodes at once).
+
+        ``wait_s``: each node's tail waits up to this long for a new event or
+        its job's end (a long poll), so an ending job is seen when it ends.
+        """
+        wait = ("--wait-s", f"{wait_s:.3f}") if wait_s > 0 else ()
+        cmds = {
+            j.node: self.argv(j.node, "tail", "--log", j.log, "--offset", str(j.offset), "--pid", str(j.pid), *wait)
+            for j in jobs
+        }
+        results = self.transport.run_all(cmds, sudo=False, timeout_s=POLL_TIMEOUT_S + wait_s)
+        out: dict[str, list[dict]] = {}
+        unanswered = False
+        for j in jobs:
+            res: CommandResult = results[j.node]
+            evs = _events(res.stdout) if res.ok else []
+            tail = evs.pop() if evs and evs[-1].get("event") == "tail" else None
+            if tail is None:
+                out[j.node] = []  # an unanswered poll is retried next round
+                unanswered = True
+                continue
+            j.offset = int(tail["offset"])
+            for ev in evs:
+                if ev.get("event") in ("done", "error"):
+                    j.final = ev
+            if j.final is None and tail.get("alive") is False:
+                j.final = {"event": "error", "message": f"the {j.phase} job (pid {j.pid}) ended without a result"}
+            out[j.node] = evs
+        if unanswered:
+            time.sleep(wait_s)  # the node did not wait for us: do not retry at once
+        return out
+
+    def stop(self, node: str, pid: int) -> None:
+        self.stop_all({node: [pid]})
+
+    def stop_all(self, pids: Mapping[str, Sequence[int]]) -> None:
+        """End these jobs, all nodes at once (one command per node)."""
+        by_sudo: dict[bool, dict[str, list[str]]] = {}
+        for node, ps in pids.items():
+            if ps:
+                args = [a for pid in ps for a in ("--pid", str(pid))]
+                by_sudo.setdefault(self._sudo(node), {})[node] = self.argv(node, "stop", *args)
+        for sudo, cmds in by_sudo.items():
+            self.transport.run_all(cmds, sudo=sudo, timeout_s=POLL_TIMEOUT_S)
+
+
+def _report(progress: ProgressCallback | None, node: str, phase: str, evs: Iterable[dict]) -> None:
+    if progress is None:
+        return
+    for ev in evs:
+        if ev.get("event") != "progress":
+            continue
+        progress(Progress(node, phase, ev.get("file"), int(ev.get("bytes_done") or 0),
+                          ev.get("bytes_total"), float(ev.get("rate_Bps") or 0.0)))
+
+
+class _Pace:
+    """Poll waits: 50 ms at first, doubling up to ``poll_s``; back to 50 ms after a change.
+
+    Each wait is spent on the node (``tail --wait-s``, a long poll), which
+    answers as soon as a job writes an event or ends: a job's end is seen when
+    it happens, and a quiet long job costs one poll per ``poll_s``.
+    """
+
+    FIRST_S = 0.05
+
+    def __init__(self, poll_s: float) -> None:
+        self.poll_s = poll_s
+        self.delay = min(self.FIRST_S, poll_s)
+
+    def take(self) -> float:
+        """The next wait (then the one after it doubles)."""
+        d = self.delay
+        self.delay = min(self.delay * 2, self.poll_s)
+        return d
+
+    def reset(self) -> None:
+        self.delay = min(self.FIRST_S, self.poll_s)
+
+
+def _wait(agent: _Agent, job: _Job, progress: ProgressCallback | None, poll_s: float) -> dict:
+    pace = _Pace(poll_s)
+    while job.final is None:
+        _report(progress, job.node, job.phase, agent.poll([job], wait_s=pace.take()).get(job.node, []))
+    return job.final
+
+
+# --------------------------------------------------------------------------- fetch
+
+
+def fetch(
+    inv: Inventory, transport: Transport, node: str, url: str, dest: str, *, connections: int = 8,
+    chunk_mb: float = 32.0, sha256: str | None = None, progress: ProgressCallback | None = None,
+    poll_s: float = 1.0, sudo: bool | None = None,
+) -> FetchReport:
+    """Download ``url`` to ``dest`` (under the node's prefix) on the ONE node that faces the internet.
+
+    Resumable: running it again after an interruption fetches only the missing chunks.
+    """
+    inv.node(node)
+    push_agent(inv, transport, node, sudo=sudo)
+    agent = _Agent(inv, transport, sudo)
+    path = under(inv.node(node).prefix, dest)
+    args = ["fetch", "--url", url, "--dest", path, "--connections", str(connections), "--chunk-mb", f"{chunk_mb:g}",
+            "--hash-cache", hash_cache_path(inv, node)]
+    if sha256:
+        args += ["--sha256", sha256]
+    job, _ = agent.start(node, "fetch", args)
+    final = _wait(agent, job, progress, poll_s)
+    if final.get("event") != "done":
+        raise WeightsError(f"download failed: {final.get('message')}", Ref(node=node),
+                           hint="run it again to resume; completed chunks are kept" if final.get("resumable") else None)
+    return FetchReport(node, url, path, int(final.get("bytes", 0)), float(final.get("seconds", 0.0)),
+                       float(final.get("rate_Bps", 0.0)), final.get("sha256"), bool(final.get("skipped")))
+
+
+# --------------------------------------------------------------------------- sync
+
+
+def sync(
+    inv: Inventory, transport: Transport, weights_path: str, from_node: str, *,
+    nodes: Iterable[str] | None = None, progress: ProgressCallback | None = None, connections: int = 8,
+    chunk_mb: float = 32.0, port: int = 0, serve_ttl_s: float = 600.0, poll_s: float = 1.0,
+    sudo: bool | None = None, pipeline: bool = True,
+) -> SyncReport:
+    """Copy ``weights_path`` from ``from_node`` to the other nodes over the fabric, verified.
+
+    Every receiver ends with the source's files, each chunk (``chunk_mb``)
+    checked against the source's manifest as it arrives. With ``pipeline`` a
+    later stage starts as soon as its sender's own pull has started: the sender
+    relays each chunk once it has verified it. Without, it waits until the
+    sender holds every file (store and forward). A receiver whose transfer
+    fails is reported (``verified=False``, ``error``) and the others go on; a
+    pipelined pull that fails is tried once more after its sender finished,
+    and a node whose sender failed pulls from another verified neighbour when
+    it has one.
+    """
+    plan = plan_sync(inv, from_node, nodes)
+    transfers = [t for stage in plan for t in stage]
+    agent = _Agent(inv, transport, sudo)
+    targets = list(dict.fromkeys([from_node, *(t.receiver for t in transfers)]))
+    with ThreadPoolExecutor(max_workers=len(targets), thread_name_prefix="sparkctl-push") as pool:
+        for fut in [pool.submit(push_agent, inv, transport, n, sudo=sudo) for n in targets]:
+            fut.result()  # one node per thread, as run_all does; the first failure is raised
+
+    src_path = under(inv.node(from_node).prefix, weights_path)
+    job, _ = agent.start(from_node, "manifest", ["manifest", "--dir", src_path, "--chunk-mb", f"{chunk_mb:g}",
+                                                 "--hash-cache", hash_cache_path(inv, from_node)])
+    final = _wait(agent, job, progress, poll_s)
+    if final.get("event") != "done":
+        raise WeightsError(f"no manifest of {src_path}: {final.get('message')}", Ref(node=from_node))
+    manifest = final["manifest"]
+    files = manifest["files"]
+    total = sum(int(v["size"]) for v in files.values())
+    manifest_json = json.dumps(manifest, separators=(",", ":"))
+    single = manifest.get("kind") == "file"
+
+    def dest_of(node: str) -> str:
+        p = under(inv.node(node).prefix, weights_path)
+        return (p.rsplit("/", 1)[0] or "/") if single else p
+
+    servers: dict[tuple[str, str], tuple[int, int]] = {}  # (node, address) -> (pid, port)
+
+    def server_for(sender: str, address: str) -> int:
+        if (sender, address) not in servers:
+            serve_dir = under(inv.node(sender).prefix, weights_path)
+            sjob, ev = agent.start(sender, "serve", [
+                "serve", "--dir", serve_dir, "--bind", address, "--port", str(port), "--ttl-s", f"{serve_ttl_s:g}",
+                "--manifest-json", "-", "--relay",
+            ], stdin=manifest_json)
+            servers[(sender, address)] = (sjob.pid, int(ev["port"]))
+        return servers[(sender, address)][1]
+
+    verified: set[str] = {from_node}
+    pipelined: set[str] = set()  # receivers whose pull started before their sender was verified
+    retried: set[str] = set()
+    failed: dict[str, str] = {}
+    reports: dict[str, NodeSync] = {}
+    pending = list(transfers)
+    active: dict[str, tuple[_Job, Transfer]] = {}
+    pace = _Pace(poll_s)
+    try:
+        while pending or active:
+            for t in list(pending):
+                if t.sender in verified:
+                    chosen: Transfer | None = t
+                elif pipeline and t.via is None and t.sender in active and t.receiver not in pipelined:
+                    chosen = t
+                    pipelined.add(t.receiver)
+                elif t.sender in failed:
+                    chosen = _alternative(inv, t, verified)
+                    if chosen is None and not any(a.receiver == t.sender for _, a in active.values()):
+                        pending.remove(t)
+                        failed[t.receiver] = f"its sender {t.sender} failed: {failed[t.sender]}"
+                        reports[t.receiver] = NodeSync(t.receiver, t.sender, t.sender_address, 0, 0.0, 0.0, False,
+                                                       error=failed[t.receiver])
+                        continue
+                else:
+                    chosen = None
+                if chosen is None:
+                    continue
+                pending.remove(t)
+                try:
+                    p = server_for(chosen.sender, chosen.sender_address)
+                    url = f"http://{chosen.sender_address}:{p}/"
+                    pjob, _ = agent.start(chosen.receiver, "pull", [
+                        "pull", "--from-url", url, "--manifest-json", "-", "--dest", dest_of(chosen.receiver),
+                        "--connections", str(connections), "--chunk-mb", f"{chunk_mb:g}",
+                        "--hash-cache", hash_cache_path(inv, chosen.receiver),
+                    ], stdin=manifest_json)
+                    active[chosen.receiver] = (pjob, chosen)
+                except WeightsError as exc:
+                    failed[chosen.receiver] = exc.one_line()
+                    reports[chosen.receiver] = NodeSync(chosen.receiver, chosen.sender, chosen.sender_address, 0,
+                                                        0.0, 0.0, False, error=exc.one_line())
+            if not active:
+                if pending and not any(t.sender in verified | set(failed) for t in pending):
+                    raise WeightsError("the sync plan is stuck (a sender never takes part)", Ref(node=from_node))
+                continue
+            news = agent.poll([j for j, _ in active.values()], wait_s=pace.take())
+            for node, (pjob, t) in list(active.items()):
+                _report(progress, node, "pull", news.get(node, []))
+                if pjob.final is None:
+                    continue
+                pace.reset()
+                del active[node]
+                fin = pjob.final
+                elapsed = time.monotonic() - pjob.started_at
+                if fin.get("event") == "done" and fin.get("verified"):
+                    verified.add(node)
+                    reports[node] = NodeSync(
+                        node, t.sender, t.sender_address, int(fin.get("bytes", 0)), float(fin.get("seconds", elapsed)),
+                        float(fin.get("rate_Bps", 0.0)), True, int(fin.get("files", 0)), int(fin.get("skipped", 0)),
+                    )
+                elif node in pipelined and node not in retried:
+                    retried.add(node)
+                    # it followed a sender that was still receiving; once that sender is
+                    # verified (or has failed, then from another neighbour) it goes again
+                    pending.append(t)
+                else:
+                    failed[node] = str(fin.get("message", "failed"))
+                    reports[node] = NodeSync(node, t.sender, t.sender_address, 0, elapsed, 0.0, False,
+                                             error=failed[node])
+    finally:
+        pids: dict[str, list[int]] = {}
+        for (sender, _addr), (pid, _port) in servers.items():
+            pids.setdefault(sender, []).append(pid)
+        for pjob, _t in active.values():  # only on an exception: do not leave pulls running
+            pids.setdefault(pjob.node, []).append(pjob.pid)
+        agent.stop_all(pids)
+    return SyncReport(from_node, weights_path, len(files), total, tuple(tuple(s) for s in plan),
+                      {t.receiver: reports[t.receiver] for t in transfers if t.receiver in reports})
+
+
+def _alternative(inv: Inventory, t: Transfer, verified: set[str]) -> Transfer | None:
+    """Another verified node cabled to the receiver, when its planned sender failed."""
+    for peer in inv.neighbours(t.receiver):
+        if peer in verified:
+            return Transfer(t.receiver, peer, _address(inv, peer, t.receiver))
+    return None

@@ -1,0 +1,1 @@
+"""From data to what would happen: rendered files, law verdicts, ordered steps. Pure."""

@@ -1,0 +1,265 @@
+"""Pure rendering: (profile, inventory) -> {node: {remote path: RenderedFile}}.
+
+Templates are jinja2 with StrictUndefined (a missing variable is an error, not
+an empty string). Every value that reaches a shell goes through the ``sh``
+filter (``shlex.quote``), including the values of the env file, so that
+``set -a; . engine.env`` (launch.sh) sets them and runs nothing: a value such
+as ``$(touch canary)`` stays inert. Unit files get ``systemd_quote`` (one
+argument: quotes, ``$$`` and ``%%`` escaped) or ``systemd_path``. The schema
+refuses what no quoting can carry (newlines in env values, unsafe prefixes).
+Secrets arrive as an argument (the CLI reads them from the operator's
+environment) and are masked unless ``reveal_secrets``.
+
+No I/O besides reading templates; no SSH library.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import posixpath
+import shlex
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import jinja2
+
+from sparkctl import __version__
+from sparkctl.errors import ProfileError, Ref, RenderError
+from sparkctl.model.inventory import Inventory
+from sparkctl.model.layout import Layout, Rank, bind
+from sparkctl.model.profiles import Resolved
+from sparkctl.model.resources import Roots
+from sparkctl.model.schema import Profile
+
+MASK = "***"
+
+# Where each file lands on a node (under the node's prefix, normally "/").
+ENV_FILE = "/etc/sparkctl/engine.env"
+LAUNCH = "/opt/sparkctl/launch.sh"
+DETACHED = "/opt/sparkctl/run-detached.sh"
+UNIT = "/etc/systemd/system/sparkctl-engine.service"
+CLOCK_UNIT = "/etc/systemd/system/sparkctl-clock-cap.service"
+NETPLAN = "/etc/netplan/60-sparkctl-fabric.yaml"
+SYSCTL = "/etc/sysctl.d/60-sparkctl-forward.conf"
+MANIFEST = "/etc/sparkctl/manifest.json"
+STATE_DIR = "/var/lib/sparkctl"
+LOG_DIR = "/var/log/sparkctl"
+
+DEFAULT_BINARY = {
+    "ds41f": "ds41f",
+    "tensorfold": "tensorfold",
+    "vllm": "vllm",
+    "sglang": "python3 -m sglang.launch_server",
+    "llamacpp": "llama-server",
+}
+TOKENS_METRIC = {
+    "ds41f": "ds41f_generation_tokens_total",
+    "tensorfold": "tensorfold_generated_tokens_total",
+    "vllm": "vllm:generation_tokens_total",
+    "sglang": "sglang:generation_tokens_total",
+    "llamacpp": None,
+}
+
+
+@dataclass(frozen=True)
+class RenderedFile:
+    path: str  # absolute, prefix applied
+    text: str
+    mode: int  # e.g. 0o600
+    role: str  # env | launch | supervisor | fabric | clock | manifest
+
+    @property
+    def sha256(self) -> str:
+        return hashlib.sha256(self.text.encode()).hexdigest()
+
+
+NodeFiles = dict[str, RenderedFile]
+
+
+@dataclass(frozen=True)
+class Rendering:
+    layout: Layout
+    files: dict[str, NodeFiles]  # node -> path -> file
+
+    def node_hash(self, node: str) -> str:
+        """Stable hash of what a node receives (path, mode and text of every file)."""
+        h = hashlib.sha256()
+        for path in sorted(self.files[node]):
+            f = self.files[node][path]
+            h.update(f"{path}\0{f.mode:o}\0".encode())
+            h.update(f.text.encode())
+            h.update(b"\0")
+        return h.hexdigest()[:16]
+
+
+def under(prefix: str, path: str) -> str:
+    if prefix in ("", "/"):
+        return path
+    return posixpath.join(prefix, path.lstrip("/"))
+
+
+def _env(roots: Roots) -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(roots.template_dirs()),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        autoescape=False,
+    )
+    env.filters["sh"] = lambda v: shlex.quote(str(v))
+    env.filters["shjoin"] = lambda vs: " ".join(shlex.quote(str(v)) for v in vs)
+    env.filters["systemd_quote"] = _systemd_quote
+    env.filters["systemd_path"] = _systemd_path
+    return env
+
+
+def _systemd_quote(v: object) -> str:
+    s = str(v).replace("\\", "\\\\").replace('"', '\\"').replace("$", "$$").replace("%", "%%")
+    return f'"{s}"'
+
+
+def _systemd_path(v: object) -> str:
+    """A path for a unit setting that takes no quotes (``StandardOutput=append:PATH``)."""
+    s = str(v)
+    if not s.startswith("/") or any(c.isspace() or c in "\"'\\;" or ord(c) < 32 for c in s):
+        raise RenderError(f"path {s!r} cannot be written into a systemd unit", hint="use a prefix without spaces or quotes")
+    return s.replace("%", "%%")
+
+
+def env_value_ok(v: str) -> bool:
+    return "\n" not in v and "\x00" not in v and "\r" not in v
+
+
+def engine_argv(p: Profile, r: Rank, weights: str) -> list[str]:
+    """The engine's command line for one rank (docs/engines.md)."""
+    e, m, law = p.engine, p.model, p.laws
+    n, port = r.world_size, r.http_port
+    util = f"{law.gpu_memory_utilization:g}"
+    if e.name == "ds41f":
+        argv = ["serve", "--model", weights, "--served-model-name", m.served_name, "--tp", str(n),
+                "--nnodes", str(n), "--node-rank", str(r.rank), "--master-addr", r.master_addr,
+                "--master-port", str(r.master_port), "--host", "0.0.0.0", "--port", str(port),
+                "--max-model-len", str(m.context_len_tokens), "--gpu-memory-utilization", util]
+        if law.memory_saver:
+            argv.append("--memory-saver")
+    elif e.name == "tensorfold":
+        argv = ["serve", "--weights", weights, "--name", m.served_name, "--tp", str(n), "--world", str(n),
+                "--rank", str(r.rank), "--rendezvous", f"{r.master_addr}:{r.master_port}",
+                "--listen", f"0.0.0.0:{port}", "--ctx", str(m.context_len_tokens), "--mem-fraction", util]
+    elif e.name == "vllm":
+        argv = ["serve", weights, "--served-model-name", m.served_name, "--tensor-parallel-size", str(n),
+                "--nnodes", str(n), "--node-rank", str(r.rank), "--master-addr", r.master_addr,
+                "--master-port", str(r.master_port)]
+        if r.rank > 0:
+            argv.append("--headless")
+        argv += ["--distributed-executor-backend", "mp", "--host", "0.0.0.0", "--port", str(port),
+                 "--max-model-len", str(m.context_len_tokens), "--gpu-memory-utilization", util]
+    elif e.name == "sglang":
+        argv = ["--model-path", weights, "--served-model-name", m.served_name, "--tp", str(n),
+                "--nnodes", str(n), "--node-rank", str(r.rank), "--dist-init-addr",
+                f"{r.master_addr}:{r.master_port}", "--host", "0.0.0.0", "--port", str(port),
+                "--context-length", str(m.context_len_tokens), "--mem-fraction-static", util]
+    else:  # llamacpp: llama-server, or llama-cpp-python's server (its flags differ)
+        binary = e.binary or DEFAULT_BINARY["llamacpp"]
+        if "llama_cpp.server" in binary:
+            argv = ["--model", weights, "--model_alias", m.served_name, "--host", "0.0.0.0",
+                    "--port", str(port), "--n_ctx", str(m.context_len_tokens)]
+        else:
+            argv = ["--model", weights, "--alias", m.served_name, "--host", "0.0.0.0", "--port", str(port),
+                    "--ctx-size", str(m.context_len_tokens)]
+    return argv + list(e.args)
+
+
+def _ref(res: Resolved, key: str, node: str | None) -> Ref:
+    chain = res.explain(key, node)
+    s = chain[-1].source if chain else None
+    return Ref(file=s.file if s else res.files[0], line=s.line if s else None, key=key)
+
+
+def render(
+    res: Resolved,
+    inv: Inventory,
+    roots: Roots,
+    secrets: Mapping[str, str] | None = None,
+    reveal_secrets: bool = False,
+) -> Rendering:
+    """Render every file every node of the profile receives. Pure."""
+    layout = bind(res, inv)
+    env = _env(roots)
+    secrets = secrets or {}
+    out: dict[str, NodeFiles] = {}
+    for r in layout.ranks:
+        p = res.for_node(r.node)
+        node = inv.node(r.node)
+        for k, v in p.engine.env.items():
+            if not env_value_ok(v):
+                raise ProfileError("environment values cannot contain newlines or NUL", _ref(res, f"engine.env.{k}", r.node))
+        secret_values = {}
+        for name in p.engine.secret_env:
+            if name not in secrets:
+                raise RenderError(
+                    f"secret {name} is not set in your environment", _ref(res, "engine.secret_env", r.node),
+                    hint=f"export {name}=... before running (it is never printed)",
+                )
+            if not env_value_ok(secrets[name]):
+                raise RenderError(f"secret {name} contains a newline", Ref(key=name))
+            secret_values[name] = secrets[name] if reveal_secrets else MASK
+        weights = under(node.prefix, p.model.weights_path)
+        binary = shlex.split(p.engine.binary or DEFAULT_BINARY[p.engine.name])
+        ring = layout.layout == "ring"
+        ctx = dict(
+            version=__version__, profile=res.name, profile_digest=res.digest(), p=p, r=r, node=node, inv=inv,
+            layout=layout, ring=ring, pair=layout.layout == "pair", multi=r.world_size > 1,
+            binary=binary, argv=engine_argv(p, r, weights), weights=weights,
+            weights_dir=posixpath.dirname(weights.rstrip('/')) or '/', secrets=secret_values,
+            paths=dict(
+                env=under(node.prefix, ENV_FILE), launch=under(node.prefix, LAUNCH),
+                detached=under(node.prefix, DETACHED), state=under(node.prefix, STATE_DIR),
+                log=under(node.prefix, LOG_DIR), unit=under(node.prefix, UNIT),
+            ),
+            sysfs_root=node.sysfs_root,
+            # The clock-cap unit records the lock with this boot's id (read by `sparkctl check`).
+            clock_record_sh=(
+                f"mkdir -p {shlex.quote(under(node.prefix, STATE_DIR))} && printf '%s %s\\n' "
+                f"\"$(cat /proc/sys/kernel/random/boot_id)\" {int(p.laws.clock_cap_mhz or 0)} "
+                f"> {shlex.quote(under(node.prefix, STATE_DIR) + '/clock-lock')}"
+            ),
+            links=inv.node_links(r.node), routes=inv.routes_for(r.node),
+            mtu=inv.mtu, relay=ring and bool(inv.routes_for(r.node)),
+            tokens_metric=p.serve.tokens_metric or TOKENS_METRIC[p.engine.name],
+        )
+        files: list[tuple[str, str, int, str]] = [
+            (ENV_FILE, "engine.env.j2", 0o600, "env"),
+            (LAUNCH, "launch.sh.j2", 0o755, "launch"),
+        ]
+        if p.supervisor == "systemd":
+            files.append((UNIT, "sparkctl-engine.service.j2", 0o644, "supervisor"))
+        else:
+            files.append((DETACHED, "run-detached.sh.j2", 0o755, "supervisor"))
+        if inv.node_links(r.node):
+            files.append((NETPLAN, "fabric-netplan.yaml.j2", 0o600, "fabric"))
+        if ctx["relay"]:
+            files.append((SYSCTL, "sysctl-forward.conf.j2", 0o644, "fabric"))
+        if p.laws.clock_cap_mhz is not None:
+            files.append((CLOCK_UNIT, "sparkctl-clock-cap.service.j2", 0o644, "clock"))
+        nf: NodeFiles = {}
+        for path, tmpl, mode, role in files:
+            try:
+                text = env.get_template(tmpl).render(**ctx)
+            except jinja2.TemplateNotFound as exc:
+                raise RenderError(f"template {exc.name} not found", hint=f"searched {roots.template_dirs()}") from None
+            except jinja2.UndefinedError as exc:
+                raise RenderError(f"template {tmpl}: {exc.message}", hint="a user template uses an unknown variable") from None
+            full = under(node.prefix, path)
+            nf[full] = RenderedFile(full, text, mode, role)
+        manifest = {
+            "sparkctl": __version__, "profile": res.name, "profile_digest": res.digest(),
+            "node": r.node, "rank": r.rank, "replica": r.replica,
+            "files": {k: {"sha256": f.sha256, "mode": f"{f.mode:o}"} for k, f in sorted(nf.items())},
+        }
+        mpath = under(node.prefix, MANIFEST)
+        nf[mpath] = RenderedFile(mpath, json.dumps(manifest, indent=2, sort_keys=True) + "\n", 0o644, "manifest")
+        out[r.node] = nf
+    return Rendering(layout, out)

@@ -1,0 +1,1 @@
+"""The only SSH code: fabric underneath, host keys, command wrapping, deadlines, fan-out results."""

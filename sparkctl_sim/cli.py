@@ -1,0 +1,227 @@
+"""The ``sim`` and ``demo`` command groups (SIMULATION ONLY).
+
+They register into sparkctl's CLI through the ``sparkctl.commands`` entry
+points (pyproject.toml); the product never imports this package. Without the
+``sim`` extra (gguf, numpy, llama-cpp-python) they say so instead of failing.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import click
+
+from sparkctl.cli.base import emit_json, err_console, escape, json_option, out
+from sparkctl.cli.main import main
+from sparkctl.errors import ConfigError
+from sparkctl.ops.localstate import register_inventory
+from sparkctl_sim.paths import default_inventory, sim_root
+
+# What the simulated cluster imports beyond the product (pyproject's `sim` extra).
+EXTRA_MODULES = ("gguf", "numpy")
+
+
+def _require_extra() -> None:
+    missing = [m for m in EXTRA_MODULES if importlib.util.find_spec(m) is None]
+    if missing:
+        raise ConfigError("the simulated cluster needs the sim extra: pip install 'sparkctl[sim]'",
+                          hint=f"missing module{'s' if len(missing) > 1 else ''}: {', '.join(missing)}")
+
+
+@click.group("sim")
+def sim_group() -> None:
+    """The SIMULATED cluster on this machine (namespaces, real sshd, simulated GB10 tools and engines)."""
+    _require_extra()
+
+
+def _sim_root() -> Path:
+    return sim_root()
+
+
+@sim_group.command("up")
+@click.option("--nodes", type=click.Choice(["1", "2", "4"]), default="4", show_default=True)
+@click.option("--inventory-out", type=click.Path(dir_okay=False), help="where to write the inventory")
+@click.option("--rootless", is_flag=True, help="degraded mode without namespaces (automatic when not root)")
+def sim_up_cmd(nodes: str, inventory_out: str | None, rootless: bool) -> None:
+    """Build (or converge) the simulated cluster and write its inventory."""
+    from sparkctl.model.inventory import loads_inventory
+    from sparkctl_sim import cluster
+    from sparkctl_sim.tinymodel import ensure_tiny_model
+    from sparkctl_sim.topology import sim_inventory_text, spec_from_inventory
+
+    root = _sim_root()
+    rootless = rootless or os.geteuid() != 0
+    root.mkdir(parents=True, exist_ok=True)
+    inv_path = Path(inventory_out) if inventory_out else root / "inventory.yaml"
+    text = sim_inventory_text(int(nodes), root, rootless)
+    inv = loads_inventory(text, str(inv_path))
+    spec = spec_from_inventory(inv, rootless)
+    status = cluster.up(spec, root, progress=lambda m: err_console().print(f"[dim]{escape(m)}[/]"))
+    model = ensure_tiny_model(root / "models")
+    for n in inv.nodes:  # the tiny real engine's weights, on every node's own disk
+        dest = root / "nodes" / n.name / "fs" / "srv" / "models" / model.name
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        if not dest.exists():
+            import shutil
+
+            shutil.copyfile(model, dest)
+    inv_path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = inv_path.with_name(f".{inv_path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, inv_path)
+    if not inventory_out:
+        register_inventory(inv_path)  # commands without -i find the simulated ring
+    out.print(f"simulated {inv.topology} of {len(inv.nodes)} nodes is up ({status.mode} mode); inventory: {inv_path}")
+    for lim in status.limitations:
+        out.print(f"  not simulated: {escape(lim)}")
+    out.print(f"try: sparkctl -i {inv_path} check ds41f-tp4-ring" if int(nodes) == 4 else f"try: sparkctl -i {inv_path} inventory")
+
+
+@sim_group.command("down")
+def sim_down_cmd() -> None:
+    """Remove every trace of the simulated cluster (also after a crash)."""
+    from sparkctl_sim import cluster
+
+    cluster.down(_sim_root())
+    register_inventory(None)
+    out.print("simulated cluster removed")
+
+
+@sim_group.command("status")
+@json_option
+def sim_status_cmd(as_json: bool) -> None:
+    """Namespaces, sshd, reachability, boot ids and links of the simulated nodes."""
+    from sparkctl_sim import cluster
+
+    st = cluster.status(_sim_root())
+    if as_json:
+        emit_json(asdict(st))
+        return
+    out.print(f"simulated cluster: {st.mode} ({st.root})")
+    for n in st.nodes:
+        links = " ".join(f"{lk.ifname}:{'up' if lk.oper_up else 'DOWN'}/{lk.mtu}{'/stale' if lk.stale else ''}"
+                         for lk in n.links)
+        out.print(f"  {n.name:<8} {n.mgmt_ip}:{n.ssh_port} sshd {'up' if n.sshd_alive else 'DOWN'} "
+                  f"ssh {'ok' if n.ssh_reachable else 'NO'} boot {str(n.boot_id)[:8]}  {links}", markup=False)
+
+
+@sim_group.command("set")
+@click.argument("node")
+@click.argument("assignments", nargs=-1, required=True)
+def sim_set_cmd(node: str, assignments: tuple[str, ...]) -> None:
+    """Change a simulated node's hardware state: KEY=VALUE (e.g. kernel_release=6.17.0-1031-nvidia)."""
+    from sparkctl_sim import cluster
+
+    for a in assignments:
+        if "=" not in a:
+            raise ConfigError(f"{a!r} is not KEY=VALUE", hint="e.g. page_size=65536 or held_packages=[]")
+        key, _, value = a.partition("=")
+        new = cluster.set_state(_sim_root(), node, key, value)
+        out.print(f"{node}: {key} = {json.dumps(new)}", markup=False)
+
+
+FAULTS = ("kill-engine", "link-down", "link-up", "stale-link", "mtu", "sshd-stop", "sshd-start",
+          "unreachable", "reachable", "wedge", "unwedge", "leak-on-death", "disk-full", "disk-ok")
+
+
+@sim_group.command("fault")
+@click.argument("node")
+@click.argument("kind", type=click.Choice(FAULTS))
+@click.option("--iface", default="enp1s0f0np0", show_default=True, help="the twin netdev for link faults")
+@click.option("--mtu", "mtu_bytes", type=int, default=1500, show_default=True, help="for kind mtu")
+@click.option("--path", "disk_path", default="/var/lib/sparkctl", show_default=True,
+              help="for kind disk-full: the node's directory whose disk fills (where the record lives)")
+def sim_fault_cmd(node: str, kind: str, iface: str, mtu_bytes: int, disk_path: str) -> None:
+    """Inject a fault into a simulated node."""
+    from sparkctl_sim import cluster
+
+    root = _sim_root()
+    actions = {
+        "kill-engine": lambda: cluster.kill_engines(root, node),
+        "link-down": lambda: cluster.link_down(root, node, iface),
+        "link-up": lambda: cluster.link_up(root, node, iface),
+        "stale-link": lambda: cluster.stale_link(root, node, iface),
+        "mtu": lambda: cluster.set_mtu(root, node, iface, mtu_bytes),
+        "sshd-stop": lambda: cluster.stop_sshd(root, node),
+        "sshd-start": lambda: cluster.start_sshd(root, node),
+        "unreachable": lambda: cluster.unreachable(root, node),
+        "reachable": lambda: cluster.reachable(root, node),
+        "wedge": lambda: cluster.set_state(root, node, "faults.wedged", "true"),
+        "unwedge": lambda: cluster.set_state(root, node, "faults.wedged", "false"),
+        "leak-on-death": lambda: cluster.set_state(root, node, "faults.leak_on_death", "true", allow_new=True),
+        "disk-full": lambda: cluster.disk_full(root, node, disk_path),
+        "disk-ok": lambda: cluster.disk_ok(root, node),
+    }
+    result = actions[kind]()
+    out.print(f"{node}: {kind} done" + (f" ({result})" if result not in (None, []) else ""), markup=False)
+
+
+@sim_group.command("reboot")
+@click.argument("nodes", nargs=-1, required=True)
+def sim_reboot_cmd(nodes: tuple[str, ...]) -> None:
+    """Warm-reboot simulated nodes (new boot id, clock lock lost; stale links stay stale)."""
+    from sparkctl_sim import cluster
+
+    for n in nodes:
+        cluster.warm_reboot(_sim_root(), n)
+        out.print(f"{n}: rebooted (warm)")
+
+
+@sim_group.command("power-cycle")
+@click.argument("nodes", nargs=-1, required=True)
+def sim_power_cycle_cmd(nodes: tuple[str, ...]) -> None:
+    """AC power-cycle simulated nodes (clears a stale link once both of its ends are cycled)."""
+    from sparkctl_sim import cluster
+
+    cluster.power_cycle(_sim_root(), list(nodes))
+    out.print(f"power-cycled: {', '.join(nodes)}")
+
+
+
+
+@click.command("demo")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
+              help="where the runs and the report go (default ./runs/demo-<time>)")
+@click.option("--keep", is_flag=True, help="leave the simulated cluster up at the end")
+def demo_cmd(out_dir: str | None, keep: bool) -> None:
+    """The whole tour on the SIMULATED 4-node ring: sim up, check, up ds41f, bench, switch TensorFold, bench, report, down."""
+    _require_extra()
+    
+    base = Path(out_dir) if out_dir else Path("runs") / f"demo-{time.strftime('%Y%m%d-%H%M%S')}"
+    inv = str(default_inventory())
+    waive = ["--waive", "page_size", "--reason", "stock 4 KiB kernel, as in the field report"]
+    bench = ["--suite", "prefill", "--suite", "decode", "--suite", "concurrency", "--lengths", "8K,32K",
+             "--concurrency", "1,4,16", "--decode-tokens", "64", "--force"]
+    steps: list[tuple[str, list[str], bool]] = [
+        ("build the simulated ring (namespaces, real sshd, simulated GB10 tools)", ["sim", "up", "--nodes", "4"], False),
+        ("the inventory: ring order, fabric addresses, routes", ["-i", inv, "inventory"], False),
+        ("check every law; apply the clock cap; waive the 64 KiB page size like the field report",
+         ["-i", inv, "check", "ds41f-tp4-ring", "--fix", *waive], False),
+        ("up ds41f TP4 over the ring", ["-i", inv, "up", "ds41f-tp4-ring", *waive], False),
+        ("status", ["-i", inv, "status"], False),
+        ("bench ds41f", ["-i", inv, "bench", "ds41f-tp4-ring", *bench, "--out", str(base / "ds41f")], False),
+        ("switch to TensorFold", ["-i", inv, "switch", "tensorfold-tp4-ring"], False),
+        ("bench TensorFold", ["-i", inv, "bench", "tensorfold-tp4-ring", *bench, "--out", str(base / "tensorfold")],
+         False),
+        ("report: the two stacks beside the published figures, with plots",
+         ["bench", "report", str(base / "ds41f"), str(base / "tensorfold"), "--out", str(base / "report"), "--html"],
+         False),
+        ("down", ["-i", inv, "down"], True),
+    ]
+    if not keep:
+        steps.append(("remove the simulated cluster", ["sim", "down"], True))
+    for i, (title, args, always) in enumerate(steps, 1):
+        out.print(f"\n[bold]== {i}/{len(steps)} {escape(title)}[/]  [dim]sparkctl {escape(' '.join(args))}[/]")
+        code = main(args)
+        if code != 0:
+            out.print(f"[bold red]step failed (exit {code})[/]; cleaning up")
+            main(["-i", inv, "down"])
+            if not keep:
+                main(["sim", "down"])
+            raise SystemExit(code)
+    out.print(f"\n[green]demo complete[/]: report in {base / 'report'}/report.md (and report.html, PNG plots)")

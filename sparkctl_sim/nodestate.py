@@ -1,0 +1,185 @@
+"""One simulated node's hardware state: a JSON file per node.
+
+This is the single source of truth that the GB10 tool shims read (and, for
+``nvidia-smi -lgc``, write), that the simulated engines read (clock lock, stale
+links, wedge faults) and write (memory they hold), and that ``sparkctl sim set``
+and ``sparkctl sim fault`` change. Writes are atomic (temp file + rename) under
+an exclusive ``flock`` on a sibling lock file, so concurrent shims and engines
+never see a torn file.
+
+SIMULATION ONLY: real nodes have no such file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import fcntl
+import json
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+# Real GB10 boxes report MemTotal around 127.6 million kB (spark-facts.md §5.4).
+MEM_TOTAL_KIB = 127_600_816
+# An idle Spark with its page cache dropped: ~118 GiB available of ~121.7 GiB
+# (spark-facts.md §5.4 shows 115,669,068 kB on a head with some cache in use).
+IDLE_MEM_AVAILABLE_KIB = 123_500_000
+
+TWIN_NETDEVS = ("enp1s0f0np0", "enP2p1s0f0np0", "enp1s0f1np1", "enP2p1s0f1np1")
+
+
+def default_state(hostname: str) -> dict[str, Any]:
+    """The state of a healthy, freshly power-cycled simulated Spark."""
+    return {
+        "hostname": hostname,
+        "kernel_release": "6.17.0-1029-nvidia",  # the field report's known-good pin
+        "page_size": 4096,  # stock DGX OS kernel flavour is 4 KiB
+        "held_packages": [
+            "linux-headers-nvidia-hwe-24.04",
+            "linux-image-nvidia-hwe-24.04",
+            "linux-modules-nvidia-580-open-nvidia-hwe-24.04",
+            "linux-modules-nvidia-fs-nvidia-hwe-24.04",
+            "linux-nvidia-hwe-24.04",
+            "linux-tools-nvidia-hwe-24.04",
+        ],
+        "boot_id": str(uuid.uuid4()),
+        "boot_time": None,  # epoch seconds; filled by sim up / power cycle
+        "mem_total_kib": MEM_TOTAL_KIB,
+        "mem_idle_available_kib": IDLE_MEM_AVAILABLE_KIB,
+        # GiB held by running engines, keyed by pid (str); removed on clean exit.
+        "engine_mem_gib": {},
+        # GiB held after an engine died (the leak law); cleared only by a reboot.
+        "leaked_mem_gib": 0.0,
+        "gpu": {
+            "name": "NVIDIA GB10",
+            "driver": "580.173.02",
+            "cuda": "13.0",
+            "compute_cap": "12.1",
+            "bus_id": "0000000F:01:00.0",
+            "max_sm_mhz": 3003,
+            "default_app_mhz": 2418,
+            "clock_lock_mhz": None,  # [min, max] after nvidia-smi -lgc; lost on reboot
+            "temp_c": 43,
+        },
+        # Per twin netdev: speed as ethtool reports it, and whether the link is in
+        # the stale post-cable-change state (nominal speed, a fraction of the
+        # bandwidth). Admin up/down and MTU are the REAL veth state in the node's
+        # namespace, not stored here.
+        "links": {
+            name: {"speed_mbps": 200000, "stale": False, "cabled": False} for name in TWIN_NETDEVS
+        },
+        "pcie": {"gen_gts": 32, "width": 4},  # healthy Gen5 x4 per CX7 function
+        "faults": {"wedged": False, "unreachable": False, "sshd_stopped": False},
+    }
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    lock = path.with_suffix(path.suffix + ".lock")
+    with open(lock, "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def load(path: str | os.PathLike[str]) -> dict[str, Any]:
+    p = Path(path)
+    with _locked(p):
+        return json.loads(p.read_text())
+
+
+def _atomic_text(p: Path, text: str) -> None:
+    tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, p)
+
+
+def _write(p: Path, state: dict[str, Any]) -> None:
+    """Write the state and the files derived from it (the node's /proc views).
+
+    ``meminfo`` and ``boot_id`` beside the state file are what the simulated
+    node sees as /proc/meminfo and /proc/sys/kernel/random/boot_id (bind-mounted
+    in its mount namespace), so they are refreshed on every write.
+    """
+    from sparkctl_sim.shims import (  # late: shims imports this module
+        render_boot_id,
+        render_meminfo,
+    )
+
+    derived = (("meminfo", render_meminfo(state)), ("boot_id", render_boot_id(state)))
+    _atomic_text(p, json.dumps(state, indent=2, sort_keys=True) + "\n")
+    # Write in place (not rename): a bind mount pins the inode it was mounted on.
+    for name, text in derived:
+        with open(p.with_name(name), "w") as fh:
+            fh.write(text)
+
+
+def create(path: str | os.PathLike[str], state: dict[str, Any]) -> None:
+    """Write a new state file (and its derived /proc views)."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    with _locked(p):
+        _write(p, state)
+
+
+def save(path: str | os.PathLike[str], state: dict[str, Any]) -> None:
+    p = Path(path)
+    with _locked(p):
+        _write(p, state)
+
+
+@contextlib.contextmanager
+def edit(path: str | os.PathLike[str], *, rewrite: bool = False) -> Iterator[dict[str, Any]]:
+    """Read-modify-write under the lock: ``with edit(p) as s: s["x"] = 1``.
+
+    ``rewrite`` writes even when nothing changed, which also re-renders the
+    derived /proc views (a writer killed between the two writes leaves them stale).
+    """
+    p = Path(path)
+    with _locked(p):
+        state = json.loads(p.read_text())
+        before = copy.deepcopy(state)
+        yield state
+        if rewrite or state != before:
+            _write(p, state)
+
+
+def mem_available_kib(state: dict[str, Any]) -> int:
+    held_gib = sum(state["engine_mem_gib"].values()) + state["leaked_mem_gib"]
+    return max(0, int(state["mem_idle_available_kib"] - held_gib * 1024 * 1024))
+
+
+
+# The field report: 6.17.0-1031-nvidia "leaks ~80 GiB on engine death"; 1029 does not.
+LEAKY_KERNELS = ("6.17.0-1031-nvidia",)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().split(") ", 1)[1][:1] not in ("Z", "X")  # a zombie holds no memory
+    except (OSError, IndexError):
+        return False
+
+
+def settle(state: dict[str, Any]) -> None:
+    """Engines that died without giving their memory back: leaked on a leaky kernel
+    (or with the ``leak_on_death`` fault), given back otherwise."""
+    leaky = state.get("kernel_release") in LEAKY_KERNELS or bool(state.get("faults", {}).get("leak_on_death"))
+    for pid, gib in list(state.get("engine_mem_gib", {}).items()):
+        if not (str(pid).isdigit() and _pid_alive(int(pid))):
+            if leaky:
+                state["leaked_mem_gib"] = float(state.get("leaked_mem_gib", 0.0)) + float(gib)
+            del state["engine_mem_gib"][pid]
+
+
+def settle_file(path: str | os.PathLike[str] | None) -> None:
+    """``settle`` the node's state file, if there is one (called by the shims that stop things)."""
+    if path and Path(path).is_file():
+        with edit(path, rewrite=True) as state:
+            settle(state)

@@ -1,0 +1,55 @@
+"""What the simulated cluster must build: plain data, derived from an inventory.
+
+``sparkctl_sim.cluster`` consumes a :class:`ClusterSpec`; the adapter from a
+real :class:`sparkctl.model.inventory.Inventory` lives in ``sparkctl_sim.plan`` so the
+namespace machinery never depends on the inventory model.
+
+SIMULATION ONLY.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class SimLink:
+    """One twin of one cable: a veth pair between two nodes' netdevs."""
+
+    a_node: str
+    a_ifname: str  # e.g. enp1s0f0np0
+    a_cidr: str  # e.g. 10.20.0.1/24
+    b_node: str
+    b_ifname: str  # e.g. enp1s0f1np1
+    b_cidr: str
+    mtu: int = 9000
+
+
+@dataclass(frozen=True)
+class SimRoute:
+    """A static route on one node: reach ``dst_cidr`` via ``via`` out of ``dev``."""
+
+    node: str
+    dst_cidr: str
+    via: str
+    dev: str
+
+
+@dataclass(frozen=True)
+class SimNode:
+    name: str  # inventory name and hostname (UTS namespace)
+    mgmt_ip: str  # address on the host bridge (root mode) or a 127/8 address (no-root mode)
+    ssh_port: int
+    kernel_release: str = "6.17.0-1029-nvidia"
+    ip_forward: bool = False  # ring nodes relay for their non-neighbours
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    nodes: tuple[SimNode, ...]
+    links: tuple[SimLink, ...]
+    routes: tuple[SimRoute, ...] = ()
+    mgmt_cidr: str = "10.201.0.1/24"  # the host (operator) side of the management bridge
+    bridge: str = "sparkbr0"
+    rootless: bool = False
+    extra: dict[str, str] = field(default_factory=dict)
