@@ -16,6 +16,7 @@ from typing import Any
 
 from sparkctl.model.inventory import Inventory, Link
 from sparkctl.model.schema import Profile
+from sparkctl.plan import clocklock
 
 OK, WARN, FAIL, WAIVED, SKIP = "ok", "warn", "fail", "waived", "skip"
 
@@ -280,17 +281,8 @@ def remedy_clock(ctx: Context, verdicts: list[Verdict]) -> Remedy | None:
 
 
 def clock_lock_commands(cap: int, prefix: str = "/", proc_root: str = "/proc") -> tuple[str, ...]:
-    """Lock the clock, then record (boot id, cap) atomically: the driver does not report the lock."""
-    import shlex
-
-    rec = (prefix.rstrip("/") or "") + "/var/lib/sparkctl/clock-lock"
-    boot = (proc_root.rstrip("/") or "") + "/sys/kernel/random/boot_id"
-    q = shlex.quote
-    return (
-        f"nvidia-smi -lgc 0,{int(cap)}",
-        f"mkdir -p {q(rec.rsplit('/', 1)[0])} && printf '%s %s\\n' \"$(cat {q(boot)})\" {int(cap)} > {q(rec + '.tmp')}"
-        f" && mv {q(rec + '.tmp')} {q(rec)}",
-    )
+    """The remedy of the clock law: :func:`sparkctl.plan.clocklock.lock_commands`."""
+    return clocklock.lock_commands(cap, prefix, proc_root)
 
 
 # --------------------------------------------------------------------------- fabric

@@ -31,20 +31,24 @@ from sparkctl.model.layout import Layout, Rank, bind
 from sparkctl.model.profiles import Resolved
 from sparkctl.model.resources import Roots
 from sparkctl.model.schema import Profile
+from sparkctl.plan import clocklock
 
 MASK = "***"
 
-# Where each file lands on a node (under the node's prefix, normally "/").
-ENV_FILE = "/etc/sparkctl/engine.env"
-LAUNCH = "/opt/sparkctl/launch.sh"
-DETACHED = "/opt/sparkctl/run-detached.sh"
-UNIT = "/etc/systemd/system/sparkctl-engine.service"
-CLOCK_UNIT = "/etc/systemd/system/sparkctl-clock-cap.service"
-NETPLAN = "/etc/netplan/60-sparkctl-fabric.yaml"
-SYSCTL = "/etc/sysctl.d/60-sparkctl-forward.conf"
-MANIFEST = "/etc/sparkctl/manifest.json"
-STATE_DIR = "/var/lib/sparkctl"
-LOG_DIR = "/var/log/sparkctl"
+# Where each file lands on a node (under the node's prefix, normally "/"): sparkctl.model.paths.
+from sparkctl.model.paths import (  # noqa: E402
+    CLOCK_UNIT,
+    DETACHED,
+    ENV_FILE,
+    LAUNCH,
+    LOG_DIR,
+    MANIFEST,
+    NETPLAN,
+    STATE_DIR,
+    SYSCTL,
+    UNIT,
+    under,
+)
 
 DEFAULT_BINARY = {
     "ds41f": "ds41f",
@@ -91,12 +95,6 @@ class Rendering:
             h.update(f.text.encode())
             h.update(b"\0")
         return h.hexdigest()[:16]
-
-
-def under(prefix: str, path: str) -> str:
-    if prefix in ("", "/"):
-        return path
-    return posixpath.join(prefix, path.lstrip("/"))
 
 
 def _env(roots: Roots) -> jinja2.Environment:
@@ -221,11 +219,7 @@ def render(
             ),
             sysfs_root=node.sysfs_root,
             # The clock-cap unit records the lock with this boot's id (read by `sparkctl check`).
-            clock_record_sh=(
-                f"mkdir -p {shlex.quote(under(node.prefix, STATE_DIR))} && printf '%s %s\\n' "
-                f"\"$(cat /proc/sys/kernel/random/boot_id)\" {int(p.laws.clock_cap_mhz or 0)} "
-                f"> {shlex.quote(under(node.prefix, STATE_DIR) + '/clock-lock')}"
-            ),
+            clock_record_sh=clocklock.unit_record_command(int(p.laws.clock_cap_mhz or 0), node.prefix),
             links=inv.node_links(r.node), routes=inv.routes_for(r.node),
             mtu=inv.mtu, relay=ring and bool(inv.routes_for(r.node)),
             tokens_metric=p.serve.tokens_metric or TOKENS_METRIC[p.engine.name],

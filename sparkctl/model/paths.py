@@ -1,0 +1,54 @@
+"""Every path sparkctl keeps on a node, in one place. Pure.
+
+Paths are written as on a real DGX Spark; a node's ``prefix`` (the inventory's
+``prefix:``, ``/`` on real boxes, a per-node directory on the simulated
+cluster) is put in front by :func:`under`. Nothing else in the product spells
+``/var/lib/sparkctl`` or ``/var/log/sparkctl``.
+"""
+
+from __future__ import annotations
+
+import posixpath
+
+STATE_DIR = "/var/lib/sparkctl"  # systemd's StateDirectory=sparkctl
+LOG_DIR = "/var/log/sparkctl"  # systemd's LogsDirectory=sparkctl
+ETC_DIR = "/etc/sparkctl"
+OPT_DIR = "/opt/sparkctl"
+UNIT_DIR = "/etc/systemd/system"
+
+# rendered per node
+ENV_FILE = f"{ETC_DIR}/engine.env"
+MANIFEST = f"{ETC_DIR}/manifest.json"
+LAUNCH = f"{OPT_DIR}/launch.sh"
+DETACHED = f"{OPT_DIR}/run-detached.sh"
+UNIT = f"{UNIT_DIR}/sparkctl-engine.service"
+CLOCK_UNIT = f"{UNIT_DIR}/sparkctl-clock-cap.service"
+NETPLAN = "/etc/netplan/60-sparkctl-fabric.yaml"
+SYSCTL = "/etc/sysctl.d/60-sparkctl-forward.conf"
+
+# state
+RECORD = f"{STATE_DIR}/record.json"
+LOCK_DIR = f"{STATE_DIR}/lock.d"
+CLOCK_LOCK = f"{STATE_DIR}/clock-lock"  # "<boot id> <MHz>": see sparkctl.plan.clocklock
+ENGINE_LOG = f"{LOG_DIR}/engine.log"
+
+# the supervised switch (runs on the head)
+SUPERVISOR_PLAN = f"{STATE_DIR}/supervisor-plan.json"
+SUPERVISOR_RUNNER = f"{OPT_DIR}/planrun.py"
+SUPERVISOR_EVENTS = f"{STATE_DIR}/supervisor.jsonl"
+SUPERVISOR_PID = f"{STATE_DIR}/supervisor.pid"
+SUPERVISOR_LOG = f"{LOG_DIR}/supervisor.log"
+SUPERVISOR_KEY = f"{STATE_DIR}/id_supervisor"
+SUPERVISOR_KNOWN_HOSTS = f"{STATE_DIR}/known_hosts"
+NODE_AUTHORIZED_KEYS = f"{ETC_DIR}/authorized_keys"
+
+# weights
+WEIGHTS_AGENT = f"{OPT_DIR}/weights_agent.py"
+WEIGHTS_JOBS = f"{OPT_DIR}/weights"
+
+
+def under(prefix: str, path: str) -> str:
+    """``path`` inside a node's filesystem prefix (``/`` on real nodes)."""
+    if prefix in ("", "/"):
+        return path
+    return posixpath.join(prefix, path.lstrip("/"))
