@@ -7,6 +7,8 @@ SYSFS=/sys
 
 # The env file's values are quoted for sh: sourcing it sets them and runs nothing.
 set -a
+# The env file is rendered beside this script (a per-node path shellcheck cannot follow).
+# shellcheck source=/dev/null
 . "$ENV_FILE"
 set +a
 

@@ -3,10 +3,11 @@
 # replica 0, rank 0 of 1. `sparkctl up` rewrites this file.
 set -eu
 ENV_FILE=/etc/sparkctl/engine.env
-SYSFS=/sys
 
 # The env file's values are quoted for sh: sourcing it sets them and runs nothing.
 set -a
+# The env file is rendered beside this script (a per-node path shellcheck cannot follow).
+# shellcheck source=/dev/null
 . "$ENV_FILE"
 set +a
 
