@@ -186,8 +186,14 @@ def annotation_kind(ann: ast.AST, aliases: dict[str, ast.AST], depth: int = 0) -
     return {"?"}, None
 
 
-def _flag(takes_value: bool, choices: list[str] | None, canonical: str, negatable: bool = False) -> dict[str, Any]:
-    return {"takes_value": takes_value, "choices": choices, "canonical": canonical, "negatable": negatable}
+def _flag(takes_value: bool, choices: list[str] | None, canonical: str, negatable: bool = False,
+          nargs: str | None = None) -> dict[str, Any]:
+    """One option string: whether it takes a value, its choices, its canonical name, and
+    argparse's nargs when it takes several values ("+", "*", "?")."""
+    rec: dict[str, Any] = {"takes_value": takes_value, "choices": choices, "canonical": canonical, "negatable": negatable}
+    if nargs:
+        rec["nargs"] = nargs
+    return rec
 
 
 def argparse_flags(tree: ast.Module, kwargs_of: Callable[[ast.Call], dict[str, Any] | None],
@@ -217,9 +223,12 @@ def argparse_flags(tree: ast.Module, kwargs_of: Callable[[ast.Call], dict[str, A
             takes_value = False
         if "choices" in kw:
             choices = _const_strs(kw["choices"], lists)
+        nargs = base.get("nargs")
+        if "nargs" in kw and isinstance(kw["nargs"], ast.Constant) and kw["nargs"].value in ("+", "*", "?"):
+            nargs = kw["nargs"].value
         canonical = next((o for o in opts if o.startswith("--")), opts[0])
         for o in opts:
-            flags[o] = _flag(takes_value, choices, canonical, negatable)
+            flags[o] = _flag(takes_value, choices, canonical, negatable, nargs if takes_value else None)
         if negatable:
             for o in opts:
                 if o.startswith("--"):
@@ -298,6 +307,8 @@ def vllm_contract(work: Path) -> dict[str, Any]:
             # literal_to_kwargs: sorted choices; an Optional literal also accepts "None".
             ch = sorted(set(choices)) + (["None"] if "None" in kinds else [])
             return {"takes_value": True, "choices": ch}
+        if kinds & {"list", "set", "List", "Set"}:  # collection_to_kwargs: nargs="+"
+            return {"takes_value": True, "nargs": "+"}
         return {"takes_value": True}
 
     def kwargs_of(call: ast.Call) -> dict[str, Any] | None:
@@ -316,7 +327,7 @@ def vllm_contract(work: Path) -> dict[str, Any]:
     for name in fields.get("FrontendArgs", {}):
         rec = from_field("FrontendArgs", name) or {"takes_value": True}
         opt = "--" + name.replace("_", "-")
-        flags[opt] = _flag(rec["takes_value"], rec.get("choices"), opt, rec.get("negatable", False))
+        flags[opt] = _flag(rec["takes_value"], rec.get("choices"), opt, rec.get("negatable", False), rec.get("nargs"))
         if rec.get("negatable"):
             flags["--no-" + opt[2:]] = _flag(False, None, opt)
     api_tree = ast.parse(ar.text("vllm/entrypoints/openai/api_server.py"))
@@ -327,7 +338,7 @@ def vllm_contract(work: Path) -> dict[str, Any]:
     chat = ar.text("vllm/entrypoints/openai/serving_chat.py")
     ar.text("vllm/entrypoints/utils.py")  # should_include_usage: the rule below
     return {
-        "engine": "vllm", "version": "0.11.2", "program": "vllm serve",
+        "engine": "vllm", "version": "0.11.2", "program": "vllm serve", "subcommand": "serve",
         "parser": {"kind": "argparse", "abbrev": False, "underscores_as_dashes": True,
                    "error_format": "vllm serve: error: argument {flag}: invalid choice: {value!r} (choose from {choices})",
                    "note": "FlexibleArgumentParser (vllm/utils/argparse_utils.py) turns --a_b into --a-b and allow_abbrev=False"},
@@ -453,10 +464,12 @@ def llamacpp_contracts(work: Path) -> list[dict[str, Any]]:
     ar.text("llama_cpp/server/cli.py")
     fields: dict[str, dict[str, Any]] = {}
     for cls in ("ModelSettings", "ServerSettings"):
-        for name in class_fields([settings]).get(cls, {}):
-            # cli.add_args_from_model: every field is `--<name>` (underscores kept) taking a value;
-            # bools are parsed by _parse_bool_arg from "True"/"False".
-            fields["--" + name] = _flag(True, None, "--" + name)
+        for name, ann in class_fields([settings]).get(cls, {}).items():
+            # cli.add_args_from_model: every field is `--<name>` (underscores kept) taking a value
+            # (nargs="*" for lists); bools are parsed by _parse_bool_arg from "True"/"False".
+            kinds, _ = annotation_kind(ann, {})
+            nargs = "*" if kinds & {"List", "list"} else None
+            fields["--" + name] = _flag(True, None, "--" + name, nargs=nargs)
     app = ast.parse(ar.text("llama_cpp/server/app.py"))
     app_routes: set[str] = set()
     for node in ast.walk(app):
