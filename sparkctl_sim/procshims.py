@@ -50,6 +50,13 @@ systemctl
     shimmed tools (``nvidia-smi``, ``docker``, ``systemctl`` and the names in
     ``$SPARKCTL_SIM_SHIMMED_TOOLS``) are resolved on ``PATH`` instead, so
     ``ExecStart=/usr/bin/nvidia-smi -lgc 0,2000`` reaches the node's shim.
+  - ``StandardOutput=append:|file:|truncate:PATH`` into a directory that does not
+    exist fails the command with status 209/STDOUT (210/STDERR), checked BEFORE
+    ``LogsDirectory=``/``StateDirectory=``/``RuntimeDirectory=``/``CacheDirectory=``/
+    ``ConfigurationDirectory=`` are created, in systemd's own order (see
+    :func:`_open_output`). Those directories are created under the node's root
+    (``$SPARKCTL_SIM_PREFIX``, ``/`` on a namespaced node), as systemd creates
+    ``/var/log/NAME`` etc.
   - ``TimeoutStopSec`` is capped at 10 s; ``User=``/``Group=`` are recorded
     and ignored; ``Restart=on-failure|always`` restarts with ``RestartSec``
     (default 100 ms) up to 5 times in 10 s.
@@ -88,6 +95,7 @@ UNIT_DIR_ENV = "SPARKCTL_SIM_UNIT_DIR"
 IMAGES_ENV = "SPARKCTL_SIM_DOCKER_IMAGES"
 SHIMMED_TOOLS_ENV = "SPARKCTL_SIM_SHIMMED_TOOLS"
 SERVICE_PASSENV_ENV = "SPARKCTL_SIM_SERVICE_PASSENV"
+PREFIX_ENV = "SPARKCTL_SIM_PREFIX"  # the node's root: "/" when namespaced, a directory rootless
 
 DEFAULT_SHIMMED_TOOLS = ("nvidia-smi", "docker", "systemctl")
 DEFAULT_SERVICE_PASSENV = (
@@ -98,6 +106,17 @@ STOP_TIMEOUT_CAP_S = 10.0
 DOCKER_STOP_DEFAULT_S = 10.0  # `docker stop` default grace period
 START_LIMIT_BURST = 5  # systemd's DefaultStartLimitBurst
 START_LIMIT_INTERVAL_S = 10.0  # systemd's DefaultStartLimitIntervalSec
+# The exit statuses systemd's forked child reports when it fails before the exec
+# (src/basic/exit-status.h: EXIT_CHDIR = 200, EXIT_EXEC = 203, EXIT_STDOUT = 209,
+# EXIT_STDERR = 210; names from exit_status_mappings in src/basic/exit-status.c).
+EXIT_CHDIR, EXIT_EXEC, EXIT_STDOUT, EXIT_STDERR = 200, 203, 209, 210
+EXIT_STATUS_NAMES = {EXIT_CHDIR: "CHDIR", EXIT_EXEC: "EXEC", EXIT_STDOUT: "STDOUT",
+                     EXIT_STDERR: "STDERR"}
+# systemd.exec(5), "RuntimeDirectory=, StateDirectory=, CacheDirectory=, LogsDirectory=,
+# ConfigurationDirectory=": relative names under these roots (system units).
+EXEC_DIRECTORY_ROOTS = {"RuntimeDirectory": "/run", "StateDirectory": "/var/lib",
+                        "CacheDirectory": "/var/cache", "LogsDirectory": "/var/log",
+                        "ConfigurationDirectory": "/etc"}
 
 
 class ShimError(Exception):
@@ -1300,6 +1319,7 @@ class Unit:
     standard_error: str = "inherit"
     remain_after_exit: bool = False
     limit_memlock: str | None = None
+    exec_directories: list[tuple[str, str]] = field(default_factory=list)  # (setting, name)
     wanted_by: list[str] = field(default_factory=list)
     required_by: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
@@ -1431,6 +1451,18 @@ def _apply_setting(unit: Unit, section: str, key: str, value: str) -> None:  # n
         unit.remain_after_exit = value.lower() in ("yes", "true", "1", "on")
     elif section == "Service" and key == "LimitMEMLOCK":
         unit.limit_memlock = value
+    elif section == "Service" and key in EXEC_DIRECTORY_ROOTS:
+        if value == "":
+            unit.exec_directories = [d for d in unit.exec_directories if d[0] != key]
+            return
+        for name in split_systemd_words(_specifiers(value, unit.name)):
+            name = name.partition(":")[0]  # NAME:SYMLINK; the symlink part is not simulated
+            # systemd refuses absolute names and ".." (src/core/load-fragment.c,
+            # config_parse_exec_directories: "... is not valid, ignoring").
+            parts = name.split("/")
+            if name.startswith("/") or any(x in ("", ".", "..") for x in parts):
+                raise ValueError(f"{key}= path is not valid: {name}")
+            unit.exec_directories.append((key, name))
     elif section == "Install" and key == "WantedBy":
         unit.wanted_by.extend(value.split())
     elif section == "Install" and key == "RequiredBy":
@@ -1530,7 +1562,27 @@ class Units:
         return parse_unit(name, str(disk), text)
 
 
+class OutputSetupError(OSError):
+    """systemd's child could not open StandardOutput=/StandardError= (209/STDOUT, 210/STDERR)."""
+
+    def __init__(self, stream: str, status: int, exc: OSError) -> None:
+        super().__init__(exc.errno, exc.strerror)
+        self.stream = stream
+        self.status = status
+
+
 def _open_output(spec: str, journal: Path) -> Any:
+    """Open one standard stream the way systemd's child does (setup_output).
+
+    systemd opens ``append:``/``file:``/``truncate:`` targets with O_CREAT and
+    never creates their directory (systemd.exec(5), StandardOutput=); and it
+    does so BEFORE it creates LogsDirectory= and the other exec directories:
+    src/core/execute.c exec_child() calls setup_output() (``*exit_status =
+    EXIT_STDOUT``) well before setup_exec_directory() (systemd issue #27591,
+    open; src/core/exec-invoke.c in v255+ keeps the order). So
+    ``StandardOutput=append:/var/log/sparkctl/engine.log`` with
+    ``LogsDirectory=sparkctl`` fails the first start on a fresh node: 209/STDOUT.
+    """
     kind, _, target = spec.partition(":")
     if kind == "null":
         return open(os.devnull, "ab", buffering=0)
@@ -1542,6 +1594,24 @@ def _open_output(spec: str, journal: Path) -> Any:
         fd = os.open(target, os.O_WRONLY | os.O_CREAT, 0o644)
         return os.fdopen(fd, "wb", buffering=0)
     return open(journal, "ab", buffering=0)  # journal, syslog, kmsg, tty, inherit of journal
+
+
+def _node_root() -> str:
+    return os.environ.get(PREFIX_ENV) or "/"
+
+
+def _make_exec_directories(unit: Unit) -> None:
+    """LogsDirectory= & co.: created 0755 with their parents, under the node's root.
+
+    systemd does this in the child after the standard streams are set up and
+    before the chdir and the exec (src/core/execute.c, setup_exec_directory;
+    mode 0755 by default: systemd.exec(5), LogsDirectoryMode=).
+    """
+    root = _node_root()
+    for key, name in unit.exec_directories:
+        base = EXEC_DIRECTORY_ROOTS[key].lstrip("/")
+        path = Path(root) / base / name
+        path.mkdir(mode=0o755, parents=True, exist_ok=True)
 
 
 def _service_env(unit: Unit) -> dict[str, str]:
@@ -1591,6 +1661,7 @@ def _prepare(cmd: ExecCommand, env: dict[str, str]) -> tuple[str | None, list[st
 
 def _spawn_unit_process(unit: Unit, cmd: ExecCommand, env: dict[str, str], out: Any,
                         err: Any) -> subprocess.Popen[bytes]:
+    _make_exec_directories(unit)  # after the streams (the caller opened them), before chdir/exec
     exe, argv = _prepare(cmd, env)
     if exe is None or not argv:
         raise FileNotFoundError(f"{cmd.words[0]}: No such file or directory (203/EXEC)")
@@ -1619,10 +1690,26 @@ def _journal_line(units: Units, name: str, text: str) -> None:
 
 
 def _outputs(units: Units, unit: Unit) -> tuple[Any, Any]:
-    out = _open_output(unit.standard_output, units.journal(unit.name))
+    """Both streams, or :class:`OutputSetupError` with systemd's status (see _open_output)."""
+    try:
+        out = _open_output(unit.standard_output, units.journal(unit.name))
+    except OSError as exc:
+        raise OutputSetupError("output", EXIT_STDOUT, exc) from exc
     if unit.standard_error == "inherit":
         return out, out
-    return out, _open_output(unit.standard_error, units.journal(unit.name))
+    try:
+        return out, _open_output(unit.standard_error, units.journal(unit.name))
+    except OSError as exc:
+        out.close()
+        raise OutputSetupError("error", EXIT_STDERR, exc) from exc
+
+
+def _output_failure(units: Units, unit: Unit, cmd: ExecCommand, exc: OutputSetupError) -> None:
+    # The two lines systemd's child logs (src/core/execute.c: "Failed to set up
+    # standard output: %m", then "Failed at step STDOUT spawning %s: %m").
+    _journal_line(units, unit.name, f"Failed to set up standard {exc.stream}: {exc.strerror}")
+    _journal_line(units, unit.name, f"Failed at step {EXIT_STATUS_NAMES[exc.status]} spawning "
+                                    f"{cmd.words[0]}: {exc.strerror}")
 
 
 def _run_control(units: Units, unit: Unit, key: str, env: dict[str, str],
@@ -1633,7 +1720,13 @@ def _run_control(units: Units, unit: Unit, key: str, env: dict[str, str],
     """
     status = 0
     for cmd in unit.exec.get(key, []):
-        out, err = _outputs(units, unit)
+        try:
+            out, err = _outputs(units, unit)
+        except OutputSetupError as exc:
+            _output_failure(units, unit, cmd, exc)
+            if cmd.ignore_failure:
+                continue
+            return False, exc.status
         try:
             proc = _spawn_unit_process(unit, cmd, env, out, err)
         except OSError as exc:
@@ -1695,7 +1788,16 @@ def _supervise(units: Units, unit: Unit, report_fd: int, invocation: str) -> int
                 report("fail control")
                 return 1
             main = unit.exec["ExecStart"][0]
-            out, err = _outputs(units, unit)
+            try:
+                out, err = _outputs(units, unit)
+            except OutputSetupError as exc:
+                _output_failure(units, unit, main, exc)
+                units.update(name, ActiveState="failed", SubState="failed", Result="exit-code",
+                             MainPID=0, ExecMainStatus=exc.status, ExecMainCode="exited",
+                             InactiveEnterTimestamp=_now_iso())
+                # As for 203/EXEC below: the fork succeeded, so a Type=simple start succeeds.
+                report("ok 0" if unit.type == "simple" else "fail exec")
+                return 1
             try:
                 proc = _spawn_unit_process(unit, main, env, out, err)
             except OSError as exc:
@@ -1962,6 +2064,14 @@ def _status(units: Units, name: str) -> int:
     print(f"     Active: {active} ({props['SubState']}){extra} since {since or 'n/a'}")
     if props["MainPID"] != "0":
         print(f"   Main PID: {props['MainPID']}")
+    cur = units.state(name)
+    if active == "failed" and cur.get("ExecMainCode"):
+        # systemctl's "(code=exited, status=209/STDOUT)" (src/systemctl/systemctl-show.c,
+        # exit_status_to_string); the sim keeps no PID of a process that never ran.
+        code = int(cur.get("ExecMainStatus") or 0)
+        label = EXIT_STATUS_NAMES.get(code) if cur["ExecMainCode"] == "exited" else None
+        print(f"    Process: (code={cur['ExecMainCode']}, status={code}"
+              f"{'/' + label if label else ''})")
     journal = units.journal(name)
     if journal.exists():
         lines = journal.read_text(encoding="utf-8", errors="replace").splitlines()[-10:]
