@@ -1,0 +1,261 @@
+"""What every transport shares: the protocol, the three timeouts, command wrapping, put, and the fan-out.
+
+This module owns:
+
+* :class:`Transport`, the protocol the rest of sparkctl runs commands through;
+* :class:`TransportSettings`: connect timeout, command timeout and the overall
+  deadline of a fan-out, kept apart on purpose;
+* command wrapping and quoting: what the remote login shell receives is one
+  plain word list, ``[sudo -n --] [timeout -k 1 T] sh -c CMD``
+  (:func:`wire_command`), so no login shell or ``.bashrc`` is relied upon;
+  callers quote their own values (a list is joined with :func:`shlex.join`);
+* :func:`put_command`, the remote half of an atomic file write;
+* :class:`BaseTransport.run_all`, the fan-out: every node at once, wait for
+  all, each node's outcome kept (a :class:`~sparkctl.transport.results.FanOut`),
+  stragglers cut at the deadline and cancelled.
+
+What it must not do: decide what to run, parse output, print, or exit. The
+stdin of :meth:`Transport.put` (file contents, possibly secrets) is never logged.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import threading
+import time
+from collections.abc import Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import wait as wait_futures
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+from sparkctl.errors import Ref, SparkctlError, TransportError
+from sparkctl.transport.hostkeys import HostKeyError
+from sparkctl.transport.results import Command, CommandResult, FanOut, command_line
+
+# Extra time the remote `timeout` wrapper allows beyond our own command
+# timeout: we close the channel first; the wrapper makes sure the remote
+# process tree dies even though sshd leaves no-pty children running when a
+# channel closes (OpenSSH session.c sends no signal to a no-pty session's
+# command when the channel closes; only a pty's hangup does).
+REMOTE_KILL_GRACE_S = 0.5
+_SUDO_PASSWORD_RE = re.compile(r"sudo: (a password is required|a terminal is required)")
+
+
+@dataclass(frozen=True)
+class TransportSettings:
+    """The three timeouts, kept apart on purpose.
+
+    ``connect_timeout_s`` bounds the TCP connect, the SSH banner, the key
+    exchange and the login, each. ``command_timeout_s`` bounds one command once
+    it started (default for ``timeout_s=None``). ``deadline_s`` bounds a whole
+    :meth:`Transport.run_all` fan-out.
+    """
+
+    connect_timeout_s: float = 5.0
+    command_timeout_s: float = 60.0
+    deadline_s: float = 120.0
+
+
+@runtime_checkable
+class Transport(Protocol):
+    """How the rest of sparkctl runs commands. Swap in :class:`~sparkctl.transport.fake.FakeTransport` in tests."""
+
+    @property
+    def nodes(self) -> tuple[str, ...]: ...
+
+    def run(
+        self, node: str, command: Command, *, sudo: bool = False, timeout_s: float | None = None,
+        stdin: str | bytes | None = None,
+    ) -> CommandResult: ...
+
+    def run_all(
+        self, commands: Mapping[str, Command], *, sudo: bool = False, timeout_s: float | None = None,
+        deadline_s: float | None = None,
+    ) -> FanOut: ...
+
+    def put(self, node: str, remote_path: str, data: bytes, mode: int, *, sudo: bool = False) -> CommandResult: ...
+
+    def close(self) -> None: ...
+
+    def __enter__(self) -> Transport: ...
+
+    def __exit__(self, *exc: object) -> None: ...
+
+
+# The remote half of put(): every value arrives as a positional parameter, so
+# nothing the caller passes is ever parsed as shell. The temporary file lives in
+# the destination directory so the final mv is a rename(2) on one filesystem.
+PUT_SCRIPT = r"""set -eu
+dst=$1 mode=$2
+case $dst in */*) dir=${dst%/*} ;; *) dir=. ;; esac
+[ -n "$dir" ] || dir=/
+base=${dst##*/}
+mkdir -p -- "$dir"
+tmp=$(mktemp "$dir/.sparkctl-put.XXXXXXXX")
+trap 'rm -f -- "$tmp"' EXIT
+cat > "$tmp"
+chmod "$mode" "$tmp"
+mv -f -- "$tmp" "$dir/$base"
+trap - EXIT
+"""
+
+
+def put_command(remote_path: str, mode: int) -> list[str]:
+    """The argv that atomically writes stdin to ``remote_path`` with ``mode``."""
+    if not remote_path or remote_path.endswith("/"):
+        raise ValueError(f"put needs a file path, got {remote_path!r}")
+    if "\0" in remote_path or "\n" in remote_path:
+        raise ValueError(f"put refuses a path with NUL or newline: {remote_path!r}")
+    return ["sh", "-c", PUT_SCRIPT, "sparkctl-put", remote_path, f"{mode & 0o7777:04o}"]
+
+
+def put_label(remote_path: str) -> str:
+    """How a put appears in results, logs and FakeTransport scripts."""
+    return f"put {remote_path}"
+
+
+def wire_command(cmd: str, *, sudo: bool, timeout_s: float) -> str:
+    """What the remote login shell receives: a plain word list ending in ``sh -c CMD``."""
+    argv: list[str] = []
+    if sudo:
+        argv += ["sudo", "-n", "--"]  # -n: fail at once instead of prompting (sudo(8))
+    if timeout_s > 0:
+        # coreutils timeout in its own process group: kills the whole remote tree
+        argv += ["timeout", "-k", "1", f"{timeout_s + REMOTE_KILL_GRACE_S:g}"]
+    argv += ["sh", "-c", cmd]
+    return shlex.join(argv)
+
+
+def sudo_needs_password(stderr: str) -> bool:
+    return bool(_SUDO_PASSWORD_RE.search(stderr))
+
+
+def sudo_error(node: str) -> str:
+    return (
+        f"sudo: sudo needs a password on {node}: allow passwordless sudo for these commands "
+        "(a sudoers NOPASSWD rule for the ssh user) or set sudo: false for this node "
+        "and log in as a user that has the rights"
+    )
+
+
+def unknown_node(node: str, known: Iterable[str]) -> TransportError:
+    return TransportError(
+        f"no node {node!r} in this transport", Ref(node=node), hint=f"known nodes: {', '.join(known) or '(none)'}"
+    )
+
+
+class BaseTransport:
+    """Fan-out, put and context management shared by every transport."""
+
+    settings: TransportSettings
+
+    def __init__(self, settings: TransportSettings | None) -> None:
+        self.settings = settings or TransportSettings()
+
+    @property
+    def nodes(self) -> tuple[str, ...]:
+        raise NotImplementedError
+
+    # Subclasses implement this; `cancel` is set when a fan-out's deadline passed.
+    def _run(
+        self, node: str, cmd: str, *, label: str, sudo: bool, timeout_s: float, stdin: bytes | None,
+        cancel: threading.Event | None,
+    ) -> CommandResult:
+        raise NotImplementedError
+
+    def _check_node(self, node: str) -> None:
+        if node not in self.nodes:
+            raise unknown_node(node, self.nodes)
+
+    def _timeout(self, timeout_s: float | None) -> float:
+        return self.settings.command_timeout_s if timeout_s is None else timeout_s
+
+    def run(
+        self, node: str, command: Command, *, sudo: bool = False, timeout_s: float | None = None,
+        stdin: str | bytes | None = None,
+    ) -> CommandResult:
+        cmd = command_line(command)
+        data = stdin.encode() if isinstance(stdin, str) else stdin
+        return self._run(node, cmd, label=cmd, sudo=sudo, timeout_s=self._timeout(timeout_s), stdin=data, cancel=None)
+
+    def put(self, node: str, remote_path: str, data: bytes, mode: int, *, sudo: bool = False) -> CommandResult:
+        cmd = shlex.join(put_command(remote_path, mode))
+        return self._run(
+            node, cmd, label=put_label(remote_path), sudo=sudo, timeout_s=self.settings.command_timeout_s,
+            stdin=bytes(data), cancel=None,
+        )
+
+    def run_all(
+        self, commands: Mapping[str, Command], *, sudo: bool = False, timeout_s: float | None = None,
+        deadline_s: float | None = None,
+    ) -> FanOut:
+        """Run one command per node in parallel and wait for all of them.
+
+        Nodes that have not answered when the deadline passes get an error
+        result (``deadline: ...``) and their remote commands are cancelled.
+        A node that fails, even with an exception such as :class:`HostKeyError`,
+        gets an error result; the others keep theirs. Only bugs (exceptions
+        that are not a :class:`SparkctlError`, such as FakeTransport refusing
+        an unscripted command) propagate, once the fan-out is over. Asking for
+        a node the transport does not know is a bug too, raised before
+        anything runs.
+        """
+        if not commands:
+            return FanOut()
+        for node in commands:
+            self._check_node(node)
+        deadline = self.settings.deadline_s if deadline_s is None else deadline_s
+        timeout = self._timeout(timeout_s)
+        cmds = {node: command_line(c) for node, c in commands.items()}
+        cancel = threading.Event()
+        start = time.monotonic()
+        pool = ThreadPoolExecutor(max_workers=len(cmds), thread_name_prefix="sparkctl-run")
+        try:
+            futures = {
+                node: pool.submit(
+                    self._run, node, cmd, label=cmd, sudo=sudo, timeout_s=timeout, stdin=None, cancel=cancel
+                )
+                for node, cmd in cmds.items()
+            }
+            done, _ = wait_futures(futures.values(), timeout=deadline)
+        finally:
+            cancel.set()  # stragglers close their channels / kill their processes
+            pool.shutdown(wait=False, cancel_futures=True)
+        elapsed = time.monotonic() - start
+        results: dict[str, CommandResult] = {}
+        bug: BaseException | None = None
+        for node, fut in futures.items():
+            if fut not in done:
+                results[node] = CommandResult(
+                    node, cmds[node], -1, "", "", elapsed,
+                    f"deadline: no result within the {deadline:g} s deadline of this step",
+                )
+                continue
+            exc = fut.exception()
+            if exc is None:
+                results[node] = fut.result()
+            elif isinstance(exc, SparkctlError):
+                kind = "hostkey" if isinstance(exc, HostKeyError) else "ssh"
+                results[node] = CommandResult(node, cmds[node], -1, "", "", elapsed, f"{kind}: {exc.one_line()}")
+            elif bug is None:
+                bug = exc
+        if bug is not None:
+            raise bug
+        return FanOut(results)
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self) -> BaseTransport:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+__all__ = [
+    "BaseTransport", "PUT_SCRIPT", "Transport", "TransportSettings", "put_command", "put_label", "sudo_error",
+    "sudo_needs_password", "unknown_node", "wire_command",
+]
