@@ -64,7 +64,8 @@ def sim_up_cmd(nodes: str, inventory_out: str | None, rootless: bool) -> None:
     status = cluster.up(spec, root, progress=lambda m: err_console().print(f"[dim]{escape(m)}[/]"))
     model = ensure_tiny_model(root / "models")
     for n in inv.nodes:  # the tiny real engine's weights, on every node's own disk
-        dest = root / "nodes" / n.name / "fs" / "srv" / "models" / model.name
+        # profiles/tiny-llamacpp.yaml model.weights_path (its repository's local_dir)
+        dest = root / "nodes" / n.name / "fs" / "srv" / "models" / "tiny-llama" / model.name
         dest.parent.mkdir(parents=True, exist_ok=True)
         if not dest.exists():
             import shutil

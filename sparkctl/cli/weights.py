@@ -46,32 +46,86 @@ def _weights_progress(quiet: bool) -> Any:
 @weights_group.command("fetch")
 @click.argument("profile")
 @inventory_option
-@click.option("--node", required=True, help="the one node that downloads")
-@click.option("--url", required=True, help="what to download (one file; run once per file)")
+@click.option("--node", help="the one node that downloads (default: the inventory's first)")
+@click.option("--revision", help="Hub branch, tag or commit (default: model.revision)")
+@click.option("--include", multiple=True, metavar="GLOB", help="files to take (repeat; replaces model.files.include)")
+@click.option("--exclude", multiple=True, metavar="GLOB", help="files to leave (repeat; replaces model.files.exclude)")
+@click.option("--dry-run", is_flag=True, help="print the files, their total size and the free space; download nothing")
+@click.option("--url", help="download this one file instead of the model's repository (run once per file)")
 @click.option("--connections", type=int, default=8, show_default=True)
-@click.option("--sha256", help="expected checksum")
+@click.option("--chunk-mb", type=float, default=32.0, show_default=True, help="unit of a ranged request and of resume")
+@click.option("--sha256", help="expected checksum (with --url)")
 @with_transport_options
 @json_option
 @pass_ctx
-def weights_fetch_cmd(c: Ctx, profile: str, node: str, url: str, connections: int, sha256: str | None,
-                      connect_timeout_s: float, command_timeout_s: float, deadline_s: float, as_json: bool) -> None:
-    """Parallel ranged download with per-chunk resume, into the profile's weights path on NODE."""
+def weights_fetch_cmd(c: Ctx, profile: str, node: str | None, revision: str | None, include: tuple[str, ...],
+                      exclude: tuple[str, ...], dry_run: bool, url: str | None, connections: int, chunk_mb: float,
+                      sha256: str | None, connect_timeout_s: float, command_timeout_s: float, deadline_s: float,
+                      as_json: bool) -> None:
+    """Download the profile's model from the Hugging Face Hub onto NODE, verified and resumable.
+
+    The repository is model.id at model.revision (HF_ENDPOINT names a mirror;
+    HF_TOKEN, never printed, opens gated and private repositories), laid out
+    as `hf download --local-dir` does in model.local_dir (default
+    model.weights_path), with a manifest of the commit and every file's hash.
+    Then `sparkctl weights sync PROFILE` gives the other nodes the files over
+    the cables.
+    """
+    import os
+
+    from sparkctl.ops import hub
+    from sparkctl.ops.hubfetch import fetch_model, resolve
     from sparkctl.ops.weights import fetch
 
     res = c.resolve(profile)
     inv = c.inventory()
+    node = node or inv.names[0]
     if node not in inv.names:
         raise ConfigError(f"--node {node}: not in the inventory", hint=f"nodes: {', '.join(inv.names)}")
-    wp = res.profile.model.weights_path
-    dest = wp if wp.endswith(url.rsplit("/", 1)[-1]) else f"{wp.rstrip('/')}/{url.rsplit('/', 1)[-1].split('?')[0]}"
+    m = res.profile.model
+    if url is not None:
+        wp = m.weights_path
+        dest = wp if wp.endswith(url.rsplit("/", 1)[-1]) else f"{wp.rstrip('/')}/{url.rsplit('/', 1)[-1].split('?')[0]}"
+        with make_transport(inv, connect_timeout_s, command_timeout_s, deadline_s) as tr:
+            rep = fetch(inv, tr, node, url, dest, connections=connections, sha256=sha256, chunk_mb=chunk_mb,
+                        progress=_weights_progress(as_json))
+        if as_json:
+            emit_json(asdict(rep))
+        else:
+            out.print(f"{node}: {rep.bytes:,} bytes in {rep.seconds:.1f} s ({rep.rate_Bps / 1e6:.1f} MB/s) -> "
+                      f"{rep.dest}", markup=False)
+        return
+    endpoint = os.environ.get("HF_ENDPOINT") or hub.DEFAULT_ENDPOINT
+    token = os.environ.get("HF_TOKEN") or None  # a secret: it goes to the agent's stdin, nowhere else
     with make_transport(inv, connect_timeout_s, command_timeout_s, deadline_s) as tr:
-        rep = fetch(inv, tr, node, url, dest, connections=connections, sha256=sha256,
-                    progress=_weights_progress(as_json))
+        plan = resolve(inv, tr, node, repo_id=m.id, revision=revision or m.revision,
+                       include=list(include) or m.files.include, exclude=list(exclude) or m.files.exclude,
+                       local_dir=hub.local_dir_of(m.weights_path, m.local_dir), endpoint=endpoint, token=token)
+        if dry_run:
+            if as_json:
+                emit_json({"node": plan.node, "repo_id": plan.revision.repo_id, "revision": plan.revision.revision,
+                           "commit": plan.revision.commit, "local_dir": plan.local_dir,
+                           "files": [asdict(f) for f in plan.files], "total_bytes": plan.total_bytes,
+                           "present_bytes": plan.present_bytes, "free_bytes": plan.free_bytes})
+            else:
+                for line in hub.describe(plan):
+                    out.print(line, markup=False)
+            return
+        if not as_json:
+            err_console().print(f"{escape(node)}: {len(plan.files)} files of {escape(m.id)}@"
+                                f"{escape(plan.revision.commit[:12])}, {plan.total_bytes:,} bytes")
+        rep2 = fetch_model(inv, tr, plan, token=token, connections=connections, chunk_mb=chunk_mb,
+                           progress=_weights_progress(as_json))
     if as_json:
-        emit_json(asdict(rep))
-    else:
-        out.print(f"{node}: {rep.bytes:,} bytes in {rep.seconds:.1f} s ({rep.rate_Bps / 1e6:.1f} MB/s) -> {rep.dest}",
-                  markup=False)
+        emit_json(asdict(rep2))
+        return
+    for n in rep2.notices:
+        err_console().print(f"[yellow]note:[/] {escape(n)}")
+    for f in rep2.corrupt:
+        err_console().print(f"[yellow]{escape(f)}: differed from the Hub; deleted and fetched again[/]")
+    out.print(f"{node}: {rep2.repo_id}@{rep2.commit[:12]}: {rep2.fetched} fetched, {rep2.skipped} already complete, "
+              f"{rep2.bytes:,} bytes in {rep2.seconds:.1f} s ({rep2.rate_Bps / 1e6:.1f} MB/s) -> {rep2.local_dir}",
+              markup=False)
 
 
 @weights_group.command("sync")
@@ -105,7 +159,8 @@ def weights_sync_cmd(c: Ctx, profile: str, from_node: str | None, dry_run: bool,
         emit_json(lines) if as_json else [out.print(line, markup=False) for line in lines]
         return
     with make_transport(inv, connect_timeout_s, command_timeout_s, deadline_s) as tr:
-        rep = sync(inv, tr, res.profile.model.weights_path, src, nodes=nodes, connections=connections,
+        m = res.profile.model
+        rep = sync(inv, tr, m.local_dir or m.weights_path, src, nodes=nodes, connections=connections,
                    chunk_mb=chunk_mb, pipeline=not no_pipeline, progress=_weights_progress(as_json))
     if as_json:
         emit_json(asdict(rep))

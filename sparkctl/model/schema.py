@@ -184,6 +184,29 @@ class EngineSpec(_Strict):
         return v
 
 
+# What a safetensors checkpoint needs to load: the shards and their index, the configs,
+# the tokenizer (json, sentencepiece .model, tiktoken), the chat template and any
+# remote code; not the duplicate formats (.bin, .pt, .msgpack, .h5, .onnx) nor the
+# original/ consolidated checkpoints some repositories also carry (Llama, Mistral).
+DEFAULT_MODEL_INCLUDE = ("*.safetensors", "*.json", "*.jinja", "*.model", "*.tiktoken", "*.txt", "*.py")
+DEFAULT_MODEL_EXCLUDE = ("original/", "consolidated*")
+GLOB_RE = r"^[^\x00-\x1f\x7f]{1,200}$"
+
+
+class ModelFiles(_Strict):
+    """Which files of the model's Hub repository `sparkctl weights fetch` downloads."""
+
+    include: list[Annotated[str, Field(pattern=GLOB_RE)]] = Field(
+        default_factory=lambda: list(DEFAULT_MODEL_INCLUDE),
+        description="glob patterns (fnmatch on the repository path, as huggingface_hub's allow_patterns; "
+        "a trailing / means everything under it)",
+    )
+    exclude: list[Annotated[str, Field(pattern=GLOB_RE)]] = Field(
+        default_factory=lambda: list(DEFAULT_MODEL_EXCLUDE),
+        description="glob patterns left out even when included (huggingface_hub's ignore_patterns)",
+    )
+
+
 class ModelSpec(_Strict):
     """The model served."""
 
@@ -195,18 +218,37 @@ class ModelSpec(_Strict):
     weights_path: str = Field(description="absolute path of the weights on every node")
     weights_format: str = Field(description="weights format, e.g. fp8, exl3-2.9bpw, gguf")
     context_len_tokens: int = Field(gt=0, le=4_194_304, description="maximum context length")
+    revision: str = Field(
+        "main", pattern=r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,199}$",
+        description="Hub branch, tag or commit that `weights fetch` resolves (the commit is recorded)",
+    )
+    files: ModelFiles = Field(default_factory=ModelFiles, description="which repository files `weights fetch` takes")
+    local_dir: str | None = Field(
+        None, description="where the repository is laid out (as `hf download --local-dir`), synced and checked; "
+        "default weights_path; set it when weights_path names one file of the repository (a GGUF)",
+    )
 
     @field_validator("id", "weights_format")
     @classmethod
     def _text(cls, v: str) -> str:
         return no_control(v) or v
 
-    @field_validator("weights_path")
+    @field_validator("weights_path", "local_dir")
     @classmethod
-    def _abs(cls, v: str) -> str:
+    def _abs(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
         if not v.startswith("/") or "\x00" in v or "\n" in v or "/../" in v + "/":
             raise ValueError("must be an absolute path without '..' components or newlines")
         return v
+
+    @model_validator(mode="after")
+    def _weights_in_local_dir(self) -> "ModelSpec":
+        if self.local_dir is not None:
+            root = self.local_dir.rstrip("/") + "/"
+            if not (self.weights_path.rstrip("/") + "/").startswith(root):
+                raise ValueError(f"weights_path {self.weights_path} must lie under local_dir {self.local_dir}")
+        return self
 
 
 class TopologySpec(_Strict):

@@ -12,6 +12,8 @@ Subcommands (every one prints JSON lines on stdout; the last is ``done`` or
     manifest --dir DIR [--chunk-mb M]       (a directory or a single file)
     serve    --dir DIR --bind ADDR --port P --ttl-s T [--manifest-json FILE] [--relay]
     pull     --from-url BASE --manifest-json FILE|- --dest DIR [--connections N]
+    hub-info --dest DIR                     (stdin: {"url", "token"}; the Hub's revision listing)
+    hub-fetch --dest DIR [--connections N]  (stdin: {"token", "files", "manifest"}; a Hub revision, verified)
     tail     --log FILE --offset N [--pid P]  (read a detached job's events)
     stop     --pid P [--pid P2 ...]           (end detached jobs of this agent)
 
@@ -93,6 +95,14 @@ class AgentError(Exception):
 
 class Interrupted(AgentError):
     """The job was stopped before it finished; what it wrote is kept for a resume."""
+
+
+class HttpRefused(AgentError):
+    """An HTTP answer that is not the file (401, 403, 404 ...), with the Hub's X-Error-Code when it sent one."""
+
+    def __init__(self, message: str, status: int, code: str | None, server_message: str | None) -> None:
+        super().__init__(message)
+        self.status, self.code, self.server_message = status, code, server_message
 
 
 # --------------------------------------------------------------------------- events
@@ -317,6 +327,7 @@ class Client:
     def __init__(self, timeout_s: float) -> None:
         self.timeout_s = timeout_s
         self._conns: dict[tuple[str, str, int], http.client.HTTPConnection] = {}
+        self.last_url = ""  # where the last answer came from, after redirects
 
     def _conn(self, scheme: str, host: str, port: int) -> http.client.HTTPConnection:
         key = (scheme, host, port)
@@ -327,8 +338,17 @@ class Client:
             self._conns[key] = conn
         return conn
 
-    def get(self, url: str, headers: dict[str, str]) -> http.client.HTTPResponse:
+    def get(self, url: str, headers: dict[str, str], method: str = "GET") -> http.client.HTTPResponse:
+        """The answer to ``url``, redirects followed with the same headers (``Range`` included).
+
+        ``Authorization`` is dropped once a redirect leaves the first host, as
+        requests and httpx do (``Session.rebuild_auth``): the Hub's token must not
+        reach the storage host its LFS files redirect to.
+        """
+        origin = urllib.parse.urlsplit(url).netloc
         for _ in range(MAX_REDIRECTS):
+            if urllib.parse.urlsplit(url).netloc != origin:
+                headers = {k: v for k, v in headers.items() if k.lower() != "authorization"}
             u = urllib.parse.urlsplit(url)
             if u.scheme not in ("http", "https") or not u.hostname:
                 raise AgentError(f"not an http(s) URL: {url}")
@@ -336,7 +356,7 @@ class Client:
             conn = self._conn(u.scheme, u.hostname, port)
             target = (u.path or "/") + (f"?{u.query}" if u.query else "")
             try:
-                conn.request("GET", target, headers={"User-Agent": "sparkctl-weights-agent", **headers})
+                conn.request(method, target, headers={"User-Agent": "sparkctl-weights-agent", **headers})
                 resp = conn.getresponse()
             except (OSError, http.client.HTTPException):
                 self.close()  # a stale keep-alive connection; the caller retries on a fresh one
@@ -348,6 +368,7 @@ class Client:
                     raise AgentError(f"redirect without Location from {url}")
                 url = urllib.parse.urljoin(url, location)
                 continue
+            self.last_url = url
             return resp
         raise AgentError(f"more than {MAX_REDIRECTS} redirects from {url}")
 
@@ -428,7 +449,7 @@ def fetch_file(
     sha256: str | None = None, size: int | None = None, cache: HashCache | None = None,
     max_bytes: int | None = None, stop: threading.Event | None = None, timeout_s: float = 60.0,
     retries: int = 4, interval_s: float = 1.0, label: str | None = None, totals: Meter | None = None,
-    chunks: list[str] | None = None,
+    chunks: list[str] | None = None, headers: dict[str, str] | None = None, drop_cache: bool = False,
 ) -> dict:
     """Download ``url`` to ``dest`` (ranged, parallel, resumable); return what happened.
 
@@ -439,8 +460,17 @@ def fetch_file(
     received that many bytes. Raises :class:`AgentError` on failure,
     :class:`Interrupted` when stopped; the ``.part`` and its sidecar stay for
     the next attempt except after a whole-file checksum mismatch.
+
+    ``headers`` go with every request (a Hub token; dropped by :class:`Client`
+    when a redirect leaves the first host). The chunks are requested from
+    where the probe's redirects ended (the storage host), so a redirect costs
+    one round trip per file, not one per chunk. ``drop_cache``: written pages
+    are dropped from the page cache once flushed and hashed
+    (``posix_fadvise(DONTNEED)``), so a download beside a loaded engine does
+    not eat MemAvailable.
     """
     label = label or os.path.basename(dest)
+    hdrs = dict(headers or {})
     sha256 = sha256.lower() if sha256 else None
     stop = stop or threading.Event()
     part, sidecar_path = dest + PART_SUFFIX, dest + SIDECAR_SUFFIX
@@ -464,7 +494,8 @@ def fetch_file(
     start = time.monotonic()
     meter = Meter(emit, interval_s, file=label)
     probe_client = Client(timeout_s)
-    resp = _with_retries(lambda: probe_client.get(url, {"Range": "bytes=0-0"}), retries, stop)
+    resp = _with_retries(lambda: probe_client.get(url, {**hdrs, "Range": "bytes=0-0"}), retries, stop)
+    final_url = probe_client.last_url or url
     if resp.status == 206:
         _, _, total = _content_range(resp)
         resp.read()
@@ -482,7 +513,12 @@ def fetch_file(
     else:
         body = resp.read(512).decode("utf-8", "replace").strip()
         probe_client.close()
-        raise AgentError(f"{url}: HTTP {resp.status} {resp.reason}" + (f": {body}" if body else ""))
+        raise HttpRefused(f"{label}: HTTP {resp.status} {resp.reason}" + (f": {body[:200]}" if body else ""),
+                          resp.status, resp.getheader("X-Error-Code"), resp.getheader("X-Error-Message"))
+    if not ranged:
+        emit("notice", file=label, no_ranges=True,
+             message=f"{label}: the server ignores Range requests: one stream from byte 0 (no parallel chunks, "
+                     "an interruption restarts the file)")
     if size is not None and total is not None and total != size:
         if not ranged:
             probe_client.close()
@@ -495,13 +531,14 @@ def fetch_file(
 
     if ranged:
         digest = _fetch_ranged(
-            url, part, sidecar_path, total, emit=emit, meter=meter, connections=connections,
+            final_url, part, sidecar_path, total, emit=emit, meter=meter, connections=connections,
             chunk_bytes=chunk_bytes, key=sha256 or url, max_bytes=max_bytes, stop=stop, timeout_s=timeout_s,
-            retries=retries, totals=totals,
+            retries=retries, totals=totals, headers=hdrs, drop_cache=drop_cache,
         )
     else:
         try:
-            digest = _fetch_stream(resp, part, sidecar_path, meter=meter, max_bytes=max_bytes, stop=stop, totals=totals)
+            digest = _fetch_stream(resp, part, sidecar_path, meter=meter, max_bytes=max_bytes, stop=stop, totals=totals,
+                                   drop_cache=drop_cache)
         finally:
             probe_client.close()
 
@@ -512,7 +549,7 @@ def fetch_file(
     if sha256 is not None and digest != sha256:
         _discard(part, sidecar_path)
         raise AgentError(f"{label}: sha256 mismatch: got {digest}, expected {sha256} (partial file deleted)")
-    _commit(part, dest, sidecar_path)
+    _commit(part, dest, sidecar_path, drop_cache=drop_cache)
     if cache is not None:
         cache.put(dest, digest)
     seconds = time.monotonic() - start
@@ -524,11 +561,27 @@ def fetch_file(
     }
 
 
-def _commit(part: str, dest: str, sidecar_path: str) -> None:
+def drop_pages(fd: int, offset: int = 0, length: int = 0) -> None:
+    """Drop clean cached pages of ``fd`` (from ``offset``, ``length`` 0 = to the end); dirty pages stay.
+
+    The field report's download law: a download beside a loaded engine must keep
+    the page cache in check; written pages are clean once flushed, and
+    ``POSIX_FADV_DONTNEED`` then frees them (posix_fadvise(2)).
+    """
+    if hasattr(os, "posix_fadvise"):
+        try:
+            os.posix_fadvise(fd, offset, length, os.POSIX_FADV_DONTNEED)
+        except OSError:
+            pass  # advice only
+
+
+def _commit(part: str, dest: str, sidecar_path: str, drop_cache: bool = False) -> None:
     """fsync the complete ``.part``, rename it to ``dest`` atomically, and make the rename durable."""
     fd = os.open(part, os.O_RDONLY)
     try:
         os.fsync(fd)
+        if drop_cache:
+            drop_pages(fd)
     finally:
         os.close(fd)
     os.replace(part, dest)
@@ -613,7 +666,8 @@ def _with_retries(fn, retries: int, stop: threading.Event):  # type: ignore[no-u
 def _fetch_ranged(
     url: str, part: str, sidecar_path: str, total: int, *, emit: Emitter, meter: Meter, connections: int,
     chunk_bytes: int, key: str, max_bytes: int | None, stop: threading.Event, timeout_s: float, retries: int,
-    totals: Meter | None, chunk_hashes: list[str] | None = None,
+    totals: Meter | None, chunk_hashes: list[str] | None = None, headers: dict[str, str] | None = None,
+    drop_cache: bool = False,
 ) -> str | None:
     """Chunks into ``part`` over N connections; the whole-file SHA-256, or None with ``chunk_hashes``.
 
@@ -645,6 +699,7 @@ def _fetch_ranged(
     errors: list[BaseException] = []
     hasher = hashlib.sha256()
     hashed = [0]
+    hashed_so_far = [0]  # what the hasher has read back: pages before it may be dropped once flushed
 
     def contiguous_bytes() -> int:
         i = 0
@@ -668,6 +723,7 @@ def _fetch_ranged(
                     raise AgentError(f"short read at {pos} while hashing {part}")
                 hasher.update(block)
                 pos += len(block)
+                hashed_so_far[0] = pos
         hashed[0] = pos
 
     def flush_behind() -> None:
@@ -684,6 +740,8 @@ def _fetch_ranged(
                     return
                 now_done = len(sidecar.done)
             os.fdatasync(fd)
+            if drop_cache:
+                drop_pages(fd, 0, total if verified else hashed_so_far[0])
             flushed = now_done
             if now_done >= n_chunks:
                 return
@@ -701,7 +759,7 @@ def _fetch_ranged(
                 first = index * chunk_bytes
                 last = min(first + chunk_bytes, total) - 1
                 _fetch_chunk(client, url, fd, first, last, view, meter, totals, max_bytes, stop, retries, total,
-                             chunk_hashes[index] if chunk_hashes is not None else None)
+                             chunk_hashes[index] if chunk_hashes is not None else None, headers)
                 with cond:
                     sidecar.mark(index)
                     cond.notify_all()
@@ -759,14 +817,14 @@ class ChunkMismatch(AgentError):
 def _fetch_chunk(
     client: Client, url: str, fd: int, first: int, last: int, view: memoryview, meter: Meter,
     totals: Meter | None, max_bytes: int | None, stop: threading.Event, retries: int, total: int | None = None,
-    expect: str | None = None,
+    expect: str | None = None, headers: dict[str, str] | None = None,
 ) -> None:
     """Bytes ``first``..``last`` into ``fd`` at their offset; with ``expect``, hashed on the way and checked."""
     delay = 0.25
     for attempt in range(retries + 1):
         pos = first
         try:
-            resp = client.get(url, {"Range": f"bytes={first}-{last}"})
+            resp = client.get(url, {**(headers or {}), "Range": f"bytes={first}-{last}"})
             if resp.status != 206:
                 resp.read()
                 raise AgentError(f"{url}: HTTP {resp.status} for bytes {first}-{last} (expected 206)")
@@ -815,7 +873,7 @@ def _fetch_chunk(
 
 def _fetch_stream(
     resp: http.client.HTTPResponse, part: str, sidecar_path: str, *, meter: Meter, max_bytes: int | None,
-    stop: threading.Event, totals: Meter | None,
+    stop: threading.Event, totals: Meter | None, drop_cache: bool = False,
 ) -> str:
     """The fallback for servers without Range: one stream from byte 0, hashed in order."""
     _discard(sidecar_path)  # chunk records mean nothing without ranges
@@ -833,6 +891,10 @@ def _fetch_stream(
                 f.write(view[:n])
                 hasher.update(view[:n])
                 meter.add(n)
+                if drop_cache and meter.session_bytes % FLUSH_BYTES < n:  # about every FLUSH_BYTES
+                    f.flush()
+                    os.fdatasync(f.fileno())
+                    drop_pages(f.fileno())
                 if totals is not None:
                     totals.add(n)
                 if max_bytes is not None and meter.session_bytes >= max_bytes:
@@ -1349,6 +1411,16 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--wait-s", type=float, default=0.0,
                    help="wait up to this long (at most 10 s) for a new event or the job's end")
 
+    hi = sub.add_parser("hub-info", help="a Hub revision listing, the free space and what is at DEST (stdin: url, token)")
+    hi.add_argument("--dest", required=True)
+
+    hf = sub.add_parser("hub-fetch", help="download a Hub revision's files into DEST, verified (stdin: token, files)")
+    hf.add_argument("--dest", required=True)
+    hf.add_argument("--connections", type=int, default=8)
+    hf.add_argument("--chunk-mb", type=float, default=32.0)
+    hf.add_argument("--max-bytes", type=int, help=argparse.SUPPRESS)
+    common(hf)
+
     c = sub.add_parser("summary", help="what the hash cache vouches for under a directory (hashes nothing)")
     c.add_argument("--dir", required=True)
     c.add_argument("--hash-cache", required=True)
@@ -1402,7 +1474,18 @@ def main(argv: list[str] | None = None) -> int:
         emit("done", stopped=bool(running), pids=running)
         return 0
 
+    if args.cmd == "hub-info":
+        try:
+            req = json.loads(sys.stdin.read())
+            emit("hub-info", **hub_info(req["url"], req.get("token"), args.dest))
+        except (AgentError, OSError, ValueError, KeyError) as exc:
+            emit("error", message=str(exc))
+            return EXIT_ERROR
+        return 0
+
     # Read stdin and check arguments before detaching, so mistakes reach the caller.
+    # The Hub token comes on stdin too: never on a command line (ps), never in a file.
+    hub_spec = json.loads(sys.stdin.read()) if args.cmd == "hub-fetch" else None
     manifest = _load_manifest(args.manifest_json) if getattr(args, "manifest_json", None) else None
     if args.cmd == "serve":
         try:
@@ -1439,6 +1522,14 @@ def main(argv: list[str] | None = None) -> int:
                                    relay=args.relay, relay_wait_s=args.relay_wait_s)
             serve(server, args.ttl_s, emit, stop)
             emit("done", requests=len(server.requests))
+        elif args.cmd == "hub-fetch":
+            assert hub_spec is not None
+            result = hub_fetch(
+                hub_spec, args.dest, emit=emit, token=hub_spec.pop("token", None), connections=args.connections,
+                chunk_bytes=max(1, int(args.chunk_mb * MIB)), cache=cache, stop=stop, interval_s=args.interval_s,
+                max_bytes=args.max_bytes,
+            )
+            emit("done", **result)
         elif args.cmd == "pull":
             assert manifest is not None
             result = pull(
@@ -1450,6 +1541,12 @@ def main(argv: list[str] | None = None) -> int:
     except Interrupted as exc:
         emit("error", message=str(exc), interrupted=True, resumable=True)
         return EXIT_INTERRUPTED
+    except HttpRefused as exc:
+        emit("error", message=str(exc), status=exc.status, error_code=exc.code, server_message=exc.server_message)
+        return EXIT_ERROR
+    except HubFailed as exc:
+        emit("error", message=str(exc), failed=exc.failed, resumable=True)
+        return EXIT_ERROR
     except (AgentError, OSError) as exc:
         emit("error", message=str(exc))
         return EXIT_ERROR

@@ -11,4 +11,4 @@ set -a
 . "$ENV_FILE"
 set +a
 
-exec python3 -m llama_cpp.server --model /srv/models/tiny-llama.gguf --model_alias tiny-llama --host 0.0.0.0 --port 8080 --n_ctx 512 --interrupt_requests False
+exec python3 -m llama_cpp.server --model /srv/models/tiny-llama/tiny-llama.gguf --model_alias tiny-llama --host 0.0.0.0 --port 8080 --n_ctx 512 --interrupt_requests False
