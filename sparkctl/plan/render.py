@@ -20,12 +20,13 @@ import json
 import posixpath
 import shlex
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import jinja2
 
 from sparkctl import __version__
 from sparkctl.errors import ProfileError, Ref, RenderError
+from sparkctl.plan import contracts
 from sparkctl.model.inventory import Inventory
 from sparkctl.model.layout import Layout, Rank, bind
 from sparkctl.model.profiles import Resolved
@@ -85,6 +86,10 @@ NodeFiles = dict[str, RenderedFile]
 class Rendering:
     layout: Layout
     files: dict[str, NodeFiles]  # node -> path -> file
+    # "not validated against vLLM X" when the engine version has no contract, and
+    # what the contract says the real release would refuse (render, plan and check print them).
+    warnings: tuple[str, ...] = ()
+    argv: dict[str, tuple[str, ...]] = field(default_factory=dict)  # node -> engine arguments
 
     def node_hash(self, node: str) -> str:
         """Stable hash of what a node receives (path, mode and text of every file)."""
@@ -155,18 +160,25 @@ def engine_argv(p: Profile, r: Rank, weights: str) -> list[str]:
         argv += ["--distributed-executor-backend", "mp", "--host", "0.0.0.0", "--port", str(port),
                  "--max-model-len", str(m.context_len_tokens), "--gpu-memory-utilization", util]
     elif e.name == "sglang":
-        argv = ["--model-path", weights, "--served-model-name", m.served_name, "--tp", str(n),
+        # --tp-size, not the abbreviation --tp that argparse happens to accept today.
+        # --enable-metrics: SGLang 0.5.4 serves /metrics only with it (server_args.py
+        # enable_metrics=False; http_server.py mounts the prometheus app only then), and
+        # readiness waits for sglang:generation_tokens_total there.
+        argv = ["--model-path", weights, "--served-model-name", m.served_name, "--tp-size", str(n),
                 "--nnodes", str(n), "--node-rank", str(r.rank), "--dist-init-addr",
                 f"{r.master_addr}:{r.master_port}", "--host", "0.0.0.0", "--port", str(port),
-                "--context-length", str(m.context_len_tokens), "--mem-fraction-static", util]
+                "--context-length", str(m.context_len_tokens), "--mem-fraction-static", util, "--enable-metrics"]
     else:  # llamacpp: llama-server, or llama-cpp-python's server (its flags differ)
         binary = e.binary or DEFAULT_BINARY["llamacpp"]
         if "llama_cpp.server" in binary:
             argv = ["--model", weights, "--model_alias", m.served_name, "--host", "0.0.0.0",
                     "--port", str(port), "--n_ctx", str(m.context_len_tokens)]
         else:
+            # --kv-unified: one KV buffer shared by all slots, so each request may use the whole
+            # --ctx-size; without it llama-server gives every slot ctx-size / parallel tokens
+            # (common/arg.cpp "-kvu, --kv-unified"; issue #12: 131072 / 8 = 16384 per slot).
             argv = ["--model", weights, "--alias", m.served_name, "--host", "0.0.0.0", "--port", str(port),
-                    "--ctx-size", str(m.context_len_tokens)]
+                    "--ctx-size", str(m.context_len_tokens), "--kv-unified"]
     return argv + list(e.args)
 
 
@@ -188,6 +200,7 @@ def render(
     env = _env(roots)
     secrets = secrets or {}
     out: dict[str, NodeFiles] = {}
+    argvs: dict[str, tuple[str, ...]] = {}
     for r in layout.ranks:
         p = res.for_node(r.node)
         node = inv.node(r.node)
@@ -256,4 +269,6 @@ def render(
         mpath = under(node.prefix, MANIFEST)
         nf[mpath] = RenderedFile(mpath, json.dumps(manifest, indent=2, sort_keys=True) + "\n", 0o644, "manifest")
         out[r.node] = nf
-    return Rendering(layout, out)
+        argvs[r.node] = tuple(ctx["argv"])
+    head = res.for_node(layout.ranks[0].node).engine
+    return Rendering(layout, out, contracts.warnings(head.name, head.version, argvs), argvs)

@@ -11,4 +11,4 @@ set -a
 . "$ENV_FILE"
 set +a
 
-exec llama-server --model /srv/models/DeepSeek-V4-Flash-0731-Q2_K.gguf --alias deepseek-v4-flash-gguf --host 0.0.0.0 --port 8080 --ctx-size 131072 --parallel 8 --n-gpu-layers 999
+exec llama-server --model /srv/models/DeepSeek-V4-Flash-0731-Q2_K.gguf --alias deepseek-v4-flash-gguf --host 0.0.0.0 --port 8080 --ctx-size 131072 --kv-unified --parallel 8 --n-gpu-layers 999

@@ -50,5 +50,5 @@ exec docker run --rm --name sparkctl-engine \
   --ulimit memlock=-1 --cap-add IPC_LOCK --gpus all \
   "$@" -e NCCL_IB_GID_INDEX \
   -v /srv/models:/srv/models:ro \
-  lmsysorg/sglang:v0.5.4-spark \
-  python3 -m sglang.launch_server --model-path /srv/models/Qwen3.8-Flash-Next-NVFP4 --served-model-name qwen3.8-flash-next --tp 2 --nnodes 2 --node-rank 0 --dist-init-addr 10.20.0.1:29500 --host 0.0.0.0 --port 30000 --context-length 262144 --mem-fraction-static 0.85
+  sglang-spark:v0.5.4 \
+  python3 -m sglang.launch_server --model-path /srv/models/Qwen3.8-Flash-Next-NVFP4 --served-model-name qwen3.8-flash-next --tp-size 2 --nnodes 2 --node-rank 0 --dist-init-addr 10.20.0.1:29500 --host 0.0.0.0 --port 30000 --context-length 262144 --mem-fraction-static 0.85 --enable-metrics

@@ -50,5 +50,5 @@ exec docker run --rm --name sparkctl-engine \
   --ulimit memlock=-1 --cap-add IPC_LOCK --gpus all \
   "$@" -e NCCL_IB_GID_INDEX \
   -v /srv/models:/srv/models:ro \
-  ghcr.io/eugr/spark-vllm:0.11.2 \
-  vllm serve /srv/models/DeepSeek-V4-Flash-0731 --served-model-name deepseek-v4-flash --tensor-parallel-size 2 --nnodes 2 --node-rank 0 --master-addr 10.20.0.1 --master-port 29500 --distributed-executor-backend mp --host 0.0.0.0 --port 8000 --max-model-len 1048576 --gpu-memory-utilization 0.85 --kv-cache-dtype nvfp4_ds_mla
+  vllm-node:v0.11.2 \
+  vllm serve /srv/models/DeepSeek-V4-Flash-0731 --served-model-name deepseek-v4-flash --tensor-parallel-size 2 --nnodes 2 --node-rank 0 --master-addr 10.20.0.1 --master-port 29500 --distributed-executor-backend mp --host 0.0.0.0 --port 8000 --max-model-len 1048576 --gpu-memory-utilization 0.85 --kv-cache-dtype fp8
