@@ -2,7 +2,10 @@
 #   make demo   - the main job: the whole tour on the SIMULATED 4-node ring
 #   make test   - the test suite (unit tests + end-to-end tests on the simulated cluster)
 PY ?= python3
-APT_PACKAGES = openssh-server openssh-client iproute2 iputils-ping procps psmisc curl ethtool
+# systemd, netplan.io, shellcheck: the real tools that judge the rendered units, netplan
+# files and scripts (tests/test_real_tools.py; PID 1 is not needed).
+APT_PACKAGES = openssh-server openssh-client iproute2 iputils-ping procps psmisc curl ethtool \
+  systemd netplan.io shellcheck
 
 .PHONY: setup demo test
 
