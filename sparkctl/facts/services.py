@@ -1,0 +1,179 @@
+"""Service facts: the engine processes (ps), the listening TCP ports (ss or
+/proc/net/tcp), the served models (``GET /v1/models``) and what sparkctl's
+weights agent vouches for (``weights_agent.py summary``).
+
+What this module owns: the pure parsers of those outputs, the engine command
+line pattern, and the :class:`~sparkctl.facts.registry.Fact` entries. It must
+not run anything.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from sparkctl.facts.nodefacts import EngineProc, WeightsSummary
+from sparkctl.facts.registry import NOT_FOUND, ExitCode, Fact, ProbeParseError, ScriptContext, int_in, lines, q, tool
+
+MARKER_PREFIX = "@@sparkctl:"
+# Engine command lines as the rendered launch scripts start them (docs/engines.md),
+# one ERE for grep on the node and for Python here. The [x]yz classes keep grep
+# from matching its own command line.
+ENGINE_REGEX = ("(^|/| |-m )([d]s41f|[t]ensorfold|[v]llm|[l]lama-server)([ .:]|$)|[s]glang[.]launch_server"
+                "|[l]lama_cpp[.]server|[d]ocker run .*sparkctl-engine|/opt/sparkctl/[l]aunch[.]sh")
+ENGINE_PATTERN = re.compile(ENGINE_REGEX, re.IGNORECASE)
+# How long the node may take to answer /v1/models; the brief: curl -m 3.
+MODELS_TIMEOUT_S = 3
+AGENT = "weights_agent.py summary"
+MODELS_TOOL = "GET /v1/models"
+
+
+def parse_engines(text: str) -> list[EngineProc]:
+    """``ps -eo pid,args`` (whole or grepped, header required): the engine
+    processes. The probe's own shell (its command line carries the markers) is
+    left out."""
+    found = lines(text)
+    if not found or not re.fullmatch(r"\s*PID\s+(COMMAND|ARGS|CMD)", found[0]):
+        raise ProbeParseError("engine processes", "no ps header line", "ps")
+    out = []
+    for line in found[1:]:
+        m = re.fullmatch(r"\s*([0-9]+)\s+(.*)", line)
+        if not m:
+            raise ProbeParseError("engine processes", f"unexpected line {line.strip()[:50]!r}", "ps")
+        args = m.group(2).strip()
+        if MARKER_PREFIX in args or not ENGINE_PATTERN.search(args):
+            continue
+        out.append(EngineProc(int(m.group(1)), args))
+    return out
+
+
+def parse_listening_ports(text: str) -> set[int]:
+    """``ss -ltn[p][H]`` or ``/proc/net/tcp[6]``: the TCP ports in LISTEN."""
+    ports: set[int] = set()
+    for line in lines(text):
+        cells = line.split()
+        if cells[0] in ("State", "Netid", "sl"):
+            continue
+        if cells[0] == "LISTEN" and len(cells) >= 4:
+            local = cells[3]
+            port = local.rsplit(":", 1)[-1]
+            if ":" not in local or not port.isdigit():
+                raise ProbeParseError("listening TCP ports", f"unexpected address {local[:40]!r}", "ss")
+            ports.add(int_in("listening TCP ports", port, 0, 65535, "ss"))
+        elif re.fullmatch(r"[0-9]+:", cells[0]) and len(cells) >= 4:
+            m = re.fullmatch(r"[0-9A-F]+:([0-9A-F]{4})", cells[1])
+            if not m or not re.fullmatch(r"[0-9A-F]{2}", cells[3]):
+                raise ProbeParseError("listening TCP ports", f"unexpected /proc/net/tcp line {line[:50]!r}", "ss")
+            if cells[3] == "0A":  # TCP_LISTEN
+                ports.add(int(m.group(1), 16))
+        else:
+            raise ProbeParseError("listening TCP ports", f"unexpected line {line.strip()[:50]!r}", "ss")
+    return ports
+
+
+_WEIGHT_KINDS = ("dir", "file", "missing")
+
+
+def parse_weights_summary(text: str) -> WeightsSummary:
+    """The last JSON line of ``weights_agent.py summary``: a ``summary`` event (or its ``error``)."""
+    what = "weights summary"
+    doc: Any = None
+    for line in reversed(text.strip().splitlines()):
+        try:
+            doc = json.loads(line)
+        except (ValueError, RecursionError):
+            continue
+        break
+    if not isinstance(doc, dict):
+        raise ProbeParseError(what, "no JSON line" if doc is None else "not a JSON object", AGENT)
+    if doc.get("event") == "error":
+        raise ProbeParseError(what, f"the agent said: {str(doc.get('message'))[:200]}", AGENT)
+    if doc.get("event") != "summary" or doc.get("kind") not in _WEIGHT_KINDS:
+        raise ProbeParseError(what, f"not a summary (event {str(doc.get('event'))[:40]!r}, "
+                                    f"kind {str(doc.get('kind'))[:40]!r})", AGENT)
+
+    def count(key: str) -> int:
+        v = doc.get(key, 0)
+        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+            raise ProbeParseError(what, f"{key} is not a count: {str(v)[:40]!r}", AGENT)
+        return v
+
+    digest = doc.get("digest")
+    if digest is not None and not (isinstance(digest, str) and re.fullmatch(r"[0-9a-f]{64}", digest)):
+        raise ProbeParseError(what, f"digest is not a SHA-256: {str(digest)[:80]!r}", AGENT)
+    listed = doc.get("unverified", [])
+    if not isinstance(listed, list) or not all(isinstance(x, str) for x in listed):
+        raise ProbeParseError(what, "unverified is not a list of paths", AGENT)
+    return WeightsSummary(kind=doc["kind"], files=count("files"), bytes=count("bytes"), digest=digest,
+                          n_unverified=count("n_unverified"), unverified=tuple(listed), partial=count("partial"))
+
+
+def parse_models(text: str) -> list[str]:
+    """``GET /v1/models``: the ids of the OpenAI ``data`` array (vLLM, SGLang,
+    llama.cpp, which adds an Ollama-style ``models`` array, used only when
+    ``data`` is missing)."""
+    what = "served models"
+    if not text.strip():
+        raise ProbeParseError(what, "empty response", MODELS_TOOL)
+    try:
+        doc: Any = json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        raise ProbeParseError(what, f"not JSON ({str(exc)[:80]})", MODELS_TOOL) from None
+    if not isinstance(doc, dict):
+        raise ProbeParseError(what, "not a JSON object", MODELS_TOOL)
+    if isinstance(doc.get("data"), list):
+        items, key = doc["data"], "id"
+    elif isinstance(doc.get("models"), list):
+        items, key = doc["models"], "name"
+    else:
+        raise ProbeParseError(what, f"no data array (keys: {', '.join(sorted(map(str, doc))[:5])})", MODELS_TOOL)
+    out = []
+    for item in items:
+        if not isinstance(item, dict) or not isinstance(item.get(key), str):
+            raise ProbeParseError(what, f"an entry without a string {key!r}", MODELS_TOOL)
+        out.append(item[key])
+    return out
+
+
+# --------------------------------------------------------------------------- facts
+
+# The [x]yz classes keep grep from matching its own command line; the header
+# line proves ps ran. parse_engines filters again (it is the contract).
+ENGINES = Fact("engines", "engine processes",
+               lambda c, _: tool("ps", "-eo", "pid,args") + " | grep -iE -e '^ *PID ' -e " + q(ENGINE_REGEX),
+               parse_engines)
+PORTS = Fact("ports", "listening TCP ports", lambda c, _: (
+    "if have ss; then ss -ltnpH 2>/dev/null || ss -ltnp; "
+    f"else cat {q(c.proc + '/net/tcp')} && {{ cat {q(c.proc + '/net/tcp6')} 2>/dev/null; true; }}; fi"),
+    parse_listening_ports)
+
+
+def _models(ctx: ScriptContext, _: str) -> str:
+    url = f"http://127.0.0.1:{int(ctx.endpoint_port or 0)}/v1/models"
+    py = ("import sys,urllib.request as u;"
+          f"sys.stdout.write(u.urlopen(sys.argv[1],timeout={MODELS_TIMEOUT_S}).read().decode())")
+    return (f"if have curl; then curl -s -m {MODELS_TIMEOUT_S} {q(url)}; "
+            f"elif have python3; then python3 -c {q(py)} {q(url)}; else exit 127; fi")
+
+
+# curl's exit codes (curl(1), EXIT CODES): 7 failed to connect, 28 timed out.
+MODELS = Fact("models", "served models (/v1/models)", _models, parse_models, core=False,
+              when=lambda c: c.endpoint_port is not None,
+              exit_codes=(NOT_FOUND,
+                          ExitCode(7, "unreadable", "connection refused (nothing listening on the endpoint port?)"),
+                          ExitCode(28, "unreadable", f"no answer within {MODELS_TIMEOUT_S} s")))
+
+
+def _weights(ctx: ScriptContext, _: str) -> str:
+    w = ctx.weights
+    assert w is not None
+    # what the agent's hash cache vouches for (stat only, nothing hashed)
+    return (f"[ -e {q(w.agent)} ] || exit 3; have python3 || exit 127; "
+            f"python3 -S {q(w.agent)} summary --dir {q(w.root)} --hash-cache {q(w.hash_cache)}")
+
+
+# exit 3: no agent on the node, so sparkctl never fetched or synced here: nothing is vouched for.
+WEIGHTS = Fact("weights", "the weights (sparkctl's hash cache)", _weights, parse_weights_summary, core=False,
+               when=lambda c: c.weights is not None,
+               exit_codes=(NOT_FOUND, ExitCode(3, "absent", "no weights agent", value=WeightsSummary("no-agent"))))
