@@ -231,6 +231,14 @@ def err_console() -> Console:
     return Console(stderr=True, highlight=False, soft_wrap=True)
 
 
+def print_engine_warnings(res: Resolved, inv: Inventory) -> None:
+    """On stderr: 'not validated against <engine> <version>' and what the engine's contract refuses."""
+    from sparkctl.plan.render import engine_warnings
+
+    for w in engine_warnings(res, inv):
+        err_console().print(f"[yellow]warning:[/] {escape(w)}")
+
+
 
 
 class NodeProgress:

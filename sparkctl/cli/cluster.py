@@ -22,6 +22,7 @@ from sparkctl.cli.base import (
     out,
     parse_waivers,
     pass_ctx,
+    print_engine_warnings,
     print_verdicts,
     secrets_from_env,
     set_option,
@@ -50,6 +51,7 @@ def check_cmd(c: Ctx, profile: str, sets: tuple[str, ...], waive: tuple[str, ...
 
     res = c.resolve(profile, sets)
     inv = c.inventory()
+    print_engine_warnings(res, inv)
     waivers = parse_waivers(waive, reason)
     with make_transport(inv, connect_timeout_s, command_timeout_s, deadline_s) as tr:
         report = run_check(res, inv, tr, waivers=waivers, fix=fix, bandwidth_s=bandwidth_s,

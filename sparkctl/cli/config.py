@@ -15,6 +15,8 @@ from sparkctl.cli.base import (
     Ctx,
     cli,
     emit_json,
+    err_console,
+    escape,
     inventory_option,
     json_option,
     out,
@@ -142,6 +144,8 @@ def render_cmd(c: Ctx, profile: str, node: str | None, out_dir: str | None, sets
     res = c.resolve(profile, sets)
     inv = c.inventory()
     rendering = render(res, inv, c.roots(), secrets_from_env(res), reveal_secrets=False)
+    for w in rendering.warnings:
+        err_console().print(f"[yellow]warning:[/] {escape(w)}")
     nodes = [node] if node else list(rendering.files)
     if node and node not in rendering.files:
         raise ConfigError(f"node {node!r} runs no rank of {profile}", hint=f"nodes: {', '.join(rendering.files)}")
@@ -191,6 +195,8 @@ def plan_cmd(c: Ctx, profile: str, sets: tuple[str, ...], as_json: bool) -> None
     res = c.resolve(profile, sets)
     inv = c.inventory()
     rendering = render(res, inv, c.roots(), secrets_from_env(res), reveal_secrets=False)
+    for w in rendering.warnings:
+        err_console().print(f"[yellow]warning:[/] {escape(w)}")
     steps = plan_up(res, inv, rendering)
     lay = rendering.layout
     if as_json:

@@ -182,6 +182,17 @@ def engine_argv(p: Profile, r: Rank, weights: str) -> list[str]:
     return argv + list(e.args)
 
 
+def engine_warnings(res: Resolved, inv: Inventory) -> tuple[str, ...]:
+    """The contract warnings of ``render`` without rendering files (no templates, no secrets)."""
+    layout = bind(res, inv)
+    argvs: dict[str, list[str]] = {}
+    for r in layout.ranks:
+        p = res.for_node(r.node)
+        argvs[r.node] = engine_argv(p, r, under(inv.node(r.node).prefix, p.model.weights_path))
+    head = res.for_node(layout.ranks[0].node).engine
+    return contracts.warnings(head.name, head.version, argvs)
+
+
 def _ref(res: Resolved, key: str, node: str | None) -> Ref:
     chain = res.explain(key, node)
     s = chain[-1].source if chain else None
