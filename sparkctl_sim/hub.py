@@ -152,6 +152,7 @@ class LocalHub:
         self.no_ranges = no_ranges
         self.requests: list[tuple[str, str, str, str | None, int]] = []  # (server, method, path, Range, status)
         self.blobs: dict[str, HubFile] = {}
+        self.storage_saw_token = 0  # requests that brought the Hub token to the storage host (must stay 0)
         for r in self.repos.values():
             for f in r.files.values():
                 if f.lfs:
@@ -191,7 +192,8 @@ class LocalHub:
 
     def storage_gets(self, sha256: str) -> list[str | None]:
         """The Range headers of every GET the storage host answered for one blob (for tests)."""
-        return [rng for srv, m, p, rng, _ in self.requests if srv == "storage" and m == "GET" and p.endswith(sha256)]
+        return [rng for srv, m, p, rng, _ in self.requests
+                if srv == "storage" and m == "GET" and urllib.parse.urlsplit(p).path.endswith(sha256)]
 
 
 class _Base(http.server.BaseHTTPRequestHandler):
@@ -412,6 +414,8 @@ class _StorageHandler(_Base):
 
     def _blob(self, head: bool) -> None:
         parts = [p for p in urllib.parse.urlsplit(self.path).path.split("/") if p]
+        if self.headers.get("Authorization"):
+            self.server.hub.storage_saw_token += 1
         f = self.server.hub.blobs.get(parts[1]) if len(parts) == 2 and parts[0] == "blobs" else None
         if f is None:
             self._send(404, b"NoSuchKey", {"Content-Type": "text/plain"}, head)

@@ -496,6 +496,8 @@ def fetch_file(
     probe_client = Client(timeout_s)
     resp = _with_retries(lambda: probe_client.get(url, {**hdrs, "Range": "bytes=0-0"}), retries, stop)
     final_url = probe_client.last_url or url
+    if urllib.parse.urlsplit(final_url).netloc != urllib.parse.urlsplit(url).netloc:
+        hdrs = {k: v for k, v in hdrs.items() if k.lower() != "authorization"}  # the storage host gets no token
     if resp.status == 206:
         _, _, total = _content_range(resp)
         resp.read()
@@ -953,8 +955,17 @@ def cached_summary(root: str, cache: HashCache, *, listed: int = 10) -> dict:
             unverified.append(rel)
         lines.append(f"{rel}\t{size}\t{sha}\n")
     digest = hashlib.sha256("".join(lines).encode()).hexdigest() if paths and not unverified else None
-    return {"kind": kind, "root": root, "files": len(paths), "bytes": total, "digest": digest,
-            "n_unverified": len(unverified), "unverified": unverified[:listed], "partial": partial}
+    out = {"kind": kind, "root": root, "files": len(paths), "bytes": total, "digest": digest,
+           "n_unverified": len(unverified), "unverified": unverified[:listed], "partial": partial}
+    hub = _old_hub_manifest(root) if kind == "dir" else {}
+    if hub:
+        # what the Hub said against what this node's cache vouches for (no byte read)
+        differ = [rel for rel, want in sorted((hub.get("files") or {}).items())
+                  if rel not in paths or os.path.getsize(paths[rel]) != want.get("size")
+                  or (want.get("sha256") and cache.get(paths[rel]) not in (None, want["sha256"]))]
+        out.update(hub_repo=hub.get("repo_id"), hub_commit=hub.get("commit"), hub_differ=differ[:listed],
+                   n_hub_differ=len(differ))
+    return out
 
 
 def build_manifest(
@@ -978,6 +989,8 @@ def build_manifest(
         files[rel] = {"size": os.path.getsize(paths[rel]), "sha256": digest, "chunk_bytes": chunk_bytes,
                       "chunks": chunks}
     meter.report()
+    if kind == "dir":
+        check_hub_manifest(root, files)
     return {"kind": kind, "files": files}
 
 
@@ -1279,6 +1292,211 @@ def pull(
         "bytes_total": totals.total, "seconds": round(seconds, 3),
         "rate_Bps": round(totals.session_bytes / seconds) if seconds > 0 else 0, "verified": True,
     }
+
+
+# --------------------------------------------------------------------------- hub
+
+
+HUB_MANIFEST = ".sparkctl/hub-manifest.json"  # sparkctl.ops.hub.MANIFEST_REL: beside the files, synced with them
+API_MAX_BYTES = 64 * MIB  # a revision listing of a huge repository is a few MB
+
+
+class HubFailed(AgentError):
+    """Some files failed verification or transfer (deleted and named); the others are complete."""
+
+    def __init__(self, message: str, failed: list[dict]) -> None:
+        super().__init__(message)
+        self.failed = failed
+
+
+def _auth(token: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"} if token else {}
+
+
+def free_bytes(path: str) -> int | None:
+    """Bytes free to an unprivileged writer on the filesystem that will hold ``path``."""
+    p = os.path.abspath(path)
+    while not os.path.exists(p) and p != "/":
+        p = os.path.dirname(p)
+    try:
+        st = os.statvfs(p)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
+
+
+def git_blob_sha1_file(path: str) -> tuple[str, str]:
+    """(git blob id, sha256) of a file in one read: the blob id is sha1 of ``blob <size>\\0`` and the bytes."""
+    size = os.path.getsize(path)
+    sha1 = hashlib.sha1(b"blob %d\0" % size)
+    sha256 = hashlib.sha256()
+    with open(path, "rb") as f:
+        while True:
+            block = f.read(HASH_BLOCK)
+            if not block:
+                break
+            sha1.update(block)
+            sha256.update(block)
+    return sha1.hexdigest(), sha256.hexdigest()
+
+
+def hub_info(url: str, token: str | None, dest: str, timeout_s: float = 30.0) -> dict:
+    """The Hub's answer to the revision API (status, error code, JSON), the free space and what is at ``dest``."""
+    client = Client(timeout_s)
+    try:
+        resp = _with_retries(lambda: client.get(url, {**_auth(token), "Accept": "application/json"}), 2,
+                             threading.Event())
+        body = resp.read(API_MAX_BYTES)
+    finally:
+        client.close()
+    doc = None
+    if resp.status == 200:
+        try:
+            doc = json.loads(body)
+        except ValueError:
+            doc = None
+    present: dict[str, int] = {}
+    if os.path.isdir(dest):
+        _, paths, _ = _list_files(dest)
+        present = {rel: os.path.getsize(full) for rel, full in paths.items()}
+    return {"status": resp.status, "error_code": resp.getheader("X-Error-Code"),
+            "error_message": resp.getheader("X-Error-Message"), "doc": doc, "free_bytes": free_bytes(dest),
+            "present": present}
+
+
+def _old_hub_manifest(dest: str) -> dict:
+    try:
+        with open(os.path.join(dest, *HUB_MANIFEST.split("/"))) as f:
+            data = json.load(f)
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def _complete(target: str, entry: dict, old: dict, cache: HashCache) -> tuple[bool, str | None, str]:
+    """(complete, sha256, why not) of a file already at ``target``: by the hash cache when it can."""
+    size = int(entry["size"])
+    if os.path.getsize(target) != size:
+        return False, None, f"{os.path.getsize(target)} bytes, the Hub says {size}"
+    if entry.get("sha256"):
+        have = sha256_file(target, cache=cache)  # a fresh cache entry: no byte is read
+        return have == entry["sha256"], have, f"sha256 {have[:12]}, the Hub says {entry['sha256'][:12]}"
+    prev = (old.get("files") or {}).get(entry["path"]) or {}
+    if prev.get("sha256") and prev.get("blob_id") == entry.get("blob_id") and cache.get(target) == prev["sha256"]:
+        return True, prev["sha256"], ""
+    if entry.get("blob_id"):
+        blob, sha = git_blob_sha1_file(target)
+        if blob == entry["blob_id"]:
+            cache.put(target, sha)
+        return blob == entry["blob_id"], sha, f"git blob {blob[:12]}, the Hub says {entry['blob_id'][:12]}"
+    return True, sha256_file(target, cache=cache), ""
+
+
+def hub_fetch(
+    spec: dict, dest: str, *, emit: Emitter, token: str | None, connections: int = 8,
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES, cache: HashCache, stop: threading.Event | None = None,
+    interval_s: float = 1.0, max_bytes: int | None = None,
+) -> dict:
+    """Every file of ``spec["files"]`` into ``dest`` at its repository path, verified; then the manifest.
+
+    LFS files are verified by SHA-256, the others by size and git blob id. A
+    file already complete is skipped (by the hash cache, without reading it);
+    one that differs is named (``corrupt``), deleted and fetched again. A file
+    that fails is deleted and named and the others go on; the manifest is
+    written only when every file is complete. 401/403/404 end the job at once
+    (they would refuse every file).
+    """
+    stop = stop or threading.Event()
+    files = list(spec["files"])
+    manifest = json.loads(json.dumps(spec["manifest"]))
+    old = _old_hub_manifest(dest)
+    headers = _auth(token)
+    totals = Meter(emit, interval_s)
+    totals.total = sum(int(e["size"]) for e in files)
+    start = time.monotonic()
+    failed: list[dict] = []
+    fetched = skipped = 0
+    for entry in sorted(files, key=lambda e: (-int(e["size"]), e["path"])):
+        rel = entry["path"]
+        if safe_relpath("/" + rel) != rel:
+            raise AgentError(f"repository path {rel!r} leaves the destination")
+        target = os.path.join(dest, *rel.split("/"))
+        if stop.is_set():
+            raise Interrupted("stopped")
+        if os.path.isfile(target):
+            ok, sha, why = _complete(target, entry, old, cache)
+            if ok:
+                skipped += 1
+                totals.base_bytes += int(entry["size"])
+                manifest["files"][rel]["sha256"] = sha
+                emit("file", file=rel, skipped=True, bytes=0, size=int(entry["size"]), sha256=sha)
+                continue
+            emit("corrupt", file=rel, message=f"{rel}: {why}: deleted, fetched again")
+            _discard(target)
+        remaining = None if max_bytes is None else max_bytes - totals.session_bytes
+        if remaining is not None and remaining <= 0:
+            raise Interrupted("stopped (--max-bytes)")
+        try:
+            result = fetch_file(
+                entry["url"], target, emit=emit, connections=connections, chunk_bytes=chunk_bytes,
+                sha256=entry.get("sha256"), size=int(entry["size"]), cache=cache, stop=stop, interval_s=interval_s,
+                label=rel, totals=totals, max_bytes=remaining, headers=headers, drop_cache=True,
+            )
+            if not entry.get("sha256") and entry.get("blob_id"):
+                blob, _ = git_blob_sha1_file(target)
+                if blob != entry["blob_id"]:
+                    _discard(target)
+                    raise AgentError(f"{rel}: git blob id {blob[:12]}, the Hub says {entry['blob_id'][:12]} "
+                                     "(file deleted)")
+        except Interrupted:
+            raise
+        except HttpRefused as exc:
+            if exc.status in (401, 403, 404):
+                raise
+            failed.append({"file": rel, "message": str(exc)})
+            emit("failed", file=rel, message=str(exc))
+            continue
+        except AgentError as exc:
+            _discard(target)
+            failed.append({"file": rel, "message": str(exc)})
+            emit("failed", file=rel, message=str(exc))
+            continue
+        fetched += 1
+        manifest["files"][rel]["sha256"] = result["sha256"]
+        emit("file", **result)
+    if failed:
+        names = ", ".join(f["file"] for f in failed[:5]) + (" ..." if len(failed) > 5 else "")
+        raise HubFailed(f"{len(failed)} of {len(files)} files failed and were deleted: {names}", failed)
+    mpath = os.path.join(dest, *HUB_MANIFEST.split("/"))
+    os.makedirs(os.path.dirname(mpath), exist_ok=True)
+    tmp = f"{mpath}.tmp.{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(manifest, f, indent=1, sort_keys=True)
+        f.write("\n")
+    os.replace(tmp, mpath)
+    sha256_file(mpath, cache=cache)  # vouched for by this node's cache, as every file is
+    seconds = time.monotonic() - start
+    return {"files": len(files), "fetched": fetched, "skipped": skipped, "bytes": totals.session_bytes,
+            "bytes_total": totals.total, "seconds": round(seconds, 3), "commit": manifest.get("commit"),
+            "rate_Bps": round(totals.session_bytes / seconds) if seconds > 0 else 0, "manifest": mpath}
+
+
+def check_hub_manifest(root: str, files: dict) -> None:
+    """A tree fetched from the Hub must still be what its manifest says before it is sent anywhere."""
+    hub = _old_hub_manifest(root)
+    if not hub:
+        return
+    bad = []
+    for rel, want in (hub.get("files") or {}).items():
+        have = files.get(rel)
+        if have is None:
+            bad.append(f"{rel} (missing)")
+        elif int(have["size"]) != int(want.get("size", -1)) or (want.get("sha256") and have["sha256"] != want["sha256"]):
+            bad.append(rel)
+    if bad:
+        raise AgentError(f"{root}: {len(bad)} files differ from the Hub manifest (commit {hub.get('commit')}): "
+                         + ", ".join(bad[:5]) + (" ..." if len(bad) > 5 else "")
+                         + "; `sparkctl weights fetch` fetches them again")
 
 
 # --------------------------------------------------------------------------- detached jobs
