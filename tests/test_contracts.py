@@ -128,7 +128,8 @@ def rendering_argv(profile: str, repo: Path) -> list[str]:
     (["serve", "/m", "--served-model-name", "a", "b", "--port", "1"], []),  # nargs="+"
     (["serve", "/m", "extra"], ["unrecognized arguments: extra"]),
     (["/m"], ["expected the subcommand 'serve'"]),
-    (["serve", "/m", "--kv-cache"], ["unrecognized argument --kv-cache"]),  # vLLM: allow_abbrev=False
+    (["serve", "/m", "--kv-cache"], ["ambiguous option --kv-cache"]),  # argparse's allow_abbrev (default True)
+    (["serve", "/m", "--kv-nope", "1"], ["unrecognized argument --kv-nope"]),
     (["serve", "/m", "--no-enable-prefix-caching"], []),
 ])
 def test_vllm_parser_rules(argv: list[str], want: list[str]) -> None:
