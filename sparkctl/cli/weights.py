@@ -146,6 +146,7 @@ def weights_sync_cmd(c: Ctx, profile: str, from_node: str | None, dry_run: bool,
                      as_json: bool) -> None:
     """Copy the profile's weights to its other nodes over the fabric only, verified against a manifest."""
     from sparkctl.model.layout import bind
+    from sparkctl.ops.hub import local_dir_of
     from sparkctl.ops.weights import describe_plan, plan_sync, sync
 
     res = c.resolve(profile)
@@ -160,7 +161,7 @@ def weights_sync_cmd(c: Ctx, profile: str, from_node: str | None, dry_run: bool,
         return
     with make_transport(inv, connect_timeout_s, command_timeout_s, deadline_s) as tr:
         m = res.profile.model
-        rep = sync(inv, tr, m.local_dir or m.weights_path, src, nodes=nodes, connections=connections,
+        rep = sync(inv, tr, local_dir_of(m.weights_path, m.local_dir), src, nodes=nodes, connections=connections,
                    chunk_mb=chunk_mb, pipeline=not no_pipeline, progress=_weights_progress(as_json))
     if as_json:
         emit_json(asdict(rep))

@@ -225,7 +225,8 @@ class ModelSpec(_Strict):
     files: ModelFiles = Field(default_factory=ModelFiles, description="which repository files `weights fetch` takes")
     local_dir: str | None = Field(
         None, description="where the repository is laid out (as `hf download --local-dir`), synced and checked; "
-        "default weights_path; set it when weights_path names one file of the repository (a GGUF)",
+        "default weights_path; set it when weights_path names one file of the repository (a GGUF); "
+        "ignored when weights_path does not lie under it",
     )
 
     @field_validator("id", "weights_format")
@@ -241,14 +242,6 @@ class ModelSpec(_Strict):
         if not v.startswith("/") or "\x00" in v or "\n" in v or "/../" in v + "/":
             raise ValueError("must be an absolute path without '..' components or newlines")
         return v
-
-    @model_validator(mode="after")
-    def _weights_in_local_dir(self) -> "ModelSpec":
-        if self.local_dir is not None:
-            root = self.local_dir.rstrip("/") + "/"
-            if not (self.weights_path.rstrip("/") + "/").startswith(root):
-                raise ValueError(f"weights_path {self.weights_path} must lie under local_dir {self.local_dir}")
-        return self
 
 
 class TopologySpec(_Strict):

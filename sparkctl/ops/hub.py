@@ -179,8 +179,11 @@ def http_error(status: int, code: str | None, message: str | None, repo_id: str,
 
 
 def local_dir_of(weights_path: str, local_dir: str | None) -> str:
-    """Where the repository is laid out: ``model.local_dir``, else the weights path itself."""
-    return (local_dir or weights_path).rstrip("/") or "/"
+    """Where the repository is laid out: ``model.local_dir`` when the weights path lies under it, else the weights
+    path itself (a child profile that moves weights_path elsewhere is not held to its parent's local_dir)."""
+    if local_dir and is_within(weights_path, local_dir):
+        return local_dir.rstrip("/") or "/"
+    return weights_path.rstrip("/") or "/"
 
 
 def plan(node: str, endpoint: str, rev: HubRevision, include: Sequence[str], exclude: Sequence[str],
