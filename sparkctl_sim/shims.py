@@ -1407,7 +1407,10 @@ def ib_write_bw(state: State, args: Sequence[str], netdevs: Netdevs) -> ToolResu
     rate_mpps = bw * 1e9 / 8 / size / 1e6
     n = int(rate_mpps * 1e6 * duration) if duration else iters
     peak = 0.0 if (infinite or duration) else bw + 0.01
-    shown_bw, shown_peak = (bw, peak) if gbits else (bw * 125.0, peak * 125.0)
+    # without --report_gbits perftest reports 2^20 bytes/s ("MB/sec", "MiB/sec" from
+    # 24.07): format_factor 0x100000 in print_report_bw (perftest src/perftest_parameters.c)
+    mib = 1e9 / 8 / 0x100000
+    shown_bw, shown_peak = (bw, peak) if gbits else (bw * mib, peak * mib)
     rows = 2 if infinite else 1
     for _ in range(rows):
         head.append(f" {size:<7}    {n:<7}          {shown_peak:<7.2f}            {shown_bw:<7.2f}\t\t   {rate_mpps:<7.6f}")

@@ -130,6 +130,24 @@ REAL: list[tuple[str, Callable[[str], Any], Any]] = [
     ("show_gids-spark-rows.txt", probes.parse_show_gids, {"rocep1s0f0": {
         1: Gid(1, "fe80:0000:0000:0000:4ebb:47ff:fee8:9f39", "RoCE v2", "enp1s0f0np0"),
         3: Gid(3, "0000:0000:0000:0000:0000:ffff:c0a8:640a", "RoCE v2", "enp1s0f0np0")}}),
+    # the same rows and the full table as pasted from a terminal: tabs became spaces
+    ("show_gids-spark-rows-pasted-spaces.txt", probes.parse_show_gids, {"rocep1s0f0": {
+        1: Gid(1, "fe80:0000:0000:0000:4ebb:47ff:fee8:9f39", "RoCE v2", "enp1s0f0np0"),
+        3: Gid(3, "0000:0000:0000:0000:0000:ffff:c0a8:640a", "RoCE v2", "enp1s0f0np0")}}),
+    *[(f, probes.parse_show_gids, {"mlx5_0": {
+        0: Gid(0, "fe80:0000:0000:0000:0ac0:ebff:fe21:03da", "IB/RoCE v1", "rdma0"),
+        1: Gid(1, "fe80:0000:0000:0000:0ac0:ebff:fe21:03da", "RoCE v2", "rdma0"),
+        2: Gid(2, "0000:0000:0000:0000:0000:ffff:c0a8:d3f2", "IB/RoCE v1", "rdma0"),
+        3: Gid(3, "0000:0000:0000:0000:0000:ffff:c0a8:d3f2", "RoCE v2", "rdma0")}})
+      for f in ("show_gids-mlx5-full.txt", "show_gids-mlx5-full-pasted-spaces.txt")],
+    # ethtool with no Speed line at all (no link-modes reply): unknown, not 0
+    ("ethtool-lo-no-speed-line-this-machine.txt", probes.parse_ethtool, Ethtool(None, True)),
+    # §4.1 ib_write_bw: BW average in Gb/s whatever unit the header gives
+    ("ib_write_bw-rdma-cm.txt", probes.parse_ib_write_bw, 111.71),
+    ("ib_write_bw-run-infinitely.txt", probes.parse_ib_write_bw, 92.57),  # two rows of one size: their mean
+    ("ib_write_bw-mb-sec-constructed.txt", probes.parse_ib_write_bw, 111.71),  # 13316.87 x 2^20 B/s
+    ("ib_write_bw-mib-sec-constructed.txt", probes.parse_ib_write_bw, 111.71),
+    ("ib_write_bw-cpu-util-constructed.txt", probes.parse_ib_write_bw, 109.17),
 ]
 
 
@@ -295,6 +313,29 @@ GARBAGE: list[tuple[Callable[[str], Any], str]] = [
     (probes.parse_weights_summary, '{"event":"summary","kind":"dir","files":-1}\n'),
     (probes.parse_weights_summary, '{"event":"summary","kind":"dir","digest":"xyz"}\n'),
     (probes.parse_weights_summary, '{"event":"summary","kind":"sideways"}\n'),
+    # units checked against the header or the tool's one format, never stripped and trusted
+    (csv("clocks.sm,clocks.max.sm"), "clocks.sm [GHz], clocks.max.sm [GHz]\n2.40 GHz, 3.00 GHz\n"),
+    (csv("clocks.sm,clocks.max.sm"), "2405 W, 3003 MHz\n"),
+    (probes.parse_gpu_query, "NVIDIA GB10, 12.1, 580.159.03, 2190 MHz, 3003 MHz, 0x0, 5.30 MHz, 47\n"),
+    (probes.parse_ethtool, "\tSpeed: 200Gb/s\n\tLink detected: yes\n"),
+    (probes.parse_ethtool, "\tSpeed: 200000Mb/s\n\tSpeed: 100000Mb/s\n"),  # two interfaces pasted
+    (probes.parse_lspci_link, "\t\tLnkCap:\tPort #0, Speed 32GT/s, Width x4\n\t\tLnkSta:\tSpeed unknown, Width x0\n"),
+    (probes.parse_lspci_link, fx("lspci-vvv-lnk-healthy.txt") * 2),  # two devices
+    (probes.parse_df, "Filesystem     1K-blocks      Used Available Use% Mounted on\n/dev/x 10 5 5 50% /\n"),
+    (probes.parse_meminfo, "MemTotal:       127600816\nMemAvailable:   40174336\n"),  # no kB
+    # show_gids: cells read by content, so a misaligned paste is refused, not shifted
+    (probes.parse_show_gids, "mlx5_0  1  3  0000:0000:0000:0000:0000:ffff:c0a8:d3f2  192.168.9.9  v2  rdma0\n"),
+    (probes.parse_show_gids, "mlx5_0  1  3  0000:0000:0000:0000:0000:ffff:c0a8:d3f2  192.168.211.242  rdma0\n"),
+    (probes.parse_show_gids, fx("show_gids-mlx5-full.txt").replace("n_gids_found=4", "n_gids_found=5")),
+    (probes.parse_show_gids, "mlx5_0  1  3  0000:0000:0000:0000:0000:ffff:c0a8:d3f2  v2  rdma0  extra\n"),
+    # ib_write_bw: the known failure (header, no row, exit 0), unknown units and columns
+    (probes.parse_ib_write_bw, fx("ib_write_bw-rdma-cm.txt").split(" 65536")[0]),
+    (probes.parse_ib_write_bw, fx("ib_write_bw-rdma-cm.txt").replace("[Gb/sec]", "[KB/sec]")),
+    (probes.parse_ib_write_bw, fx("ib_write_bw-rdma-cm.txt").replace("BW peak[Gb/sec]", "BW peak[MB/sec]")),
+    (probes.parse_ib_write_bw, fx("ib_write_bw-rdma-cm.txt").replace("MsgRate[Mpps]", "MsgRate[Mpps]  Extra[x]")),
+    (probes.parse_ib_write_bw, fx("ib_write_bw-cpu-util-constructed.txt").replace("    CPU_Util[%]", "")),
+    (probes.parse_ib_write_bw, fx("ib_write_bw-rdma-cm.txt").replace(" #bytes", " #octets")),
+    (probes.parse_ib_write_bw, "************************************\n* Waiting for client to connect... *\n"),
 ]
 
 
@@ -620,3 +661,117 @@ def test_script_uses_sudo_for_lspci_only_when_the_node_allows() -> None:
     assert "sudo" not in probes.build_script(spark_node())
     s = probes.build_script(spark_node(sudo=True))
     assert s.count("sudo -n lspci") == 4 and s.count("sudo") == 8
+
+
+# ---------------------------------------------------------------- perftest report variants
+# (fixture, unit as printed, rows, BW average Gb/s of the first row, CPU_Util %)
+BW_VARIANTS: list[tuple[str, str, int, float, float | None]] = [
+    ("ib_write_bw-rdma-cm.txt", "Gb/sec", 1, 111.71, None),
+    ("ib_write_bw-run-infinitely.txt", "Gb/sec", 2, 92.57, None),
+    ("ib_write_bw-mb-sec-constructed.txt", "MB/sec", 1, 111.71, None),
+    ("ib_write_bw-mib-sec-constructed.txt", "MiB/sec", 1, 111.71, None),
+    ("ib_write_bw-cpu-util-constructed.txt", "Gb/sec", 1, 109.17, 48.21),
+]
+
+
+@pytest.mark.parametrize("name,unit,n_rows,gbps,cpu", BW_VARIANTS, ids=[v[0] for v in BW_VARIANTS])
+def test_bw_report_reads_units_and_columns_from_the_header(
+        name: str, unit: str, n_rows: int, gbps: float, cpu: float | None) -> None:
+    rep = probes.parse_bw_report(fx(name))
+    assert (rep.unit, len(rep.rows), rep.rows[0].cpu_util_pct) == (unit, n_rows, cpu)
+    assert rep.rows[0].bw_average_gbps == pytest.approx(gbps, abs=0.005)
+    assert rep.rows[0].size_bytes == 65536
+
+
+def test_bw_report_per_port_and_six_decimal_rows() -> None:
+    # FORMAT SAMPLES built from perftest's RESULT_FMT_G_PER_PORT / REPORT_FMT_PER_PORT
+    # and REPORT_FMT_EXT (an average below 0.1 Gb/s gets 6 decimals); not captures.
+    per_port = (" #bytes     #iterations    BW peak[Gb/sec]    BW average[Gb/sec]   MsgRate[Mpps]   BW Port1[Gb/sec]"
+                "   MsgRate Port1[Mpps]   BW Port2[Gb/sec]   MsgRate Port2[Mpps]\n"
+                " 65536      10000          0.00               189.85\t\t   0.362100        92.57            "
+                "0.176554              97.28            0.185548\n")
+    assert probes.parse_ib_write_bw(per_port) == 189.85
+    slow = (" #bytes     #iterations    BW peak[Gb/sec]    BW average[Gb/sec]   MsgRate[Mpps]\n"
+            " 2          5000           0.051234            0.050011            3.125688\n")
+    assert probes.parse_ib_write_bw(slow) == 0.05
+
+
+def test_bw_of_several_sizes_is_the_largest_size() -> None:
+    rows = (" #bytes     #iterations    BW peak[MiB/sec]    BW average[MiB/sec]   MsgRate[Mpps]\n"
+            " 2          5000             9.53               9.50                 4.982\n"
+            " 65536      5000             13318.06           13316.87             0.213070\n")
+    assert probes.parse_ib_write_bw(rows) == pytest.approx(111.71, abs=0.005)
+
+
+def test_fabric_client_reads_mb_sec_and_refuses_a_report_without_rows() -> None:
+    t = probes.FabricTarget("bw-client", "enp1s0f0np0", "spark-b", "192.168.100.11", "rocep1s0f0", 18515)
+    ok = frame([("fab0", fx("ib_write_bw-mb-sec-constructed.txt"), 0)])
+    [(_, reached, bw)] = probes.parse_fabric([t], ok)
+    assert reached is True and bw == pytest.approx(111.71, abs=0.005)
+    no_row = frame([("fab0", fx("ib_write_bw-rdma-cm.txt").split(" 65536")[0], 0)])
+    assert probes.parse_fabric([t], no_row) == [(t, False, None)]
+
+
+# ---------------------------------------------------------------- the simulator's tools read back
+
+
+def test_shim_outputs_parse_to_the_state_they_model() -> None:
+    from sparkctl_sim import nodestate, shims  # the simulator may import sparkctl, tests may import both
+
+    state = nodestate.default_state("spark-5c2d")
+    nds = {"enp1s0f0np0": shims.Netdev("enp1s0f0np0", "up", 9000, (("192.168.100.10", 24),)),
+           "enp1s0f1np1": shims.Netdev("enp1s0f1np1", "down")}
+    want = shims.rail_bandwidth_gbps(state, "rocep1s0f0")
+    for unit_flag in (["--report_gbits"], []):
+        out = shims.ib_write_bw(state, ["-d", "rocep1s0f0", *unit_flag, "192.168.100.11"], nds).stdout
+        assert probes.parse_ib_write_bw(out) == pytest.approx(want, abs=0.006), unit_flag
+    gids = probes.parse_show_gids(shims.show_gids(state, [], nds).stdout)
+    assert probes.rocev2_ipv4_gid_index(gids["rocep1s0f0"], "enp1s0f0np0", "192.168.100.10/24") == \
+        shims.roce_v2_ipv4_gid_index(state, "rocep1s0f0", nds)
+    assert probes.parse_ethtool(shims.ethtool(state, ["enp1s0f0np0"], nds, euid=0).stdout) == Ethtool(200000, True)
+    assert probes.parse_ethtool(shims.ethtool(state, ["enp1s0f1np1"], nds, euid=1000).stdout) == Ethtool(None, False)
+
+
+# ---------------------------------------------------------------- the registry
+
+
+def test_every_script_section_resolves_to_one_registered_fact(tmp_path: Path) -> None:
+    node = spark_node()
+    weights = probes.WeightsPaths("/opt/sparkctl/weights_agent.py", "/var/cache/h", "/models/x")
+    script = probes.build_script(node, "/models/x", 8000, weights=weights)
+    manifest = re.search(r"@@sparkctl:manifest:([^@]*)@@", script)
+    assert manifest is not None
+    names = manifest.group(1).split()
+    assert len(names) == len(set(names)) == 15 + 4 * 4 + 4 + 2  # single facts, 4 per netdev, 4 functions, +2 asked
+    for name in names:
+        hit = probes.REGISTRY.resolve(name)
+        assert hit is not None and hit[0].section(hit[1]) == name, name
+        assert f"sec {name}; " in script
+    assert probes.REGISTRY.resolve("net.eth0.100.mtu") == (probes.REGISTRY.resolve("net.x.mtu")[0], "eth0.100")
+    assert probes.REGISTRY.resolve("nonsense") is None
+    assert probes.section_title("pcie.0000:01:00.0") == "PCIe link of 0000:01:00.0"
+
+
+def test_absent_codes_are_values_and_a_gone_netdev_skips_its_other_facts() -> None:
+    secs = [(n, t, rc) for n, t, rc in BATCH_SECTIONS if n != "weights"]
+    secs += [("weights", "", 3), ("clock_lock", "", 3)]
+    secs = [(n, "", 1) if n == "net.enp1s0f0np0.operstate" else (n, "", 1) if n.startswith("net.") else (n, t, rc)
+            for n, t, rc in secs]
+    f = probes.parse_batch("spark-a", frame(secs))
+    assert f.weights == probes.WeightsSummary("no-agent") and f.clock_lock_record is None
+    assert f.links == {}
+    assert f.unreadable == {"net.enp1s0f0np0.operstate": "cannot read link state of enp1s0f0np0 on node spark-a: "
+                                                         "no such netdev (class/net/enp1s0f0np0 is missing)"}
+    eth75 = [(n, "No data available\n", 75) if n.endswith(".ethtool") else (n, t, rc) for n, t, rc in BATCH_SECTIONS]
+    f = probes.parse_batch("spark-a", frame(eth75))
+    assert f.links["enp1s0f0np0"].speed_mbps is None and f.links["enp1s0f0np0"].mtu == 9000
+    assert "exit code 75" in f.unreadable["net.enp1s0f0np0.ethtool"]
+
+
+def test_probe_parse_error_names_the_tool_and_is_a_sparkctl_error() -> None:
+    from sparkctl.errors import SparkctlError
+
+    with pytest.raises(ProbeParseError) as exc:
+        probes.parse_ib_write_bw(fx("ib_write_bw-rdma-cm.txt").replace("[Gb/sec]", "[KB/sec]"))
+    assert isinstance(exc.value, SparkctlError) and exc.value.tool == "ib_write_bw"
+    assert "KB/sec" in exc.value.detail and "ib_write_bw" in exc.value.one_line()
