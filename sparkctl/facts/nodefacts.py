@@ -85,6 +85,9 @@ class WeightsSummary:
     n_unverified: int = 0
     unverified: tuple[str, ...] = ()
     partial: int = 0
+    hub_repo: str | None = None  # from the Hub manifest beside the files (weights fetch), when there is one
+    hub_commit: str | None = None
+    n_hub_differ: int = 0  # files the manifest lists that this node's cache says differ (or are missing)
 
 
 @dataclass(frozen=True)

@@ -105,8 +105,10 @@ def parse_weights_summary(text: str) -> WeightsSummary:
     listed = doc.get("unverified", [])
     if not isinstance(listed, list) or not all(isinstance(x, str) for x in listed):
         raise ProbeParseError(what, "unverified is not a list of paths", AGENT)
+    hub = {k: doc.get(k) if isinstance(doc.get(k), str) else None for k in ("hub_repo", "hub_commit")}
     return WeightsSummary(kind=doc["kind"], files=count("files"), bytes=count("bytes"), digest=digest,
-                          n_unverified=count("n_unverified"), unverified=tuple(listed), partial=count("partial"))
+                          n_unverified=count("n_unverified"), unverified=tuple(listed), partial=count("partial"),
+                          n_hub_differ=count("n_hub_differ"), **hub)
 
 
 def parse_models(text: str) -> list[str]:

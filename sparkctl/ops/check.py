@@ -18,6 +18,7 @@ from sparkctl.model.inventory import Inventory
 from sparkctl.model.layout import bind
 from sparkctl.model.profiles import Resolved
 from sparkctl.ops import weights
+from sparkctl.ops.hub import local_dir_of
 from sparkctl.ops.localstate import cluster_dir, hw_change_path, read_json, write_json
 from sparkctl.plan import laws
 from sparkctl.transport.ssh import CommandResult, Transport
@@ -135,7 +136,7 @@ def run_check(
         scripts = {
             n: probes.remote_command(probes.build_script(
                 inv.node(n), weights_path=p.model.weights_path, endpoint_port=p.serve.port if n in heads else None,
-                weights=weights.probe_paths(inv, n, p.model.weights_path)))
+                weights=weights.probe_paths(inv, n, local_dir_of(p.model.weights_path, p.model.local_dir))))
             for n in nodes
         }
         results = transport.run_all(scripts)

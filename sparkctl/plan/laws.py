@@ -460,6 +460,10 @@ def _same_weights(ctx: Context, path: str) -> list[Verdict]:
             out.append(Verdict("weights", node, WARN, f"nothing at {path}", want,
                                f"`sparkctl weights fetch {ctx.profile_name} --node NODE` on one node, "
                                f"then `{sync}`", subject="files"))
+        elif getattr(w, "n_hub_differ", 0):
+            out.append(Verdict("weights", node, FAIL, f"{w.n_hub_differ} files differ from the Hub manifest "
+                               f"(commit {str(w.hub_commit)[:12]})", want,
+                               f"`sparkctl weights fetch {ctx.profile_name}` fetches them again", subject="files"))
         elif w.partial or w.n_unverified or w.digest is None:
             seen = []
             if w.n_unverified:
@@ -481,6 +485,8 @@ def _same_weights(ctx: Context, path: str) -> list[Verdict]:
         if groups else ("", [])
     for node, w in verified.items():
         size = f"{w.files} files, {w.bytes / 2**30:.2f} GiB, digest {w.digest[:12]}"
+        if getattr(w, "hub_commit", None):  # the manifest is one of the files: same digest, same commit
+            size += f", {w.hub_repo}@{w.hub_commit[:12]}"
         if w.digest == ref_digest:
             others = len(ref_nodes) - 1
             out.append(Verdict("weights", node, OK, size + (f", as on {others} other nodes" if others else ""),
