@@ -1,11 +1,16 @@
 """Fake nodes for the tests that collect every command sparkctl would send.
 
-:func:`fake_for` gives a :class:`sparkctl.transport.ssh.FakeTransport` whose nodes
+:func:`fake_for` gives a :class:`sparkctl.transport.FakeTransport` whose nodes
 answer just enough for ``up``, ``check --fix``, ``status``, ``down``,
 ``switch --supervise`` and ``weights`` to run through: the lock is acquired,
 nothing is left running, a started job has pid 4242, a supervisor has started,
 and a weights job is done at its first ``tail``. Used by test_injection.py and
 test_secrets.py.
+
+The responder is not a catch-all: a command whose program is not one sparkctl
+is known to run (:data:`PROGRAMS`) gets ``None``, which makes the
+FakeTransport refuse it (an ``AssertionError`` naming the command), and puts
+are not matched at all, so they go through the fake's own ``accept_puts``.
 """
 
 from __future__ import annotations
@@ -16,9 +21,13 @@ import shlex
 from typing import Any
 
 from sparkctl.ops import lifecycle
-from sparkctl.transport.ssh import Call, FakeTransport, reply
+from sparkctl.transport import Call, FakeTransport, reply
 
 SERVE_EVENTS = '{"event":"started","pid":4242,"port":39999}\n'
+# What the operations run with no answer needed beyond "ok, no output" (the
+# first word of the command; `f=` and `[` open the small sh snippets).
+PROGRAMS = ("cat", "nvidia-smi", "sh", "systemctl", "grep", "f=", "sha256sum", "mkdir", "[", "tail", "ps", "rm",
+            "kill", "test", "ls", "docker")
 
 
 def answer(call: Call) -> Any:
@@ -38,7 +47,9 @@ def answer(call: Call) -> Any:
                     "manifest": {"kind": "file", "files": {"m": {"size": 1, "sha256": "0" * 64}}}}
             return reply(json.dumps(done) + "\n" + json.dumps({"event": "tail", "offset": 1, "alive": False}) + "\n")
         return reply(SERVE_EVENTS)
-    return reply("")
+    if c.lstrip().startswith(PROGRAMS):
+        return reply("")
+    return None  # not a command sparkctl sends: the FakeTransport refuses it
 
 
 class FakeNodes(FakeTransport):
@@ -52,4 +63,4 @@ class FakeNodes(FakeTransport):
 
 
 def fake_for(inv: Any) -> FakeNodes:
-    return FakeNodes({("*", re.compile(r".*", re.DOTALL)): answer}, nodes=inv.names, accept_puts=True)
+    return FakeNodes({("*", re.compile(r"(?!put ).*", re.DOTALL)): answer}, nodes=inv.names, accept_puts=True)

@@ -1,4 +1,4 @@
-"""sparkctl.transport.ssh: the fake, the local runner, and SSH against a real sshd on 127.0.0.1."""
+"""sparkctl.transport: results, the fake, the local runner, and SSH (fabric) against a real sshd on 127.0.0.1."""
 
 from __future__ import annotations
 
@@ -13,6 +13,10 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import ast
+
+import fabric
+import paramiko
 import pytest
 from sshd_fixture import (
     SshdHandle,
@@ -23,11 +27,12 @@ from sshd_fixture import (
     start_sshd,
 )
 
-from sparkctl.errors import TransportError
-from sparkctl.transport.ssh import (
+from sparkctl.errors import LifecycleError, TransportError
+from sparkctl.transport import (
     Call,
     CommandResult,
     FakeTransport,
+    FanOut,
     HostKeyError,
     LocalTransport,
     SSHTransport,
@@ -85,7 +90,7 @@ def test_known_hosts_name() -> None:
 
 
 def test_wire_command_is_one_plain_word_list() -> None:
-    from sparkctl.transport.ssh import _wire_command
+    from sparkctl.transport.base import wire_command as _wire_command
 
     cmd = "echo $HOME; rm -f '/tmp/x y'"
     assert _wire_command(cmd, sudo=False, timeout_s=0) == "sh -c " + shlex.quote(cmd)
@@ -101,6 +106,94 @@ def test_every_transport_fits_the_protocol(tmp_path: Path) -> None:
         assert isinstance(t, Transport)
     with pytest.raises(TransportError, match="no node 'x'"):
         ssh.run_all({"x": "true"})
+
+
+def test_the_old_import_path_is_the_same_objects() -> None:
+    import sparkctl.transport as pkg
+    import sparkctl.transport.ssh as old
+
+    for name in pkg.__all__:
+        assert getattr(old, name) is getattr(pkg, name), name
+
+
+SSH_LIBRARIES = ("fabric", "paramiko", "invoke")
+
+
+def ssh_library_imports(source: str, filename: str = "<src>") -> list[str]:
+    """``line: module`` for every import of fabric/paramiko/invoke in ``source`` (inside functions too)."""
+    found = []
+    for node in ast.walk(ast.parse(source, filename)):
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [node.module]
+        elif isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", "")) in (
+                "import_module", "__import__") and node.args and isinstance(node.args[0], ast.Constant):
+            names = [str(node.args[0].value)]
+        found += [f"{node.lineno}: {n}" for n in names if n.split(".")[0] in SSH_LIBRARIES]
+    return found
+
+
+def test_the_import_check_sees_every_form_of_import() -> None:
+    src = ("import os\ndef f():\n    from paramiko import SSHClient\n    import fabric.connection as c\n"
+           "    importlib.import_module('invoke')\nfrom sparkctl.transport import SSHTransport\n")
+    assert ssh_library_imports(src) == ["3: paramiko", "4: fabric.connection", "5: invoke"]
+
+
+def test_fabric_and_paramiko_are_imported_by_the_transport_package_only() -> None:
+    """Every module of sparkctl/ outside sparkctl/transport, walked by its AST."""
+    root = Path(__file__).resolve().parent.parent / "sparkctl"
+    assert ssh_library_imports((root / "transport" / "connection.py").read_text())  # the package does use them
+    offenders, walked = [], 0
+    for path in sorted(root.rglob("*.py")):
+        if (root / "transport") in path.parents:
+            continue
+        walked += 1
+        offenders += [f"{path.relative_to(root)}:{hit}" for hit in ssh_library_imports(path.read_text(), str(path))]
+    assert walked > 30  # the walk really covered the package
+    assert offenders == []
+
+
+def test_a_node_connection_is_fabric_with_the_refusing_policy(tmp_path: Path) -> None:
+    from sparkctl.transport.connection import NodeConnection
+    from sparkctl.transport.endpoints import Endpoint
+    from sparkctl.transport.hostkeys import RejectUnknown
+
+    ep = Endpoint("node a", "127.0.0.1", 2222, "nvidia", ("/k",), True, "spark-a")
+    conn = NodeConnection(ep, "a", [tmp_path / "none"], 0.5)
+    assert isinstance(conn, fabric.Connection)
+    # fabric's Connection() installs an auto-adding policy (fabric/connection.py); ours must replace it
+    assert type(conn.client._policy) is RejectUnknown
+    assert (conn.host, conn.port, conn.user, conn.gateway) == ("spark-a", 2222, "nvidia", False)
+    assert conn.connect_kwargs["timeout"] == 0.5 and conn.connect_kwargs["key_filename"] == ["/k"]
+    assert conn.connect_kwargs["allow_agent"] is False and conn.connect_kwargs["look_for_keys"] is False
+    jumped = NodeConnection(ep, "a", [], 0.5, gateway=conn)
+    assert jumped.gateway is conn
+
+
+def test_fan_out_is_a_mapping_that_keeps_every_result_and_raises_for_failures() -> None:
+    res = FanOut({
+        "b": CommandResult("b", "x", 2, "", "first\nlast words\n", 0.1),
+        "a": CommandResult("a", "x", 0, "fine\n", "", 0.1),
+        "c": CommandResult("c", "x", -1, "", "", 1.0, "unreachable: connection refused by c:22"),
+    })
+    assert list(res) == ["b", "a", "c"] and len(res) == 3 and res["a"].stdout == "fine\n"
+    assert dict(res) == res.results and res == dict(res)
+    assert not res.ok and list(res.failed) == ["b", "c"] and list(res.succeeded) == ["a"]
+    with pytest.raises(LifecycleError) as info:
+        res.raise_for("starting the engine")
+    err = info.value
+    assert err.message == "starting the engine failed on b, c: last words"
+    assert err.ref is not None and err.ref.node == "b" and err.exit_code == 5
+    with pytest.raises(TransportError, match="failed on b, c"):
+        res.raise_for("reading the boot id", TransportError)
+    good = FanOut({"a": res["a"]})
+    assert good.ok and good.raise_for("anything") is good
+    assert FanOut().ok and FanOut() == {}
+    only_exit = FanOut({"a": CommandResult("a", "x", 7, "", "", 0.1)})
+    with pytest.raises(LifecycleError, match="x failed on a: exit 7"):
+        only_exit.raise_for("x")
 
 
 def test_result_ok_and_describe() -> None:
@@ -146,6 +239,17 @@ def test_fake_regex_wildcard_callable_and_lists() -> None:
     assert isinstance(fake, Transport)
 
 
+def test_a_responder_that_returns_none_gives_way_to_the_refusal() -> None:
+    fake = FakeTransport({("*", re.compile(".*")): lambda call: reply("ok") if call.command == "known" else None})
+    assert fake.run("a", "known").stdout == "ok"
+    with pytest.raises(AssertionError, match="unscripted command on node 'a': 'other'"):
+        fake.run("a", "other")
+    with pytest.raises(AssertionError, match="unscripted"):
+        fake.run_all({"a": "known", "b": "other"})
+    fake = FakeTransport({("*", re.compile(".*")): lambda call: None}, accept_puts=True)
+    assert fake.put("a", "/etc/x", b"x", 0o600).ok  # accepted puts stay accepted
+
+
 def test_fake_puts_are_refused_unless_scripted_or_accepted() -> None:
     fake = FakeTransport({})
     with pytest.raises(AssertionError, match="put /etc/x.conf"):
@@ -165,6 +269,7 @@ def test_fake_run_all_uses_the_same_fan_out() -> None:
     t0 = time.monotonic()
     res = fake.run_all({"a": "x", "b": "x", "c": "x"}, deadline_s=0.3)
     assert time.monotonic() - t0 < 1.0
+    assert isinstance(res, FanOut) and list(res.failed) == ["b", "c"]
     assert res["a"].ok and res["c"].exit_code == 2
     assert res["b"].error and res["b"].error.startswith("deadline")
 
@@ -321,6 +426,7 @@ def test_trust_then_one_connection_serves_many_commands(
     check = subprocess.run(["ssh-keygen", "-F", f"[{sshd.host}]:{sshd.port}", "-f", str(kh)], capture_output=True)
     assert check.returncode == 0
 
+    logins_before = sshd.log().count("Accepted publickey")
     with SSHTransport([node], FAST, ssh_config=no_ssh_config) as t:
         results = [t.run("spark-a", ["echo", f"n{i}", "$HOME"]) for i in range(20)]
         assert [r.stdout for r in results] == [f"n{i} $HOME\n" for i in range(20)]
@@ -334,6 +440,8 @@ def test_trust_then_one_connection_serves_many_commands(
             th.join()
         assert all(r.ok for r in results[20:]) and len(results) == 28
         assert t.connections_opened == {"spark-a": 1}
+    # sshd's own count: 28 commands, one login (one fabric Connection)
+    assert sshd.log().count("Accepted publickey") - logins_before == 1
 
 
 @pytest.mark.e2e
@@ -532,3 +640,17 @@ def test_reconnects_when_the_cached_connection_died(tmp_path: Path, no_ssh_confi
             assert t.connections_opened == {"a": 2}
     finally:
         h.stop()
+
+
+def test_the_fake_nodes_of_the_sweeps_refuse_what_sparkctl_does_not_send() -> None:
+    from fakenodes import fake_for
+
+    from sparkctl.model.inventory import load_inventory
+
+    inv = load_inventory(Path(__file__).resolve().parent / "fixtures" / "inv-single.yaml")
+    t = fake_for(inv)
+    assert t.run("spark-a", "cat /proc/meminfo").ok
+    with pytest.raises(AssertionError, match="unscripted command on node 'spark-a': 'curl http://evil'"):
+        t.run("spark-a", "curl http://evil")
+    assert t.put("spark-a", "/etc/sparkctl/x.env", b"K=v", 0o600).ok  # puts land in the fake's files
+    assert t.files[("spark-a", "/etc/sparkctl/x.env")] == (b"K=v", 0o600)
