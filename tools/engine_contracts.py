@@ -312,12 +312,18 @@ def vllm_contract(work: Path) -> dict[str, Any]:
         return {"takes_value": True}
 
     def kwargs_of(call: ast.Call) -> dict[str, Any] | None:
+        # `**model_kwargs["x"]`, or `**{**scheduler_kwargs["x"], "default": None}`
+        spreads: list[ast.AST] = []
         for k in call.keywords:
-            if k.arg is None and isinstance(k.value, ast.Subscript) and isinstance(k.value.value, ast.Name):
-                cls = kw_class.get(k.value.value.id)
-                key = k.value.slice
-                if cls and isinstance(key, ast.Constant):
-                    return from_field(cls, str(key.value))
+            if k.arg is None:
+                spreads.append(k.value)
+                if isinstance(k.value, ast.Dict):
+                    spreads += [v for key, v in zip(k.value.keys, k.value.values) if key is None]
+        for v in spreads:
+            if isinstance(v, ast.Subscript) and isinstance(v.value, ast.Name):
+                cls = kw_class.get(v.value.id)
+                if cls and isinstance(v.slice, ast.Constant):
+                    return from_field(cls, str(v.slice.value))
         return None
 
     flags = argparse_flags(args_tree, kwargs_of, module_string_lists(args_tree))

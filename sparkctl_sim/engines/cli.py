@@ -18,6 +18,15 @@ Consistency rules (all exit 2 with ``PROG: error: ...`` on stderr):
 * vLLM: ``--headless`` exactly on ranks > 0; SGLang/vLLM/ds41f need a master
   address when the world is larger than one node.
 
+Flags of vLLM and SGLang come from the contract of the release the bundled
+profiles pin (``sparkctl/plan/contracts/``, extracted from vLLM 0.11.2's
+``engine/arg_utils.py`` and SGLang 0.5.4's ``srt/server_args.py`` by
+``tools/engine_contracts.py``): every flag the release has is accepted (those the
+simulator does not model have no effect), a flag it lacks is refused, and a value
+outside the release's choices (``--kv-cache-dtype nvfp4_ds_mla`` on vLLM 0.11.2)
+is refused with argparse's own ``invalid choice`` message, as the real parser
+does. ds41f and TensorFold are not public: their EXTRA flags are the simulator's.
+
 ``NCCL_IB_HCA`` (exit 1, an NCCL WARN line): the syntax of NCCL itself: an
 optional ``^`` (exclude), an optional ``=`` (exact names; without it each
 entry is a name prefix), then ``dev[:port]`` entries separated by commas. An
@@ -34,6 +43,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sparkctl.plan import contracts
+
 ENGINES = ("ds41f", "tensorfold", "vllm", "sglang")
 
 # The model the field reports serve; only used for realistic log lines.
@@ -46,9 +57,18 @@ GB10_VISIBLE_GIB = 119.0
 VERSIONS = {
     "ds41f": "ds41f spark-ds41f-1023 (SIMULATED)",
     "tensorfold": "tensorfold 0.9.3-zig (SIMULATED)",
-    "vllm": "0.11.1 (SIMULATED)",
+    "vllm": "0.11.2 (SIMULATED)",
     "sglang": "0.5.4 (SIMULATED)",
 }
+
+# The release each simulated engine stands for: (engine, profile engine.version)
+# of its contract. Its flags and endpoints are that release's.
+CONTRACT_OF = {"vllm": ("vllm", "v0.11.2-sm121"), "sglang": ("sglang", "v0.5.4-sm121")}
+
+
+def contract(engine: str) -> contracts.Contract | None:
+    key = CONTRACT_OF.get(engine)
+    return contracts.load(*key) if key else None
 
 
 class HcaError(ValueError):
@@ -79,6 +99,7 @@ class EngineConfig:
     mem_fraction: float
     prefix_caching: bool = True
     extra: Mapping[str, object] = field(default_factory=dict)
+    argv: tuple[str, ...] = ()  # the arguments as given (the contract decides what they enable)
 
     @property
     def served_name(self) -> str:
@@ -259,6 +280,34 @@ def _sglang_parser() -> _Parser:
     return p
 
 
+def _apply_contract(p: _Parser, engine: str) -> None:
+    """Give the parser the release's flags and choices (no-op for ds41f and TensorFold)."""
+    c = contract(engine)
+    if c is None:
+        return
+    have = {o: a for a in p._actions for o in a.option_strings}
+    for opt, f in c.flags.items():
+        a = have.get(opt)
+        if a is not None:
+            if f.choices is not None and a.choices is None and a.type is None:
+                a.choices = list(f.choices)
+            continue
+        dest = "contract_" + opt.lstrip("-").replace("-", "_")
+        if not f.takes_value:
+            p.add_argument(opt, dest=dest, action="store_true")
+        else:
+            p.add_argument(opt, dest=dest, nargs=f.nargs, choices=list(f.choices) if f.choices else None)
+    # Flags the simulator once invented that the release does not have are refused, as the release refuses them.
+    for opt in list(have):
+        if opt not in c.flags and opt not in ("-h", "--help") and not _abbreviates(c, opt):
+            raise AssertionError(f"simulated {engine} accepts {opt}, which {c.name} does not have")
+
+
+def _abbreviates(c: contracts.Contract, opt: str) -> bool:
+    """A simulator alias that is a unique prefix of a real long flag (argparse accepts it too)."""
+    return c.abbrev and opt.startswith("--") and len([f for f in c.flags if f.startswith(opt)]) == 1
+
+
 # --- top level ----------------------------------------------------------------
 
 
@@ -291,6 +340,7 @@ def parse(engine: str, argv: Sequence[str], env: Mapping[str, str]) -> EngineCon
         "vllm": _vllm_parser,
         "sglang": _sglang_parser,
     }[engine]()
+    _apply_contract(parser, engine)
     a = parser.parse_args(args_list)
     err = parser.error
 
@@ -373,6 +423,7 @@ def parse(engine: str, argv: Sequence[str], env: Mapping[str, str]) -> EngineCon
         mem_fraction=frac,
         prefix_caching=prefix_caching,
         extra=extra,
+        argv=tuple(args_list),
     )
 
 

@@ -35,9 +35,10 @@ from typing import Any
 
 from aiohttp import web
 
+from sparkctl.plan import contracts
 from sparkctl_sim import perfmodel
 from sparkctl_sim.engines import tokens as tk
-from sparkctl_sim.engines.cli import EngineConfig
+from sparkctl_sim.engines.cli import EngineConfig, contract
 from sparkctl_sim.engines.logs import EngineLog
 
 REASONING_EFFORTS = ("low", "medium", "high")
@@ -546,7 +547,13 @@ ROUTES = (
 def build_app(engine: Engine) -> web.Application:
     app = web.Application(middlewares=[access_log], client_max_size=64 * 1024 * 1024)
     app[ENGINE_KEY] = engine
+    c = contract(engine.cfg.engine)
     for method, path, fn in ROUTES:
+        # The contract of the release says which of its endpoints the flags enable: SGLang 0.5.4
+        # mounts /metrics only with --enable-metrics (http_server.py: `if server_args.enable_metrics:
+        # add_prometheus_middleware(app)`); without it the real server answers 404 there.
+        if c is not None and path in c.endpoints and not contracts.serves_endpoint(c, path, engine.cfg.argv):
+            continue
         if method == "GET":
             app.router.add_get(path, fn)  # GET and HEAD
         else:

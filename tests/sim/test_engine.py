@@ -195,6 +195,11 @@ def test_bad_nccl_ib_hca_is_refused(tmp_path: Path, capsys: pytest.CaptureFixtur
           "--master-addr", "h", "--master-port", "9"], {}, "--headless"),
         (["sglang", "--model-path", "/m", "--tp", "2", "--nnodes", "2", "--dist-init-addr", "h:9"], {}, "--node-rank"),
         (["vllm", "serve", "/m", "--no-such-flag"], {}, "unrecognized arguments: --no-such-flag"),
+        # vLLM 0.11.2's CacheDType (vllm/config/cache.py), in argparse's own words:
+        (["vllm", "serve", "/m", "--kv-cache-dtype", "nvfp4_ds_mla"], {},
+         "vllm serve: error: argument --kv-cache-dtype: invalid choice: 'nvfp4_ds_mla' (choose from 'auto', "
+         "'bfloat16', 'fp8', 'fp8_ds_mla', 'fp8_e4m3', 'fp8_e5m2', 'fp8_inc')"),
+        (["sglang", "--model-path", "/m", "--kv-cache-dtype", "fp8"], {}, "invalid choice: 'fp8'"),
     ],
 )
 def test_inconsistent_command_lines_exit_2(
@@ -530,3 +535,42 @@ def test_sigterm_releases_memory(single: dict[str, Any]) -> None:
     assert v["proc"].wait(10) == 0
     st = nodestate.load(v["state"])
     assert st["engine_mem_gib"] == {} and st["leaked_mem_gib"] == 0.0
+
+
+def test_simulated_vllm_and_sglang_take_their_flags_from_the_contract() -> None:
+    from sparkctl.plan import contracts
+
+    for engine, argv in (("vllm", ["serve", "/m"]), ("sglang", ["--model-path", "/m"])):
+        c = cli.contract(engine)
+        assert c is not None
+        # a flag of the real release the simulator does not model is still accepted ...
+        real = "--enable-chunked-prefill" if engine == "vllm" else "--enable-torch-compile"
+        assert real in c.flags and cli.parse(engine, argv + [real], {}).argv[-1] == real
+        # ... and one it lacks is refused, as by the release's parser
+        with pytest.raises(cli.UsageError, match="unrecognized arguments"):
+            cli.parse(engine, argv + ["--sparkctl-invented"], {})
+        assert contracts.validate(c, argv + [real]) == []
+
+
+@pytest.mark.parametrize("flags,served", [([], False), (["--enable-metrics"], True)])
+def test_simulated_sglang_serves_metrics_only_with_enable_metrics(flags: list[str], served: bool) -> None:
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from sparkctl_sim.engines.logs import EngineLog
+    from sparkctl_sim.engines.server import Engine, PerfState, build_app
+
+    cfg = cli.parse("sglang", ["--model-path", "/m", "--served-model-name", "q", *flags], {})
+    engine = Engine(cfg, EngineLog("sglang", 0), 100.0, lambda: PerfState())
+
+    async def go() -> tuple[int, int, int, str]:
+        async with TestClient(TestServer(build_app(engine))) as client:
+            m = await client.get("/metrics")
+            text = await m.text()
+            h = await client.get("/health")
+            v = await client.get("/v1/models")
+            return m.status, h.status, v.status, text
+
+    metrics, health, models, text = asyncio.run(go())
+    assert (health, models) == (200, 200)
+    assert metrics == (200 if served else 404)  # sglang/srt/entrypoints/http_server.py: only if enable_metrics
+    assert ("sglang:generation_tokens_total" in text) is served
