@@ -132,6 +132,8 @@ def weights_fetch_cmd(c: Ctx, profile: str, node: str | None, revision: str | No
 @click.argument("profile")
 @inventory_option
 @click.option("--from", "from_node", help="the node that has the weights (default: the inventory's first)")
+@click.option("--to", "to_nodes", multiple=True, metavar="NODE",
+              help="receivers (repeat; default: the profile's nodes), e.g. to stage a model ahead of a bigger profile")
 @click.option("--dry-run", is_flag=True, help="print the distribution plan only")
 @click.option("--connections", type=int, default=8, show_default=True)
 @click.option("--chunk-mb", type=float, default=32.0, show_default=True,
@@ -141,7 +143,7 @@ def weights_fetch_cmd(c: Ctx, profile: str, node: str | None, revision: str | No
 @with_transport_options
 @json_option
 @pass_ctx
-def weights_sync_cmd(c: Ctx, profile: str, from_node: str | None, dry_run: bool, connections: int, chunk_mb: float,
+def weights_sync_cmd(c: Ctx, profile: str, from_node: str | None, to_nodes: tuple[str, ...], dry_run: bool, connections: int, chunk_mb: float,
                      no_pipeline: bool, connect_timeout_s: float, command_timeout_s: float, deadline_s: float,
                      as_json: bool) -> None:
     """Copy the profile's weights to its other nodes over the fabric only, verified against a manifest."""
@@ -151,7 +153,7 @@ def weights_sync_cmd(c: Ctx, profile: str, from_node: str | None, dry_run: bool,
 
     res = c.resolve(profile)
     inv = c.inventory()
-    nodes = list(bind(res, inv).nodes)
+    nodes = list(dict.fromkeys([*(to_nodes or bind(res, inv).nodes), *([from_node] if from_node else [])]))
     src = from_node or inv.names[0]
     if src not in inv.names:
         raise ConfigError(f"--from {src}: not in the inventory", hint=f"nodes: {', '.join(inv.names)}")
