@@ -56,7 +56,8 @@ def test_bundled_figures_match_the_field_reports() -> None:
     tf2 = resolve("tensorfold-tp2", roots).profile
     assert tf2.laws.clock_cap_mhz == 2100 and tf2.model.weights_format == "exl3-2.9bpw"
     assert tf2.thinking.request_fields == {"reasoning_effort": "high"}
-    assert resolve("vllm-tp2-fallback", roots).profile.engine.args == ["--kv-cache-dtype", "nvfp4_ds_mla"]
+    # fp8: vLLM 0.11.2, the pinned release, refuses nvfp4_ds_mla (its contract; tests/test_contracts.py)
+    assert resolve("vllm-tp2-fallback", roots).profile.engine.args == ["--kv-cache-dtype", "fp8"]
     assert "6.17.0-1031-nvidia" in ds.laws.kernel_deny and ds.laws.kernel_allow == ["6.17.0-1029-nvidia"]
 
 
