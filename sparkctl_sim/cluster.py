@@ -28,7 +28,11 @@ Root directory layout::
       nodes/NODE/
         state.json meminfo boot_id    sparkctl_sim.nodestate (the node's /proc views)
         ssh_host_ed25519_key[.pub] sshd_config sshd.pid sshd.log boot.log
-        fs/etc/sparkctl ...   private dirs bind-mounted over the real paths (root mode)
+        fs/etc fs/opt fs/var/lib fs/var/log   the node's changes: overlay upper dirs over
+                              the machine's own dirs (root mode), so only what a real
+                              image has, or what sparkctl made, is there
+        fs/srv/models         the operator's model store, bind-mounted over /srv/models
+        ovl-work/             the overlays' work dirs
         fs/home.bashrc        bind-mounted over the login user's ~/.bashrc (root mode)
         sysfs/class/infiniband  bind-mounted over /sys/class/infiniband (root mode)
         run/                  SPARKCTL_SIM_RUN_DIR for the process shims
@@ -79,9 +83,21 @@ log = logging.getLogger(__name__)
 Progress = Callable[[str], None]
 
 MGMT_IFNAME = "enP7s7"  # the Spark's onboard management NIC
-# Real paths that sparkctl renders into on a node; each node gets a private copy.
+# Real paths that sparkctl renders into on a node; each node has its own (disk_full targets).
 PRIVATE_DIRS = ("/etc/sparkctl", "/opt/sparkctl", "/var/lib/sparkctl", "/var/log/sparkctl",
                 "/etc/systemd/system", "/etc/netplan", "/etc/sysctl.d", "/srv/models")
+# Root mode: the machine's own dirs, seen by a node through an overlay whose upper dir is
+# the node's (nd.fs/<dir>). A node starts as the image does: /var/log is there,
+# /var/log/sparkctl is not, until sparkctl (or a unit's LogsDirectory=) makes it.
+OVERLAY_DIRS = ("/etc", "/opt", "/var/lib", "/var/log")
+# sparkctl's own paths: never on a DGX OS image. A node hides them at its first boot when
+# this machine has them (an older sim made them, or sparkctl runs here), so a node never
+# starts with them unless sparkctl created them on that node.
+SPARKCTL_PATHS = ("/etc/sparkctl", "/opt/sparkctl", "/var/lib/sparkctl", "/var/log/sparkctl")
+# The operator's model store (written from this machine by `sim up` and the weights tests):
+# a plain bind mount, which stays coherent with writes from outside (an overlay does not).
+BIND_DIRS = ("/srv/models",)
+PREFIX_ENV = "SPARKCTL_SIM_PREFIX"  # the node's root for the process shims (procshims.PREFIX_ENV)
 SESSION_BASE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 SSHD = "/usr/sbin/sshd"
 LEDGER_DIR = Path("/run/sparkctl-sim")  # survives a deleted sim root; cleared by a host reboot
@@ -440,9 +456,15 @@ def _node_links(spec: ClusterSpec, node: str) -> list[tuple[str, str, str, str]]
 
 def _prepare_node(p: SimPaths, spec: ClusterSpec, node: SimNode, rootless: bool) -> None:
     nd = p.node(node.name)
+    # What the node's disk holds at first: the image's top dirs (an empty upper dir each),
+    # the operator's model store; nothing of sparkctl's (the overlay hides the machine's).
     for d in (nd.dir, nd.run, nd.sysfs / "class" / "infiniband", nd.sysclass_stage,
-              *(nd.private(t) for t in PRIVATE_DIRS)):
+              *(nd.private(t) for t in (*OVERLAY_DIRS, *BIND_DIRS)),
+              *(nd.dir / "ovl-work" / _ovl_name(t) for t in OVERLAY_DIRS)):
         d.mkdir(parents=True, exist_ok=True)
+    if rootless:  # no overlay: the prefix dir plays the image (its /etc/systemd/system etc.)
+        for t in ("/etc/systemd/system", "/etc/netplan", "/etc/sysctl.d"):
+            nd.private(t).mkdir(parents=True, exist_ok=True)
     if not nd.host_key.exists() or not nd.host_key.with_suffix(".pub").exists():
         nd.host_key.unlink(missing_ok=True)
         nd.host_key.with_suffix(".pub").unlink(missing_ok=True)
@@ -471,14 +493,22 @@ def _prepare_node(p: SimPaths, spec: ClusterSpec, node: SimNode, rootless: bool)
     nd.sshd_config.write_text(_sshd_config(p, node, rootless))
 
 
-def session_env(p: SimPaths, node: SimNode) -> dict[str, str]:
+def _ovl_name(target: str) -> str:
+    return target.strip("/").replace("/", "-")
+
+
+def session_env(p: SimPaths, node: SimNode, rootless: bool = False) -> dict[str, str]:
     """The environment every SSH session on ``node`` gets (sshd SetEnv)."""
     nd = p.node(node.name)
+    # The node's root as the inventory's `prefix:` has it: "/" in its own mount
+    # namespace, its fs dir when rootless (sparkctl_sim.topology writes the same).
+    prefix = str(nd.fs) if rootless else "/"
     return {
         "PATH": f"{p.bin}:{SESSION_BASE_PATH}",
         "SPARKCTL_SIM_STATE": str(nd.state),
         "SPARKCTL_SIM_RUN_DIR": str(nd.run),
-        "SPARKCTL_SIM_UNIT_DIR": "/etc/systemd/system",
+        "SPARKCTL_SIM_UNIT_DIR": str(nd.private("/etc/systemd/system")) if rootless else "/etc/systemd/system",
+        PREFIX_ENV: prefix,
         "SPARKCTL_SIM_NODE": node.name,
         "PYTHONPATH": str(p.pkgs),
     }
@@ -506,7 +536,7 @@ exec "$shell" -c "$SSH_ORIGINAL_COMMAND"
 
 def _sshd_config(p: SimPaths, node: SimNode, rootless: bool) -> str:
     nd = p.node(node.name)
-    env = session_env(p, node)
+    env = session_env(p, node, rootless)
     if rootless:
         env["SPARKCTL_SIM_PATH"] = env["PATH"]
     setenv = " ".join(f'"{k}={v}"' for k, v in env.items())
@@ -611,12 +641,12 @@ def _write_sysfs(p: SimPaths, node: str) -> None:
 
 
 def _ensure_host_dirs() -> None:
-    """Create missing mount points for the private dirs; remember which we made.
+    """Create missing mount points for the bind-mounted dirs; remember which we made.
 
     The record is host-wide (not per root): any sim may have made them, and the
     last :func:`down` (no ``sparkctl-`` namespace left) removes them if empty.
     """
-    for target in PRIVATE_DIRS:
+    for target in BIND_DIRS:
         if not Path(target).exists():
             LEDGER_DIR.mkdir(mode=0o700, parents=True, exist_ok=True)
             made = set(_read_json(HOST_DIRS_RECORD) or [])
@@ -788,7 +818,17 @@ def _boot_script(p: SimPaths, node: SimNode, user: str) -> str:
         f"mount --bind {q(str(nd.dir / 'meminfo'))} /proc/meminfo",
         f"mount --bind {q(str(nd.dir / 'boot_id'))} /proc/sys/kernel/random/boot_id",
     ]
-    for target in PRIVATE_DIRS:
+    for target in OVERLAY_DIRS:
+        work = nd.dir / "ovl-work" / _ovl_name(target)
+        lines.append(f"mount -t overlay sparkctl-node -o lowerdir={q(target)},upperdir={q(str(nd.private(target)))},"
+                     f"workdir={q(str(work))} {q(target)}")
+    for target in SPARKCTL_PATHS:
+        # First boot only: the upper dir has neither the dir sparkctl made nor the whiteout
+        # left by an earlier boot. rm inside an overlay only whiteouts: this machine keeps it.
+        upper = q(str(nd.private(target)))
+        lines.append(f'if [ -d {q(target)} ] && [ ! -e {upper} ] && [ ! -L {upper} ] && '
+                     f'[ "$(findmnt -n -o FSTYPE --target {q(target)})" = overlay ]; then rm -rf {q(target)}; fi')
+    for target in BIND_DIRS:
         lines.append(f"mount --bind {q(str(nd.private(target)))} {q(target)}")
     home_rc = Path(pwd.getpwnam(user).pw_dir) / ".bashrc"
     if home_rc.is_file():
@@ -1190,11 +1230,15 @@ DISK_FULL_SPARE_KIB = 64  # what the filler takes: nothing is left for a new fil
 DISK_FULL_SPARE_INODES = 32
 
 _DISK_FULL_SCRIPT = """set -eu
-t={target}; src={src}
+t={target}; src={src}  # src: a staging name in the node's sim dir, outside its disk
 if grep -q "^{fs} $t " /proc/self/mounts; then exit 0; fi  # already full
-kib=$(du -sk "$src" | cut -f1); files=$(find "$src" | wc -l)
+# A tmpfs needs a mount point: a dir sparkctl has not made yet is made here (on a real
+# node the whole filesystem is full, so sparkctl's own mkdir would fail just the same).
+mkdir -p "$t"
+stage=$(mktemp -d "$src.XXXXXX"); cp -a "$t/." "$stage/"
+kib=$(du -sk "$stage" | cut -f1); files=$(find "$stage" | wc -l)
 mount -t tmpfs -o "size=$((kib + {spare_kib}))k,nr_inodes=$((files + {spare_inodes})),mode=0755" {fs} "$t"
-cp -a "$src/." "$t/"
+cp -a "$stage/." "$t/"; rm -rf "$stage"
 dd if=/dev/zero of="$t/.sim-disk-full" bs=4k 2>/dev/null || true
 i=0; while (: > "$t/.sim-disk-full.$i") 2>/dev/null; do i=$((i + 1)); done
 """
@@ -1205,9 +1249,11 @@ _DISK_OK_SCRIPT = """set -eu
 t={target}; src={src}
 grep -q "^{fs} $t " /proc/self/mounts || exit 0
 rm -f "$t/.sim-disk-full" "$t"/.sim-disk-full.*
-find "$src" -mindepth 1 -delete
-cp -a "$t/." "$src/"
+stage=$(mktemp -d "$src.XXXXXX"); cp -a "$t/." "$stage/"
 umount -l "$t"
+# Back through the node's own view (an overlay's upper dir must not be written beneath it).
+find "$t" -mindepth 1 -delete
+cp -a "$stage/." "$t/"; rm -rf "$stage"
 """
 
 
@@ -1238,7 +1284,7 @@ def disk_full(root: Path, node: str, path: str = "/var/lib/sparkctl") -> None:
     q = shlex.quote
     with _root_lock(p):
         _in_node_mounts(p, node, _DISK_FULL_SCRIPT.format(
-            target=q(target), src=q(str(p.node(node).private(target))), fs=DISK_FULL_FS,
+            target=q(target), src=q(str(p.node(node).dir / "disk-stage")), fs=DISK_FULL_FS,
             spare_kib=DISK_FULL_SPARE_KIB, spare_inodes=DISK_FULL_SPARE_INODES))
         with nodestate.edit(p.node(node).state) as st:
             st["faults"]["disk_full"] = target
@@ -1257,7 +1303,7 @@ def _disk_ok_locked(p: SimPaths, node: str) -> None:
     # The script checks the mount itself: a fault half-applied is cleared too.
     target = _faults(p, node).get("disk_full") or "/var/lib/sparkctl"
     q = shlex.quote
-    _in_node_mounts(p, node, _DISK_OK_SCRIPT.format(target=q(target), src=q(str(p.node(node).private(target))),
+    _in_node_mounts(p, node, _DISK_OK_SCRIPT.format(target=q(target), src=q(str(p.node(node).dir / "disk-stage")),
                                                     fs=DISK_FULL_FS))
     with nodestate.edit(p.node(node).state) as st:
         st["faults"]["disk_full"] = False

@@ -156,8 +156,8 @@ def test_sessions_get_shims_first_on_path_and_sim_env(ring: tuple[Path, ClusterS
     assert (unit_dir, pypath, node) == ("/etc/systemd/system", str(root / "pkgs"), "spark-b")
     if (root / "bin/nvidia-smi").exists():  # once the shims helper's installer is present
         assert ssh(root, "spark-b", "command -v nvidia-smi").strip() == str(root / "bin/nvidia-smi")
-    _scp_roundtrip(root, "spark-b", "/etc/sparkctl/copied")  # sftp works (fabric's put/get)
-    assert (root / "nodes/spark-b/fs/etc/sparkctl/copied").read_text() == "payload\n"
+    _scp_roundtrip(root, "spark-b", "/var/lib/copied")  # sftp works (fabric's put/get)
+    assert (root / "nodes/spark-b/fs/var/lib/copied").read_text() == "payload\n"  # the node's own disk
 
 
 def _scp_roundtrip(root: Path, node: str, remote: str) -> None:
@@ -174,15 +174,22 @@ def _scp_roundtrip(root: Path, node: str, remote: str) -> None:
 @pytest.mark.needs_root
 def test_node_sees_simulated_proc_and_private_dirs(ring: tuple[Path, ClusterSpec]) -> None:
     root, _ = ring
+    # A fresh node is the image: /var/log is there, nothing of sparkctl's (issue #12), even
+    # where this machine has those dirs.
+    fresh = ssh(root, "spark-c", "for d in /etc /opt /var/lib /var/log /etc/systemd/system /srv/models "
+                                 "/etc/sparkctl /opt/sparkctl /var/lib/sparkctl /var/log/sparkctl; do "
+                                 "[ -e $d ] && echo $d; done; true")
+    assert fresh.split() == ["/etc", "/opt", "/var/lib", "/var/log", "/etc/systemd/system", "/srv/models"]
     out = ssh(root, "spark-c", "head -1 /proc/meminfo; cat /proc/sys/kernel/random/boot_id; "
-                               "echo hello > /etc/sparkctl/probe; ls /sys/class/infiniband >/dev/null && echo ib")
+                               "mkdir /etc/sparkctl && echo hello > /etc/sparkctl/probe; "
+                               "ls /sys/class/infiniband >/dev/null && echo ib")
     first, boot_id, ib = out.splitlines()
     assert first.split() == ["MemTotal:", "127600816", "kB"]
     assert boot_id == nodestate.load(root / "nodes/spark-c/state.json")["boot_id"]
     assert ib == "ib"
     assert (root / "nodes/spark-c/fs/etc/sparkctl/probe").read_text() == "hello\n"
     assert not Path("/etc/sparkctl/probe").exists()  # private to the node
-    assert ssh(root, "spark-d", "ls /etc/sparkctl").strip() == ""
+    assert ssh(root, "spark-d", "ls -d /etc/sparkctl", check=False) == ""  # private to spark-c
 
 
 @pytest.mark.e2e
