@@ -716,7 +716,8 @@ def test_fabric_client_reads_mb_sec_and_refuses_a_report_without_rows() -> None:
 
 
 def test_shim_outputs_parse_to_the_state_they_model() -> None:
-    from sparkctl_sim import nodestate, shims  # the simulator may import sparkctl, tests may import both
+    # the simulator imports sparkctl, never the reverse; tests may import both
+    from sparkctl_sim import nodestate, shims
 
     state = nodestate.default_state("spark-5c2d")
     nds = {"enp1s0f0np0": shims.Netdev("enp1s0f0np0", "up", 9000, (("192.168.100.10", 24),)),

@@ -15,9 +15,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from sparkctl.facts.registry import (
+    NOT_FOUND,
     ExitCode,
     Fact,
-    NOT_FOUND,
     ProbeParseError,
     ScriptContext,
     cat,

@@ -102,6 +102,13 @@ def _header(line: str) -> tuple[list[str], str]:
     return names, bw_units.pop()
 
 
+def _gbps(row: dict[str, str], name: str, unit: str) -> float:
+    x = float(row[name]) * _BYTES_PER_S[unit] * 8 / 1e9
+    if not math.isfinite(x):
+        raise ProbeParseError(WHAT, f"{name} reads {row[name][:20]!r}", TOOL)
+    return round(x, 4)
+
+
 def parse_bw_report(text: str) -> BwReport:
     """The result table of a perftest bandwidth test, bandwidths in Gb/s."""
     header: tuple[list[str], str] | None = None
@@ -125,17 +132,10 @@ def parse_bw_report(text: str) -> BwReport:
         v = dict(zip(names, cells))
         if not v["#bytes"].isdigit() or not v["#iterations"].isdigit():
             raise ProbeParseError(WHAT, f"#bytes/#iterations not counts in {s[:90]!r}", TOOL)
-        to_gbps = _BYTES_PER_S[unit] * 8 / 1e9
-
-        def bw(name: str) -> float:
-            x = float(v[name]) * to_gbps
-            if not math.isfinite(x):
-                raise ProbeParseError(WHAT, f"{name} reads {v[name][:20]!r}", TOOL)
-            return round(x, 4)
-
         rows.append(BwRow(
             size_bytes=int(v["#bytes"]), iterations=int(v["#iterations"]),
-            bw_peak_gbps=bw("BW peak") if "BW peak" in v else 0.0, bw_average_gbps=bw("BW average"),
+            bw_peak_gbps=_gbps(v, "BW peak", unit) if "BW peak" in v else 0.0,
+            bw_average_gbps=_gbps(v, "BW average", unit),
             msg_rate_mpps=float(v.get("MsgRate", "0")),
             cpu_util_pct=float(v["CPU_Util"]) if "CPU_Util" in v else None,
         ))

@@ -14,7 +14,17 @@ import re
 from typing import Any
 
 from sparkctl.facts.nodefacts import EngineProc, WeightsSummary
-from sparkctl.facts.registry import NOT_FOUND, ExitCode, Fact, ProbeParseError, ScriptContext, int_in, lines, q, tool
+from sparkctl.facts.registry import (
+    NOT_FOUND,
+    ExitCode,
+    Fact,
+    ProbeParseError,
+    ScriptContext,
+    int_in,
+    lines,
+    q,
+    tool,
+)
 
 MARKER_PREFIX = "@@sparkctl:"
 # Engine command lines as the rendered launch scripts start them (docs/engines.md),
