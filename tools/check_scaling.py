@@ -1,62 +1,131 @@
 #!/usr/bin/env python3
-"""`check` wall time on 4 nodes against 1 node, and SSH connections per node.
+"""`check` on 1 and 4 nodes, the previous transport against this one side by side, and SSH logins per node.
 
-Runs on the SIMULATED ring (builds it if needed with `sparkctl sim up`). Prints
-figures; asserts nothing. Targets (issue 4): 4-node/1-node <= 1.5x; 1
-connection per node. Usage: python3 tools/check_scaling.py [--repeats 5]
+Runs on the SIMULATED ring: builds a private one (`sparkctl sim up --nodes 4`
+under a temporary SPARKCTL_SIM_DIR) while holding the host's e2e lock
+(/tmp/sparkctl-e2e.lock, so do not wrap this script in `flock` on that file),
+and removes it at the end (`sparkctl sim down`).
+
+Each measurement is one `sparkctl check PROFILE --json --bandwidth 0` as a user
+runs it (a new process: interpreter start, imports, connections, the probes),
+"old" from a checkout of the previous layout (default /tmp/baseline, its own
+`python -m sparkctl.cli`), "new" from this checkout (`python -m sparkctl.cli.main`).
+The order alternates every repeat (old, new / new, old) so drift on this shared
+machine falls on both. "1 node" is tiny-llamacpp (spark-a only), "4 nodes" is
+ds41f-tp4-ring with its fabric probes. SSH logins are counted from each
+simulated node's own sshd log ("Accepted publickey" lines) around every run.
+
+Prints figures; asserts nothing. Targets (issue 4): 4-node/1-node <= 1.5x;
+1 connection per node. Usage: python3 tools/check_scaling.py [--repeats 5]
 """
 
 from __future__ import annotations
 
 import argparse
+import fcntl
+import json
+import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
-from sparkctl.model.inventory import load_inventory
-from sparkctl.model.profiles import resolve
-from sparkctl.model.resources import Roots
-from sparkctl.ops.check import run_check
-from sparkctl.transport.ssh import SSHTransport
-from sparkctl_sim.paths import default_inventory
+REPO = Path(__file__).resolve().parent.parent
+E2E_LOCK = Path("/tmp/sparkctl-e2e.lock")
+PROFILES = {"1 node": "tiny-llamacpp", "4 nodes": "ds41f-tp4-ring"}
+
+
+@contextmanager
+def e2e_lock() -> Iterator[None]:
+    with open(E2E_LOCK, "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def logins(sim_dir: Path) -> dict[str, int]:
+    """Accepted logins so far, per simulated node (its sshd's own log)."""
+    out = {}
+    for log in sorted(sim_dir.rglob("sshd.log")):
+        out[log.parent.name] = log.read_text(errors="replace").count("Accepted publickey")
+    return out
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--old", type=Path, default=Path("/tmp/baseline"), help="checkout of the previous layout")
+    ap.add_argument("--new", type=Path, default=REPO, help="checkout to measure (default: this one)")
     args = ap.parse_args()
-    if not default_inventory().is_file():
-        subprocess.run([sys.executable, "-m", "sparkctl.cli.main", "sim", "up", "--nodes", "4"], check=True)
-    inv = load_inventory(default_inventory())
-    roots = Roots.make()
-    four = resolve("ds41f-tp4-ring", roots)
-    one = resolve("tiny-llamacpp", roots)  # a single-node stack on spark-a
-    # Side by side in one run. "probes only" is the same work per node in both
-    # (the batched fact script); "full" adds the 4-node fabric probes (DF pings,
-    # relay), which a single node does not have. The simulated GB10 tools are
-    # Python processes that share this machine's 2 cores across all 4 "nodes":
-    # their CPU time, not sparkctl's, is what grows with the node count here.
-    results = {}
-    for fabric in (False, True):
-        for label, res in (("1 node", one), ("4 nodes", four)):
-            times = []
-            with SSHTransport(inv.nodes) as tr:
-                for _ in range(args.repeats):
+    variants = {
+        "old": (args.old, [sys.executable, "-m", "sparkctl.cli"]),
+        "new": (args.new, [sys.executable, "-m", "sparkctl.cli.main"]),
+    }
+    tmp = Path(tempfile.mkdtemp(prefix="check-scaling-"))
+    env = {**os.environ, "SPARKCTL_SIM_DIR": str(tmp / "sim"), "XDG_STATE_HOME": str(tmp / "state")}
+    env.pop("SPARKCTL_INVENTORY", None)
+    inventory = tmp / "sim" / "inventory.yaml"
+
+    def sparkctl(variant: str, *argv: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+        tree, cmd = variants[variant]
+        return subprocess.run([*cmd, *argv], env={**env, "PYTHONPATH": str(tree)}, cwd=tmp, capture_output=True,
+                              text=True, timeout=timeout)
+
+    with e2e_lock():
+        up = sparkctl("new", "sim", "up", "--nodes", "4")
+        if up.returncode != 0:
+            sys.exit(f"sim up failed:\n{up.stdout}\n{up.stderr}")
+        try:
+            times: dict[tuple[str, str], list[float]] = {}
+            conns: dict[tuple[str, str], list[dict[str, int]]] = {}
+            for rep in range(args.repeats):
+                order = ("old", "new") if rep % 2 == 0 else ("new", "old")
+                for variant in order:
+                    for label, profile in PROFILES.items():
+                        before = logins(tmp / "sim")
+                        t0 = time.perf_counter()
+                        r = sparkctl(variant, "-i", str(inventory), "check", profile, "--json", "--bandwidth", "0")
+                        took = time.perf_counter() - t0
+                        after = logins(tmp / "sim")
+                        try:
+                            json.loads(r.stdout)["verdicts"]
+                        except (ValueError, KeyError):
+                            sys.exit(f"{variant} check {profile} gave no report (exit {r.returncode}):\n{r.stderr}")
+                        times.setdefault((variant, label), []).append(took)
+                        conns.setdefault((variant, label), []).append(
+                            {n: after[n] - before.get(n, 0) for n in after if after[n] - before.get(n, 0)})
+            print(f"`sparkctl check --bandwidth 0` on the SIMULATED ring, {args.repeats} runs each, "
+                  "old/new alternating; wall time of the whole command (process start included)")
+            for label in PROFILES:
+                for variant in ("old", "new"):
+                    ts = times[(variant, label)]
+                    seen = conns[(variant, label)]
+                    same = all(c == seen[0] for c in seen)
+                    print(f"  {label:8s} {variant}: median {statistics.median(ts):.2f} s "
+                          f"(min {min(ts):.2f}, max {max(ts):.2f}); ssh logins per node per run: "
+                          f"{seen[0]}{'' if same else f' (varied: {seen})'}")
+                ratio = statistics.median(times[("new", label)]) / statistics.median(times[("old", label)])
+                print(f"  {label:8s} new/old = {ratio:.2f}x")
+            for variant in ("old", "new"):
+                scale = statistics.median(times[(variant, "4 nodes")]) / statistics.median(times[(variant, "1 node")])
+                print(f"  {variant}: 4 nodes / 1 node = {scale:.2f}x (target <= 1.5x)")
+            for variant, (tree, _cmd) in variants.items():
+                mod = "sparkctl.transport" if variant == "old" else "sparkctl.transport.connection"
+                starts = []
+                for _ in range(5):
                     t0 = time.perf_counter()
-                    run_check(res, inv, tr, bandwidth_s=0, fabric=fabric)
-                    times.append(time.perf_counter() - t0)
-                conns = dict(tr.connections_opened)
-            key = (fabric, label)
-            results[key] = statistics.median(times)
-            print(f"{'full' if fabric else 'probes only'} {label}: check median {results[key]:.2f} s "
-                  f"(min {min(times):.2f}, max {max(times):.2f}) over {args.repeats} runs; "
-                  f"ssh connections opened per node: {conns}")
-        ratio = results[(fabric, "4 nodes")] / results[(fabric, "1 node")]
-        print(f"{'full' if fabric else 'probes only'}: 4 nodes / 1 node = {ratio:.2f}x (target <= 1.5x)")
-    t0 = time.perf_counter()
-    subprocess.run(["sh", "-c", "for i in 1 2 3 4 5 6 7 8 9 10; do python3 -c pass; done"], check=True)
-    print(f"(one python start here: {(time.perf_counter() - t0) / 10 * 1000:.0f} ms; each simulated tool is one)")
+                    subprocess.run([sys.executable, "-c", f"import {mod}"], env={**env, "PYTHONPATH": str(tree)},
+                                   check=True)
+                    starts.append(time.perf_counter() - t0)
+                print(f"  {variant}: python -c 'import {mod}': median {statistics.median(starts) * 1000:.0f} ms")
+        finally:
+            sparkctl("new", "sim", "down", timeout=120)
 
 
 if __name__ == "__main__":
