@@ -67,10 +67,7 @@ def record_hw_change(inv: Inventory, transport: Transport, note: str, nodes: lis
 
     names = nodes or list(inv.names)
     res = transport.run_all({n: boot_id_command(inv, n) for n in names})
-    bad = {n: r for n, r in res.items() if not r.ok}
-    if bad:
-        n, r = next(iter(bad.items()))
-        raise TransportError(f"cannot read the boot id: {r.error or r.stderr.strip()}", hint="the record needs every node")
+    res.raise_for("reading the boot id", TransportError, hint="the record needs every node")
     rec = laws.HwChange(note=note, at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
                         boot_ids={n: r.stdout.strip() for n, r in res.items()}, nodes=tuple(names))
     write_json(hw_change_path(inv), {"note": rec.note, "at": rec.at, "boot_ids": dict(rec.boot_ids),
