@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import os
 import re
 import shlex
@@ -13,10 +14,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import ast
-
 import fabric
-import paramiko
 import pytest
 from sshd_fixture import (
     SshdHandle,

@@ -75,7 +75,7 @@ def main() -> None:
     def sparkctl(variant: str, *argv: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
         tree, cmd = variants[variant]
         return subprocess.run([*cmd, *argv], env={**env, "PYTHONPATH": str(tree)}, cwd=tmp, capture_output=True,
-                              text=True, timeout=timeout)
+                              text=True, timeout=timeout, check=False)
 
     with e2e_lock():
         up = sparkctl("new", "sim", "up", "--nodes", "4")

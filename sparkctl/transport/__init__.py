@@ -31,7 +31,13 @@ from sparkctl.transport.hostkeys import (
     fingerprint_sha256,
     known_hosts_name,
 )
-from sparkctl.transport.results import Command, CommandResult, FanOut, command_line, reply
+from sparkctl.transport.results import (
+    Command,
+    CommandResult,
+    FanOut,
+    command_line,
+    reply,
+)
 
 __all__ = [
     "Call", "Command", "CommandResult", "FakeTransport", "FanOut", "HostKeyError", "LocalTransport", "SSHTransport",

@@ -256,6 +256,14 @@ class BaseTransport:
 
 
 __all__ = [
-    "BaseTransport", "PUT_SCRIPT", "Transport", "TransportSettings", "put_command", "put_label", "sudo_error",
-    "sudo_needs_password", "unknown_node", "wire_command",
+    "PUT_SCRIPT",
+    "BaseTransport",
+    "Transport",
+    "TransportSettings",
+    "put_command",
+    "put_label",
+    "sudo_error",
+    "sudo_needs_password",
+    "unknown_node",
+    "wire_command",
 ]

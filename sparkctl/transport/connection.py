@@ -124,10 +124,10 @@ class NodeConnection(fabric.Connection):  # type: ignore[misc]  # fabric ships n
         gateway: NodeConnection | None = None, on_open: Callable[[NodeConnection], None] | None = None,
     ) -> None:
         ct = connect_timeout_s
-        connect_kwargs: dict[str, Any] = dict(
-            look_for_keys=not ep.identities, allow_agent=not ep.identities_only,
-            timeout=ct, banner_timeout=ct, auth_timeout=ct, channel_timeout=ct,
-        )
+        connect_kwargs: dict[str, Any] = {
+            "look_for_keys": not ep.identities, "allow_agent": not ep.identities_only,
+            "timeout": ct, "banner_timeout": ct, "auth_timeout": ct, "channel_timeout": ct,
+        }
         if ep.identities:
             connect_kwargs["key_filename"] = list(ep.identities)
         # lazy: no ~/.fabric.yaml, /etc/fabric.yaml or ssh_config read by fabric; endpoints.py resolved them
@@ -177,7 +177,7 @@ class NodeConnection(fabric.Connection):  # type: ignore[misc]  # fabric ships n
                 if not self.gateway:
                     self.connect_kwargs["sock"] = self.dial()
                 super().open()  # fabric: gateway.open_gateway() when set, then SSHClient.connect
-            except BaseException as exc:
+            except BaseException as exc:  # noqa: BLE001 - closed, then mapped or re-raised as is
                 self.client.close()
                 self.transport = None
                 self.connect_kwargs.pop("sock", None)
@@ -195,7 +195,7 @@ class NodeConnection(fabric.Connection):  # type: ignore[misc]  # fabric ships n
         """Close the SSH connection (also one that died without fabric noticing)."""
         try:
             self.client.close()
-        except Exception:  # noqa: BLE001 - closing is best effort
+        except Exception:
             log.debug("closing %s failed", self.endpoint.label, exc_info=True)
         self.transport = None
 

@@ -234,7 +234,18 @@ def record_host_key(node: Node, path: Path, hostkey_name: str, ktype: str, b64: 
 
 
 __all__ = [
-    "HostKeyError", "KnownHosts", "RejectUnknown", "SYSTEM_KNOWN_HOSTS", "UnknownHostKey", "changed_key_error",
-    "default_known_hosts", "fingerprint_sha256", "known_hosts_name", "known_hosts_paths", "load_known_hosts",
-    "record_host_key", "revoked_key_error", "unknown_key_error",
+    "SYSTEM_KNOWN_HOSTS",
+    "HostKeyError",
+    "KnownHosts",
+    "RejectUnknown",
+    "UnknownHostKey",
+    "changed_key_error",
+    "default_known_hosts",
+    "fingerprint_sha256",
+    "known_hosts_name",
+    "known_hosts_paths",
+    "load_known_hosts",
+    "record_host_key",
+    "revoked_key_error",
+    "unknown_key_error",
 ]

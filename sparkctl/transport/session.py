@@ -28,7 +28,6 @@ The stdin (file contents, possibly secrets) is never logged.
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 
@@ -86,7 +85,7 @@ def run_on_channel(
                 break
             time.sleep(0.002)
         code = chan.recv_exit_status()
-    except (TimeoutError, socket.timeout):
+    except TimeoutError:
         chan.close()
         return -1, _text(out), _text(err), f"timeout: command did not finish within {timeout_s:g} s (killed)"
     except (SSHException, OSError, EOFError) as exc:

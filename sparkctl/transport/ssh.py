@@ -6,7 +6,7 @@ The transport used to be this one module on paramiko; it is now the package
 on internals (the put script, the wire command, the host-key policy).
 """
 
-from sparkctl.transport import *  # noqa: F403 - this module is an alias
+from sparkctl.transport import *
 from sparkctl.transport import __all__ as _public
 from sparkctl.transport.base import PUT_SCRIPT as _PUT_SCRIPT
 from sparkctl.transport.base import wire_command as _wire_command
