@@ -7,6 +7,7 @@ key, node, command) and a *hint* for the fix. Library code raises these; only
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 
 
@@ -49,6 +50,21 @@ class SparkctlError(Exception):
         self.message = message
         self.ref = ref
         self.hint = hint
+        self.phase: str | None = None  # the phase of up/down/switch it happened in, once annotated
+
+    def in_phase(self, op: str, phase: str) -> SparkctlError:
+        """The same error (same class, every field kept), its message naming the operation and phase once.
+
+        A copy, not a re-construction: subclasses with other constructor arguments
+        (``HostKeyError``, ``SimError``, ...) keep every field they carry.
+        """
+        if self.phase is not None:
+            return self
+        new = copy.copy(self)
+        new.message = f"{op} failed in phase {phase}: {self.message}"
+        new.phase = phase
+        new.args = (new.message,)
+        return new
 
     def one_line(self) -> str:
         where = f"{self.ref}: " if self.ref and str(self.ref) else ""

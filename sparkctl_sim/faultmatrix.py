@@ -318,7 +318,7 @@ class Ring:
 
     # -- access
     def argv(self, *args: str) -> list[str]:
-        return [sys.executable, "-m", "sparkctl.cli.main", "-i", str(self.inventory), *args]
+        return [sys.executable, "-m", "sparkctl.cli", "-i", str(self.inventory), *args]
 
     def sparkctl(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
         return subprocess.run(self.argv(*args), env=self.env, capture_output=True, text=True, timeout=timeout)

@@ -20,7 +20,7 @@ import re
 import shlex
 from typing import Any
 
-from sparkctl.ops import lifecycle
+from sparkctl.model import paths
 from sparkctl.transport import Call, FakeTransport, reply
 
 SERVE_EVENTS = '{"event":"started","pid":4242,"port":39999}\n'
@@ -38,7 +38,7 @@ def answer(call: Call) -> Any:
         return reply("left:\nports:\n")
     if 'echo "pid:$!"' in c:
         return reply("pid:4242\n")
-    if lifecycle.SUPERVISOR_EVENTS.rsplit("/", 1)[-1] in c and "cat " in c:
+    if paths.SUPERVISOR_EVENTS.rsplit("/", 1)[-1] in c and "cat " in c:
         return reply('{"phase": "started", "pid": 4242, "node": "*", "message": "x"}\n')
     if "weights_agent.py" in c:
         words = shlex.split(c)

@@ -40,7 +40,8 @@ from sparkctl.errors import SparkctlError
 from sparkctl.model.inventory import load_inventory
 from sparkctl.model.profiles import resolve
 from sparkctl.model.resources import Roots
-from sparkctl.ops import lifecycle, weights
+from sparkctl.model import paths
+from sparkctl.ops import executor, readiness, supervise, weights
 from sparkctl.ops.check import run_check
 from sparkctl.ops.status import cluster_status
 from sparkctl.plan.render import render
@@ -401,15 +402,15 @@ def assert_clear_refusal(exc: SparkctlError, f: Field, hostile: str, loaded_file
 
 def sparkctl_commands(ld: Loaded, monkeypatch: pytest.MonkeyPatch) -> tuple[list[Call], dict[tuple[str, str], tuple[bytes, int]]]:
     """Every command the operations send, through fake transports (each operation tolerated to fail)."""
-    monkeypatch.setattr(lifecycle, "wait_ready", lambda *a, **k: lifecycle.Readiness(True, "ready", 0.0))
+    monkeypatch.setattr(readiness, "probe_endpoint", lambda *a, **k: (True, "serving"))
     calls: list[Call] = []
     files: dict[tuple[str, str], tuple[bytes, int]] = {}
     ops: list[Callable[[FakeNodes], Any]] = [
-        lambda t: lifecycle.up(ld.res, ld.inv, t, ld.roots, secrets=ld.secrets, skip_check=True),
+        lambda t: executor.up(ld.res, ld.inv, t, ld.roots, secrets=ld.secrets, skip_check=True),
         lambda t: run_check(ld.res, ld.inv, t, fix=True, bandwidth_s=0),
-        lambda t: lifecycle.down(ld.inv, t, reset_clocks=True),
+        lambda t: executor.down(ld.inv, t, reset_clocks=True),
         lambda t: cluster_status(ld.inv, t),
-        lambda t: lifecycle.switch_supervised(ld.res, ld.inv, t, ld.roots, secrets=ld.secrets, skip_check=True),
+        lambda t: supervise.switch_supervised(ld.res, ld.inv, t, ld.roots, secrets=ld.secrets, skip_check=True),
         lambda t: weights.fetch(ld.inv, t, ld.inv.names[0], "https://example.invalid/m.gguf",
                                 ld.res.profile.model.weights_path, poll_s=0),
         lambda t: weights.sync(ld.inv, t, ld.res.profile.model.weights_path, ld.inv.names[0], poll_s=0),
@@ -544,14 +545,16 @@ def run_case(box: Path, base: str, f: Field | None, hostile: str, monkeypatch: p
     ctexts = command_texts(calls, files)
     base_out = _BASELINE[base] if f is not None else Outcome(False)
     new = [(t, s) for t, s in ctexts if norm(t) not in base_out.commands]
-    # the supervisor script sparkctl wrote: run it too (it runs the stop, install and start commands)
-    sup = [(bytes(d).decode(), p) for (n, p), (d, _m) in files.items() if p.endswith(lifecycle.SUPERVISOR_SCRIPT)]
-    file_texts = {norm(t) for t in facts.pop("file_texts") + [t for t, _ in sup]}
-    for text, path in sup:
-        if norm(text) not in base_out.files:
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
-            Path(path).write_text(text)
-            new.append((f"sh {shlex.quote(path)}", None))
+    # the plan the supervisor runs on the head: run its commands too (stop, start, ... as the runner would)
+    sup: list[tuple[str, str]] = []
+    for (_n, p), (d, _m) in files.items():
+        if p.endswith(paths.SUPERVISOR_PLAN.rsplit("/", 1)[-1]):
+            plan = json.loads(bytes(d))["plan"]
+            for step in plan["steps"] + [s for b in plan["branches"].values() for s in b]:
+                for cmd in step.get("commands", {}).values():
+                    if norm(cmd) not in base_out.commands:
+                        new.append((cmd, None))
+    file_texts = {norm(t) for t in facts.pop("file_texts")}
     runs, argv, env = 0, [], {}
     if not file_texts <= base_out.files:
         # launch first: the engine stub's argv and environment are those of the launch run

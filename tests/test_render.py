@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import stat
 import subprocess
@@ -211,7 +212,7 @@ def test_secrets_only_in_0600_files_and_masked_unless_revealed(repo: Path, tmp_p
                 assert f.mode == 0o600 and f.role == "env"
         assert (secret in files.files["spark-a"]["/etc/sparkctl/engine.env"].text) is visible
     monkeypatch.setenv("HF_TOKEN", secret)
-    for cmd in (["render", "sec"], ["plan", "sec"], ["render", "sec", "--json"], ["show", "sec"]):
+    for cmd in (["render", "sec"], ["plan", "up", "sec", "--assume-fresh"], ["render", "sec", "--json"], ["show", "sec"]):
         r = sparkctl("--root", str(root), "-i", str(repo / "inventory.yaml"), *cmd)
         assert r.code == 0, r.err
         assert secret not in r.out + r.err
@@ -232,13 +233,13 @@ def test_tp_size_and_ring_subsets_are_checked(repo: Path, tmp_path: Path, sparkc
     (root / "profiles" / "adjacent.yaml").write_text("extends: vllm-tp2-fallback\ntopology:\n  nodes: [spark-b, spark-c]\n")
     (root / "profiles" / "halves.yaml").write_text("extends: vllm-tp2-fallback\ntopology:\n  replicas: 2\n")
     inv = str(repo / "inventory.yaml")
-    r = sparkctl("--root", str(root), "plan", "tp3", "-i", inv)
+    r = sparkctl("--root", str(root), "plan", "up", "tp3", "--assume-fresh", "-i", inv)
     assert r.code == 2 and f"{root}/profiles/tp3.yaml:3: topology.tp_size:" in r.err and "needs 3 nodes" in r.err
-    r = sparkctl("--root", str(root), "plan", "across", "-i", inv)
+    r = sparkctl("--root", str(root), "plan", "up", "across", "--assume-fresh", "-i", inv)
     assert r.code == 2 and "breaks the ring" in r.err and "across.yaml:3: topology.nodes" in r.err
-    r = sparkctl("--root", str(root), "plan", "adjacent", "-i", inv)
+    r = sparkctl("--root", str(root), "plan", "up", "adjacent", "--assume-fresh", "-i", inv)
     assert r.code == 0 and "spark-b=rank 0" in r.out and "spark-c=rank 1" in r.out
-    r = sparkctl("--root", str(root), "plan", "halves", "-i", inv, "--json")
+    r = sparkctl("--root", str(root), "plan", "up", "halves", "--assume-fresh", "-i", inv, "--json")
     assert r.code == 0
     import json
 
@@ -249,12 +250,13 @@ def test_tp_size_and_ring_subsets_are_checked(repo: Path, tmp_path: Path, sparkc
 
 
 def test_plan_cli_orders_ranks_by_the_ring(repo: Path, sparkctl) -> None:
-    r = sparkctl("plan", "ds41f-tp4-ring", "-i", str(repo / "inventory.yaml"))
+    r = sparkctl("plan", "up", "ds41f-tp4-ring", "--assume-fresh", "-i", str(repo / "inventory.yaml"))
     assert r.code == 0
     assert "spark-a=rank 0" in r.out and "spark-d=rank 3" in r.out
-    phases = [line.split()[1] for line in r.out.splitlines() if line[:3].strip().rstrip(".").isdigit()]
-    assert phases[:3] == ["check", "clock", "stop-stale"] and phases[-2:] == ["ready", "record"]
-    starts = [line for line in r.out.splitlines() if " start " in line]
+    main = r.out.split("  branch ")[0]  # the steps, not the failure branches
+    phases = [m.group(1) for m in re.finditer(r"^\s+\d+\. (\S+)", main, re.M)]
+    assert phases[:4] == ["check", "clock", "record-start", "stop-stale"] and phases[-2:] == ["ready", "record"]
+    starts = [line for line in main.splitlines() if re.match(r"\s+\d+\. start ", line)]
     assert "spark-b" in starts[0] and "head" in starts[1]  # workers first for ds41f
 
 

@@ -35,7 +35,9 @@ from sparkctl.errors import ProfileError, RenderError, SparkctlError
 from sparkctl.model.inventory import loads_inventory
 from sparkctl.model.profiles import resolve
 from sparkctl.model.resources import Roots
-from sparkctl.ops import lifecycle, weights
+from sparkctl.ops import executor, readiness, supervise, weights
+from sparkctl.plan import planner
+from sparkctl.plan.steps import FileRef
 from sparkctl.ops.check import run_check
 from sparkctl.ops.status import cluster_status
 from sparkctl.plan.render import MASK, render
@@ -120,7 +122,7 @@ def test_cli_outputs_never_show_a_secret(tmp_path: Path, sparkctl, monkeypatch: 
     for k, v in SECRETS.items():
         monkeypatch.setenv(k, v)
     base = ("--root", str(root), "-i", str(inv))
-    for cmd in (["plan", "sec"], ["plan", "sec", "--json"], ["render", "sec"], ["render", "sec", "--json"],
+    for cmd in (["plan", "up", "sec", "--assume-fresh"], ["plan", "up", "sec", "--assume-fresh", "--json"], ["render", "sec"], ["render", "sec", "--json"],
                 ["render", "sec", "--node", "spark-b"], ["show", "sec"], ["show", "sec", "--json"],
                 ["show", "sec", "--node", "spark-a"], ["explain", "sec", "engine.secret_env"],
                 ["explain", "sec", "engine", "--json"], ["profiles"]):
@@ -144,7 +146,7 @@ def _operations(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *, fail_start: 
     roots = Roots.make(root=str(_root(tmp_path)), env={})
     res, inv = resolve("sec", roots), _inv(tmp_path)
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
-    monkeypatch.setattr(lifecycle, "wait_ready", lambda *a, **k: lifecycle.Readiness(True, "ready", 0.0))
+    monkeypatch.setattr(readiness, "probe_endpoint", lambda *a, **k: (True, "serving"))
     said: list[str] = []
 
     def progress(*parts: Any) -> None:
@@ -156,7 +158,7 @@ def _operations(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *, fail_start: 
     if fail_start:
         t.add("*", "systemctl start sparkctl-engine", reply(stderr="unit failed: see the engine log", exit_code=1))
     try:
-        lifecycle.up(res, inv, t, roots, secrets=SECRETS, skip_check=True, progress=progress)
+        executor.up(res, inv, t, roots, secrets=SECRETS, skip_check=True, progress=progress)
     except SparkctlError as exc:
         said += [exc.one_line(), str(exc), repr(exc)]
     calls += t.calls
@@ -164,8 +166,8 @@ def _operations(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *, fail_start: 
     record = files[("spark-a", str(tmp_path / "nodes/a/var/lib/sparkctl/record.json"))][0].decode()
     for op in (lambda t: run_check(res, inv, t, fix=True, bandwidth_s=0, progress=said.append),  # noqa: B023
                lambda t: said.append(json.dumps(cluster_status(inv, t))),  # noqa: B023
-               lambda t: lifecycle.down(inv, t, reset_clocks=True, progress=progress),
-               lambda t: lifecycle.switch_supervised(res, inv, t, roots, secrets=SECRETS, skip_check=True,
+               lambda t: executor.down(inv, t, reset_clocks=True, progress=progress),
+               lambda t: supervise.switch_supervised(res, inv, t, roots, secrets=SECRETS, skip_check=True,
                                                      progress=progress),
                lambda t: weights.sync(inv, t, res.profile.model.weights_path, "spark-a", poll_s=0)):
         t = fake_for(inv)
@@ -189,10 +191,12 @@ def test_operations_keep_the_secret_in_the_0600_env_file_only(tmp_path: Path, mo
     assert holders, "the secret never reached a node"
     for (n, p), mode in holders.items():
         assert mode == 0o600, f"{n}:{p} holds the secret with mode {mode:o}"
-        assert p.endswith("/etc/sparkctl/engine.env") or "/staged/" in p, p
-    assert any("/staged/" in p for _, p in holders)  # switch --supervise stages the env file 0600 too
+        assert p.endswith("/etc/sparkctl/engine.env"), p
+    # switch --supervise hands the env file to the head inside the 0600 plan file (base64, never in clear)
+    plan = [(p, m) for (n, p), (d, m) in files.items() if p.endswith("supervisor-plan.json")]
+    assert plan and all(m == 0o600 for _, m in plan), plan
     for (n, p), (data, _mode) in files.items():
-        if p.endswith(("record.json", "supervisor.sh", "supervisor-manifest.json", "manifest.json", "launch.sh")):
+        if p.endswith(("record.json", "planrun.py", "manifest.json", "launch.sh")):
             _no_secret(data.decode(), p)
     _no_secret("\n".join(said), "progress, status or errors")
     _no_secret(caplog.text, "the log")
@@ -248,7 +252,10 @@ def test_the_put_writes_the_secret_file_0600_even_with_umask_000(tmp_path: Path)
     old = os.umask(0)
     try:
         with LocalTransport(nodes=inv.names, sudo=False) as t:
-            lifecycle.push_files(inv, t, rendering, ["spark-a"])
+            files = {"spark-a": [f.to_dict() for f in (FileRef(x.path, x.mode, x.sha256)
+                                                         for x in rendering.files["spark-a"].values())]}
+            res = executor.TransportBackend(inv, t, lambda *a: None, rendering).put_all(files)
+            assert all(r["ok"] for r in res.values()), res
     finally:
         os.umask(old)
     for f in rendering.files["spark-a"].values():
@@ -292,9 +299,9 @@ def test_no_code_path_adds_host_keys_automatically() -> None:
 def test_the_supervisors_ssh_checks_host_keys_it_got_from_verified_connections(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     _calls, files, _ = _operations(tmp_path, monkeypatch)
-    script = next(d for (n, p), (d, _m) in files.items() if p.endswith("supervisor.sh")).decode()
-    ssh_lines = [ln for ln in script.splitlines() if ln.strip().startswith("spark-b) ssh ")]
-    assert ssh_lines, "the supervisor reaches its peer over ssh"
+    doc = json.loads(next(d for (n, p), (d, _m) in files.items() if p.endswith("supervisor-plan.json")))
+    ssh_lines = [" ".join(doc["nodes"]["spark-b"]["ssh"])]
+    assert doc["nodes"]["spark-b"]["ssh"][0] == "ssh", "the supervisor reaches its peer over ssh"
     for ln in ssh_lines:
         assert "StrictHostKeyChecking=yes" in ln and "BatchMode=yes" in ln and "GlobalKnownHostsFile=/dev/null" in ln
         assert f"UserKnownHostsFile={tmp_path}/nodes/a/var/lib/sparkctl/known_hosts" in ln
@@ -344,8 +351,9 @@ def test_sudo_is_used_only_for_commands_that_need_it(tmp_path: Path, monkeypatch
 
     inv = _inv(tmp_path)
     t = fake_for(inv)
-    lifecycle.tail_logs(inv, t, inv.names)  # on a failed start
-    lifecycle.engines_alive(inv, t, inv.names)  # before a no-op `up`
+    backend = executor.TransportBackend(inv, t, lambda *a: None)
+    backend.run_all({n: planner.tail_command(inv, n, 15) for n in inv.names}, {}, None)  # on a failed start
+    backend.run_all({n: planner.ALIVE_COMMAND for n in inv.names}, {}, None)  # before a no-op `up`
     record_hw_change(inv, t, "moved a cable")
     calls += t.calls
     used: dict[str, set[bool]] = {}

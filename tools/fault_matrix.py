@@ -59,7 +59,7 @@ def main() -> int:
     env = {**os.environ, "SPARKCTL_SIM_DIR": str(tmp / "sim"), "XDG_STATE_HOME": str(tmp / "state"),
            "SPARKCTL_SIM_SPEEDUP": "20", "SPARKCTL_SIM_LOAD_S": "1"}
     env.pop("SPARKCTL_INVENTORY", None)
-    sim = [sys.executable, "-m", "sparkctl.cli.main", "sim"]
+    sim = [sys.executable, "-m", "sparkctl.cli", "sim"]
     LOCK.parent.mkdir(parents=True, exist_ok=True)
     # SIGTERM tears the ring down like Ctrl-C does (the finally below).
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))

@@ -25,7 +25,7 @@ from pathlib import Path
 from sparkctl.model.inventory import load_inventory
 from sparkctl.model.profiles import resolve
 from sparkctl.model.resources import Roots
-from sparkctl.ops.lifecycle import down, switch, up
+from sparkctl.ops.executor import down, switch, up
 from sparkctl.plan.laws import Waiver
 from sparkctl.transport.ssh import SSHTransport
 from sparkctl_sim.paths import default_inventory
@@ -38,7 +38,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--cycles", type=int, default=50)
     args = ap.parse_args()
-    sim = [sys.executable, "-m", "sparkctl.cli.main", "sim"]
+    sim = [sys.executable, "-m", "sparkctl.cli", "sim"]
     LOCK.parent.mkdir(parents=True, exist_ok=True)
     with open(LOCK, "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)

@@ -57,7 +57,7 @@ def _run(argv: list[str], env: dict[str, str], timeout: float = 600) -> subproce
 
 
 def _sparkctl(env: dict[str, str], *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    r = _run([sys.executable, "-m", "sparkctl.cli.main", *args], env, timeout)
+    r = _run([sys.executable, "-m", "sparkctl.cli", *args], env, timeout)
     if r.returncode != 0:
         raise SystemExit(f"sparkctl {' '.join(args)} -> {r.returncode}\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}")
     return r
@@ -125,7 +125,7 @@ def _one_size(nodes: int, args: argparse.Namespace, blob: Path, base: Path) -> d
                 own = max(n["seconds"] for n in nodes_rep.values())
                 results.setdefault(mode, []).append((wall, own))
     finally:
-        r = _run([sys.executable, "-m", "sparkctl.cli.main", "sim", "down"], env, 300)
+        r = _run([sys.executable, "-m", "sparkctl.cli", "sim", "down"], env, 300)
         if r.returncode != 0:
             print(f"sim down failed: {r.stdout[-500:]} {r.stderr[-500:]}", file=sys.stderr)
     return results

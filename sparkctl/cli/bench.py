@@ -113,7 +113,7 @@ def bench_check(res: Any, inv: Any, transport: Any, force: bool) -> dict[str, An
     """Pre-bench health check: every law on every node; waivers come from the run record."""
     from sparkctl.errors import CheckFailed
     from sparkctl.ops.check import run_check
-    from sparkctl.ops.lifecycle import read_record
+    from sparkctl.ops.lock import read_record
     from sparkctl.plan.laws import Waiver
 
     rec = read_record(inv, transport)

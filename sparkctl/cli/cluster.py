@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 import time
+from dataclasses import asdict
 from typing import Any
 
 import click
@@ -145,6 +146,65 @@ def _up_summary(result: Any) -> None:
               f"{', '.join(rec.heads)}:{rec.port} ({result.action}; {phases}; sparkctl's own time {own:.1f} s)")
 
 
+@cli.command("plan")
+@click.argument("action", type=click.Choice(["up", "down", "switch"]))
+@click.argument("profile", required=False)
+@inventory_option
+@set_option
+@with_waive_options
+@click.option("--supervise", is_flag=True, help="switch: show what this side runs and what the head's runner runs")
+@click.option("--reset-clocks", is_flag=True, help="down: also reset the GPU clock lock")
+@click.option("--assume-fresh", is_flag=True, help="read nothing from the nodes: plan for a cluster where nothing "
+              "runs and no record exists (touches no host)")
+@with_transport_options
+@json_option
+@pass_ctx
+def plan_cmd(c: Ctx, action: str, profile: str | None, sets: tuple[str, ...], waive: tuple[str, ...],
+             reason: str | None, supervise: bool, reset_clocks: bool, assume_fresh: bool, connect_timeout_s: float,
+             command_timeout_s: float, deadline_s: float, as_json: bool) -> None:
+    """The exact steps `up|down|switch PROFILE` would run now, every command and file.
+
+    It reads the run record on the head, which engines run and whether the
+    endpoint serves (to know what changed), and changes nothing on any host.
+    """
+    from sparkctl.ops.executor import plan_for
+    from sparkctl.ops.supervise import split_plan
+    from sparkctl.plan.steps import describe
+
+    if action != "down" and not profile:
+        raise click.UsageError(f"plan {action} needs a PROFILE")
+    res = c.resolve(profile, sets) if action != "down" and profile else None
+    inv = c.inventory()
+    if res is not None:
+        print_engine_warnings(res, inv)
+    kw: dict[str, Any] = dict(sets=sets, waivers=parse_waivers(waive, reason),
+                              secrets=secrets_from_env(res) if res else {}, reset_clocks=reset_clocks)
+    if assume_fresh:
+        plan, _r, _x = plan_for(action, res, inv, None, c.roots(), **kw)
+    else:
+        with make_transport(inv, connect_timeout_s, command_timeout_s, deadline_s) as tr:
+            plan, _r, _x = plan_for(action, res, inv, tr, c.roots(), **kw)
+    plans = list(split_plan(plan)) if supervise and action == "switch" else [plan]
+    ranks = [asdict(r) for r in _r.layout.ranks] if _r is not None else []
+    if as_json:
+        doc = plans[0].to_dict() if len(plans) == 1 else {"operator": plans[0].to_dict(), "head": plans[1].to_dict()}
+        emit_json({**doc, "ranks": ranks, "inventory": inv.file, "topology": inv.topology})
+        return
+    if res is not None and _r is not None:
+        p = res.profile
+        out.print(f"{res.name}: {p.engine.name} {p.engine.version}, {p.model.served_name}, TP{p.topology.tp_size} "
+                  f"x{p.topology.replicas} {p.topology.layout} on {inv.topology} ({inv.file})")
+        out.print("ranks (follow the ring): " + "  ".join(
+            f"{r.node}=rank {r.rank}{'/replica ' + str(r.replica) if p.topology.replicas > 1 else ''} ({r.host_ip})"
+            for r in _r.layout.ranks))
+    for i, pl in enumerate(plans):
+        if len(plans) > 1:
+            out.print("[bold]" + ("on this machine, before the handover" if i == 0 else
+                                  "on the head, by the plan runner") + "[/]")
+        for line in describe(pl):
+            out.print(escape(line), soft_wrap=True)
+
+
 @cli.command("up")
 @click.argument("profile")
 @inventory_option
@@ -156,7 +216,7 @@ def _up_summary(result: Any) -> None:
 def up_cmd(c: Ctx, profile: str, sets: tuple[str, ...], waive: tuple[str, ...], reason: str | None,
            connect_timeout_s: float, command_timeout_s: float, deadline_s: float, as_json: bool) -> None:
     """Check, push, start PROFILE's ranks in order and wait until it serves its model name."""
-    from sparkctl.ops.lifecycle import up
+    from sparkctl.ops.executor import up
 
     res = c.resolve(profile, sets)
     inv = c.inventory()
@@ -181,7 +241,7 @@ def up_cmd(c: Ctx, profile: str, sets: tuple[str, ...], waive: tuple[str, ...], 
 def down_cmd(c: Ctx, reset_clocks: bool, connect_timeout_s: float, command_timeout_s: float, deadline_s: float,
              as_json: bool) -> None:
     """Stop what sparkctl started, verify processes gone and ports closed (idempotent)."""
-    from sparkctl.ops.lifecycle import down
+    from sparkctl.ops.executor import down
 
     inv = c.inventory()
     with make_transport(inv, connect_timeout_s, command_timeout_s, deadline_s) as tr:
@@ -224,7 +284,8 @@ def switch_cmd(c: Ctx, profile: str, sets: tuple[str, ...], waive: tuple[str, ..
     With --supervise the switch runs on the head node, so a laptop that sleeps
     mid-switch still ends with a serving stack; `sparkctl status` shows its progress.
     """
-    from sparkctl.ops.lifecycle import switch, switch_supervised
+    from sparkctl.ops.executor import switch
+    from sparkctl.ops.supervise import switch_supervised
 
     res = c.resolve(profile, sets)
     inv = c.inventory()
@@ -367,7 +428,7 @@ def logs_cmd(c: Ctx, node: str | None, lines: int, follow: bool, connect_timeout
 @pass_ctx
 def unlock_cmd(c: Ctx) -> None:
     """Remove the cluster lock left by a process that is gone."""
-    from sparkctl.ops.lifecycle import break_lock
+    from sparkctl.ops.lock import break_lock
 
     inv = c.inventory()
     with make_transport(inv, 5.0, 30.0, 60.0) as tr:

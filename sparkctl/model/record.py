@@ -11,8 +11,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 SCHEMA = 1
-RECORD_PATH = "/var/lib/sparkctl/record.json"
-LOCK_DIR = "/var/lib/sparkctl/lock.d"
+from sparkctl.model.paths import LOCK_DIR, RECORD  # noqa: F401 - where the record and the lock live
+
+RECORD_PATH = RECORD
 STATES = ("starting", "serving", "stopping", "switching", "failed", "stopped")
 
 
@@ -46,11 +47,14 @@ class RunRecord:
     waivers: dict[str, str] = field(default_factory=dict)
     note: str = ""
     schema: int = SCHEMA
+    # The plan steps the run that wrote this record executed, in order: id, phase, ok, seconds.
+    steps: tuple[dict[str, Any], ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["sets"] = list(self.sets)
         d["heads"] = list(self.heads)
+        d["steps"] = [dict(s) for s in self.steps]
         return d
 
     @classmethod
@@ -62,6 +66,7 @@ class RunRecord:
             heads=tuple(d.get("heads", ())), nodes=nodes, state=d["state"], started_at=d["started_at"],
             updated_at=d.get("updated_at", d["started_at"]), clock_cap_mhz=d.get("clock_cap_mhz"),
             waivers=dict(d.get("waivers", {})), note=d.get("note", ""), schema=int(d.get("schema", SCHEMA)),
+            steps=tuple(dict(s) for s in d.get("steps", ()) if isinstance(s, dict)),
         )
 
     def with_state(self, state: str, updated_at: str, note: str = "") -> "RunRecord":

@@ -10,7 +10,9 @@ import httpx
 from sparkctl.facts import probes
 from sparkctl.model.inventory import Inventory
 from sparkctl.model.record import LOCK_DIR, RunRecord
-from sparkctl.ops.lifecycle import metric_value, read_record, supervisor_progress
+from sparkctl.ops.readiness import metric_value
+from sparkctl.ops.lock import read_record
+from sparkctl.ops.supervise import supervisor_progress
 from sparkctl.plan.render import TOKENS_METRIC, under
 from sparkctl.transport.ssh import Transport
 

@@ -1,54 +1,307 @@
-"""Plan, then apply: the ordered steps ``up`` takes, as data.
+"""The planner: (resolved profile, inventory, rendering, facts, previous record) -> Plan. Pure.
 
-``sparkctl plan`` prints exactly this list, and ``sparkctl up`` executes it.
-Pure: (resolved profile, inventory, rendering) -> steps. No host is touched.
+``sparkctl plan up|down|switch`` prints these plans, and the executor
+(``sparkctl.ops.executor``) runs exactly these steps, nothing else. The facts
+the planner needs (the run record, which engines run, whether the endpoint
+serves) are read by the caller before planning and named in ``Plan.reads``.
+
+Rules the plans encode:
+- a failure before anything is stopped (check, clock, the "starting" record)
+  leaves the previous stack serving: ``on_fail: abort``;
+- after that, ``up`` stops what it started and records "failed" (branch
+  ``stop``); ``switch`` brings the previous stack back and proves it serves its
+  own name (branch ``rollback``, which itself falls back to ``stop``);
+- a rank cannot rejoin its communicator: ``up`` restarts whole replicas whose
+  files changed, and nothing when nothing changed and everything serves.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import json
+import shlex
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 
+from sparkctl.facts.probes import ENGINE_REGEX
 from sparkctl.model.inventory import Inventory
+from sparkctl.model.paths import DETACHED, ENGINE_LOG, RECORD, UNIT, under
 from sparkctl.model.profiles import Resolved
-from sparkctl.plan.render import Rendering
+from sparkctl.model.record import NodeRecord, RunRecord
+from sparkctl.plan import clocklock
+from sparkctl.plan.render import TOKENS_METRIC, Rendering
+from sparkctl.plan.steps import FileRef, Plan, Step
+
+# Phases of `up` that change no stack: a failure there leaves the previous one serving.
+UNCHANGED_PHASES = ("lock", "plan", "check", "clock", "record-start")
+
+STOP_SCRIPT = """\
+set -u
+unit={unit}; detached={detached}
+if [ -e "$unit" ] && command -v systemctl >/dev/null 2>&1; then systemctl stop sparkctl-engine 2>/dev/null || true; fi
+if [ -e "$detached" ]; then sh "$detached" stop >/dev/null 2>&1 || true; fi
+if command -v docker >/dev/null 2>&1; then docker rm -f sparkctl-engine >/dev/null 2>&1 || true; fi
+i=0
+while [ "$i" -lt {wait_ds} ]; do
+  if ps -eo pid,args | grep -iE -e {pattern} >/dev/null 2>&1; then sleep 0.1; i=$((i + 1)); else break; fi
+done
+left=$(ps -eo pid,args | grep -iE -e {pattern} | awk '{{print $1}}' | tr '\\n' ' ')
+if [ -n "$left" ]; then kill -KILL $left 2>/dev/null || true; sleep 0.2; fi
+left=$(ps -eo pid,args | grep -iE -e {pattern} | awk '{{print $1}}' | tr '\\n' ' ')
+ports=""
+for p in {ports}; do
+  if (ss -ltnH 2>/dev/null || true) | awk '{{print $4}}' | grep -qE "[:.]$p\\$"; then ports="$ports $p"; fi
+done
+echo "left:$left"
+echo "ports:$ports"
+"""
+
+ALIVE_COMMAND = f"ps -eo pid,args | grep -iE -e {shlex.quote(ENGINE_REGEX)} >/dev/null && echo alive || echo dead"
 
 
 @dataclass(frozen=True)
-class Step:
-    phase: str  # check | stop-stale | clock | push | reload | start | ready | record
-    nodes: tuple[str, ...]
-    summary: str
-    files: tuple[str, ...] = ()
-    details: dict[str, str] = field(default_factory=dict)
+class UpFacts:
+    """What ``up`` reads before it plans (it changes nothing)."""
+
+    record: RunRecord | None = None
+    alive: Mapping[str, bool] = field(default_factory=dict)  # node -> an engine process runs
+    healthy: bool = False  # every head's /v1/models lists the served name
 
 
-def plan_up(res: Resolved, inv: Inventory, rendering: Rendering) -> list[Step]:
+# --------------------------------------------------------------------------- commands
+
+
+def stop_command(inv: Inventory, node: str, ports: Sequence[int], timeout_s: int) -> str:
+    prefix = inv.node(node).prefix
+    return STOP_SCRIPT.format(unit=shlex.quote(under(prefix, UNIT)), detached=shlex.quote(under(prefix, DETACHED)),
+                              wait_ds=int(timeout_s * 10), pattern=shlex.quote(ENGINE_REGEX),
+                              ports=" ".join(str(int(p)) for p in ports) or "0")
+
+
+def start_command(inv: Inventory, node: str, supervisor: str) -> str:
+    if supervisor == "systemd":
+        return "systemctl start sparkctl-engine"
+    return f"sh {shlex.quote(under(inv.node(node).prefix, DETACHED))} start"
+
+
+def rotate_log_command(inv: Inventory, node: str) -> str:
+    """A fresh log per start, so progress and failure reports show this run's lines."""
+    log = shlex.quote(under(inv.node(node).prefix, ENGINE_LOG))
+    return f"f={log}; [ -e \"$f\" ] && mv -f \"$f\" \"$f.1\"; true"
+
+
+def tail_command(inv: Inventory, node: str, lines: int) -> str:
+    return f"tail -n {int(lines)} {shlex.quote(under(inv.node(node).prefix, ENGINE_LOG))} 2>/dev/null || true"
+
+
+def meminfo_command(inv: Inventory, node: str) -> str:
+    return f"cat {shlex.quote(inv.node(node).proc_root.rstrip('/') + '/meminfo')}"
+
+
+def endpoint_url(inv: Inventory, node: str, port: int) -> str:
+    return f"http://{inv.node(node).host}:{port}"
+
+
+def record_for(res: Resolved, rendering: Rendering, sets: Sequence[str], state: str, waivers: Mapping[str, str],
+               started_at: str, note: str = "") -> RunRecord:
+    p = res.profile
+    nodes = {r.node: NodeRecord(rank=r.rank, replica=r.replica, hash=rendering.node_hash(r.node),
+                                files={k: f.sha256 for k, f in rendering.files[r.node].items()},
+                                supervisor=res.for_node(r.node).supervisor) for r in rendering.layout.ranks}
+    return RunRecord(profile=res.name, sets=tuple(sets), digest=res.digest(), engine=p.engine.name,
+                     engine_version=p.engine.version, served_name=p.model.served_name, port=p.serve.port,
+                     heads=tuple(h.node for h in rendering.layout.heads()), nodes=nodes, state=state,
+                     started_at=started_at, updated_at=started_at, clock_cap_mhz=p.laws.clock_cap_mhz,
+                     waivers=dict(waivers), note=note)
+
+
+# --------------------------------------------------------------------------- steps
+
+
+def _fan(inv: Inventory, cmds: Mapping[str, str]) -> dict[str, bool]:
+    return {n: inv.node(n).sudo for n in cmds}
+
+
+def _record_step(prefix: str, sid: str, phase: str, head: str, rec: RunRecord, summary: str, *,
+                 on_fail: str = "abort", note_from_failure: bool = False, state_if_left: str | None = None) -> Step:
+    params: dict[str, object] = {"record": rec.to_dict(), "path": under(prefix, RECORD)}
+    if note_from_failure:
+        params["note_from_failure"] = True
+    if state_if_left:
+        params["state_if_left"] = state_if_left
+    return Step(sid, phase, "record", (head,), summary, changes=f"the run record on {head}: {rec.state}",
+                params=params, on_fail=on_fail)
+
+
+def _stop_step(inv: Inventory, sid: str, phase: str, nodes: Sequence[str], ports: Sequence[int], timeout_s: int,
+               summary: str, on_fail: str) -> Step:
+    cmds = {n: stop_command(inv, n, ports, timeout_s) for n in nodes}
+    return Step(sid, phase, "stop", tuple(nodes), summary, changes="sparkctl engines stopped",
+                commands=cmds, sudo=_fan(inv, cmds), timeout_s=timeout_s + 15, on_fail=on_fail)
+
+
+def _bring_up(res: Resolved, inv: Inventory, rendering: Rendering, restart: Sequence[str], prefix: str,
+              on_fail: str) -> list[Step]:
+    """push, fresh logs, daemon-reload, start group by group, ready: the steps that make a stack serve."""
     p = res.profile
     lay = rendering.layout
-    nodes = lay.nodes
-    steps: list[Step] = [
-        Step("check", nodes, "probe every node in parallel and judge the laws (a failure stops here)"),
-    ]
-    if p.laws.clock_cap_mhz is not None:
-        steps.append(Step("clock", nodes, f"apply the clock cap: nvidia-smi -lgc 0,{p.laws.clock_cap_mhz} and record "
-                                          "it for this boot"))
-    steps.append(Step("stop-stale", nodes,
-                      "stop any sparkctl engine still running (a new rank must never join an old head's rendezvous)"))
-    for r in lay.ranks:
-        files = tuple(sorted(rendering.files[r.node]))
-        steps.append(Step("push", (r.node,), f"write {len(files)} files atomically (temp name, then rename)",
-                          files=files, details={"hash": rendering.node_hash(r.node)}))
-    if p.supervisor == "systemd":
-        steps.append(Step("reload", nodes, "systemctl daemon-reload"))
-    for group in lay.start_sequence():
+    steps: list[Step] = []
+    files = {n: tuple(FileRef(f.path, f.mode, f.sha256) for f in sorted(rendering.files[n].values(),
+                                                                       key=lambda f: f.path)) for n in restart}
+    count = sum(len(v) for v in files.values())
+    steps.append(Step(f"{prefix}push", "push", "put", tuple(restart),
+                      f"write {count} files atomically (temp name, then rename)",
+                      changes=f"{res.name}'s rendered files", files=files, on_fail=on_fail))
+    logs = {n: rotate_log_command(inv, n) for n in restart}
+    steps.append(Step(f"{prefix}logs", "push", "run", tuple(restart), "keep the last engine log as engine.log.1",
+                      changes="engine.log moved aside", commands=logs, sudo=_fan(inv, logs), on_fail="continue"))
+    systemd = [n for n in restart if res.for_node(n).supervisor == "systemd"]
+    if systemd:
+        cmds = {n: "systemctl daemon-reload" for n in systemd}
+        steps.append(Step(f"{prefix}reload", "reload", "run", tuple(systemd), "systemctl daemon-reload",
+                          changes="systemd reads the new unit", commands=cmds, sudo=_fan(inv, cmds), on_fail=on_fail))
+    for i, group in enumerate(lay.start_sequence(), 1):
+        group = tuple(r for r in group if r.node in restart)
+        if not group:
+            continue
+        cmds = {r.node: start_command(inv, r.node, res.for_node(r.node).supervisor) for r in group}
         who = ", ".join(f"{r.node} (rank {r.rank}{' head' if r.is_head else ''})" for r in group)
-        how = "systemctl start sparkctl-engine" if p.supervisor == "systemd" else "run-detached.sh start"
-        steps.append(Step("start", tuple(r.node for r in group), f"start {who}: {how}"))
-    for head in lay.heads():
-        steps.append(Step(
-            "ready", (head.node,),
-            f"wait up to {p.serve.ready_timeout_s} s: port {head.http_port} open, /v1/models lists "
-            f"{p.model.served_name!r}, a 1-token completion, the generated-token counter advances",
-        ))
-    steps.append(Step("record", (lay.ranks[0].node,), "write the run record on the head node and cache it locally"))
+        steps.append(Step(f"{prefix}start-{i}", "start", "run", tuple(cmds), f"start {who}",
+                          changes=f"{res.name} ranks running", commands=cmds, sudo=_fan(inv, cmds), on_fail=on_fail))
+    metric = p.serve.tokens_metric or TOKENS_METRIC[p.engine.name]
+    heads = [h.node for h in lay.heads()]
+    steps.append(Step(
+        f"{prefix}ready", "ready", "ready", tuple(heads),
+        f"wait up to {p.serve.ready_timeout_s} s: /v1/models lists {p.model.served_name!r}"
+        + (f", a 1-token completion, {metric} advances" if p.serve.smoke_request else ""),
+        params={"profile": res.name, "endpoints": {h: endpoint_url(inv, h, p.serve.port) for h in heads},
+                "served_name": p.model.served_name, "metric": metric if p.serve.smoke_request else None,
+                "smoke": bool(p.serve.smoke_request), "deadline_s": float(p.serve.ready_timeout_s),
+                "alive": {n: ALIVE_COMMAND for n in lay.nodes},
+                "tail": {n: tail_command(inv, n, 1) for n in lay.nodes},
+                "tail_on_failure": {n: tail_command(inv, n, 15) for n in lay.nodes}},
+        on_fail=on_fail))
     return steps
+
+
+def _changed(res: Resolved, rendering: Rendering, facts: UpFacts) -> list[str]:
+    lay = rendering.layout
+    prev = facts.record
+    if not (prev and prev.profile == res.name and prev.state == "serving" and set(prev.nodes) == set(lay.nodes)):
+        return list(lay.nodes)
+    healthy = facts.healthy and all(facts.alive.get(n, False) for n in lay.nodes)
+    if not healthy:
+        return list(lay.nodes)
+    return [n for n in lay.nodes if prev.nodes[n].hash != rendering.node_hash(n)]
+
+
+def plan_up(res: Resolved, inv: Inventory, rendering: Rendering, facts: UpFacts, *, sets: Sequence[str] = (),
+            waivers: Mapping[str, str] | None = None, started_at: str = "", skip_check: bool = False,
+            op: str = "up", failure_branch: str = "stop") -> Plan:
+    p = res.profile
+    lay = rendering.layout
+    waivers = dict(waivers or {})
+    prev = facts.record
+    head = inv.nodes[0].name
+    reads = (f"the run record on {head}", "which engines run on " + ", ".join(lay.nodes),
+             "whether " + ", ".join(h.node for h in lay.heads()) + f" serve {p.model.served_name!r}")
+    changed = _changed(res, rendering, facts)
+    if not changed:
+        return Plan(op, res.name, (), reads=reads,
+                    note=f"{res.name} already serving with the same files on every node")
+    # A rank cannot rejoin its communicator: restart whole replicas that changed.
+    replicas = {lay.rank_of(n).replica for n in changed}
+    restart = [r.node for r in lay.ranks if r.replica in replicas]
+    whole = restart == list(lay.nodes)
+    stale = list(inv.names) if not prev or prev.profile != res.name or whole else restart
+    ports = sorted({p.serve.port, p.serve.master_port} | ({prev.port} if prev else set()))
+
+    steps: list[Step] = []
+    if not skip_check:
+        steps.append(Step("check", "check", "check", lay.nodes, "probe every node in parallel and judge the laws "
+                          "(a failure stops here)", params={"profile": res.name, "waivers": waivers,
+                                                            "ignore": ["served_model", "clock_cap"]}))
+    if p.laws.clock_cap_mhz is not None:
+        cmds = {n: " && ".join(clocklock.lock_commands(p.laws.clock_cap_mhz, inv.node(n).prefix,
+                                                        inv.node(n).proc_root)) for n in lay.nodes}
+        steps.append(Step("clock", "clock", "run", lay.nodes, f"lock the GPU clock at {p.laws.clock_cap_mhz} MHz and "
+                          "record it for this boot", changes="GPU clock lock", commands=cmds, sudo=_fan(inv, cmds)))
+    starting = record_for(res, rendering, sets, "starting", waivers, started_at,
+                          f"replacing {prev.profile}" if prev and prev.profile != res.name else "")
+    # The record changes before the cluster does: if the head cannot take it (a full
+    # disk), nothing has been touched yet and the previous record still tells the truth.
+    steps.append(_record_step(inv.node(head).prefix, "record-start", "record-start", head, starting, "record that this run starts"))
+    steps.append(_stop_step(inv, "stop-stale", "stop-stale", stale, ports, p.serve.stop_timeout_s,
+                            "stop every sparkctl engine still running (a new rank must never join an old head's "
+                            "rendezvous)", failure_branch))
+    steps.extend(_bring_up(res, inv, rendering, restart, "", failure_branch))
+    serving = replace(starting, state="serving", note="")
+    steps.append(_record_step(inv.node(head).prefix, "record", "record", head, serving, f"record {res.name} serving",
+                              on_fail=failure_branch))
+    failed = replace(starting, state="failed")
+    stop_nodes = list(dict.fromkeys([*lay.nodes, *stale]))
+    stop_branch = (
+        _stop_step(inv, "stop-started", "rollback", stop_nodes, ports, p.serve.stop_timeout_s,
+                   "stop what this run started", "continue"),
+        _record_step(inv.node(head).prefix, "record-failed", "rollback", head, failed, "record that nothing serves",
+                     on_fail="continue", note_from_failure=True),
+    )
+    return Plan(op, res.name, tuple(steps), {"stop": stop_branch}, reads=reads,
+                note="" if whole else f"restart only {', '.join(restart)} (files changed on {', '.join(changed)})")
+
+
+def plan_down(inv: Inventory, record: RunRecord | None, *, reset_clocks: bool = False, started_at: str = "",
+              timeout_s: int = 30) -> Plan:
+    head = inv.nodes[0].name
+    nodes = list(inv.names)
+    ports = sorted({record.port} if record else set())
+    if record:
+        # reverse start order: heads last started with workers-first, so stop heads first
+        order = list(record.heads) + [n for n in record.nodes if n not in record.heads]
+        nodes = order + [n for n in inv.names if n not in order]
+    steps: list[Step] = []
+    if record and record.state not in ("stopped", "failed"):
+        # Before anything stops: an interrupted or half-done down never leaves "serving" behind.
+        steps.append(_record_step(inv.node(head).prefix, "record-stopping", "stop", head, record.with_state("stopping", started_at,
+                                                                                     "down in progress"),
+                                  "record that the stack is stopping", on_fail="continue"))
+    steps.append(_stop_step(inv, "stop", "stop", nodes, ports, timeout_s, "stop every sparkctl engine and verify: "
+                            "no engine process, ports closed", "continue"))
+    if record and record.state != "stopped":
+        steps.append(_record_step(inv.node(head).prefix, "record", "record", head, record.with_state("stopped", started_at, "down"),
+                                  "record that nothing runs", on_fail="continue", state_if_left="failed"))
+    cmds = {n: meminfo_command(inv, n) for n in nodes}
+    steps.append(Step("leaks", "verify", "leaks", tuple(nodes), "read /proc/meminfo: memory not given back with no "
+                      "engine (the leak law)", commands=cmds, on_fail="continue"))
+    if reset_clocks:
+        rc = {n: clocklock.reset_command(inv.node(n).prefix) for n in nodes}
+        steps.append(Step("reset-clocks", "verify", "run", tuple(nodes), "nvidia-smi -rgc and forget the clock lock",
+                          changes="GPU clocks unlocked", commands=rc, sudo=_fan(inv, rc), on_fail="continue"))
+    return Plan("down", record.profile if record else None, tuple(steps), reads=(f"the run record on {head}",))
+
+
+def plan_switch(res: Resolved, inv: Inventory, rendering: Rendering, facts: UpFacts, *, sets: Sequence[str] = (),
+                waivers: Mapping[str, str] | None = None, started_at: str = "", skip_check: bool = False,
+                previous: tuple[Resolved, Rendering] | None = None, op: str = "switch") -> Plan:
+    """``up`` of the new profile whose failure, once the old stack is stopped, brings the old one back."""
+    prev = facts.record
+    if previous is None or prev is None or prev.state != "serving" or prev.profile == res.name:
+        return replace(plan_up(res, inv, rendering, facts, sets=sets, waivers=waivers, started_at=started_at,
+                               skip_check=skip_check, op=op))
+    base = plan_up(res, inv, rendering, facts, sets=sets, waivers=waivers, started_at=started_at,
+                   skip_check=skip_check, op=op, failure_branch="rollback")
+    prev_res, prev_rendering = previous
+    head = inv.nodes[0].name
+    ports = sorted({res.profile.serve.port, res.profile.serve.master_port, prev.port})
+    back = [_stop_step(inv, "rollback-stop", "rollback", list(inv.names), ports, res.profile.serve.stop_timeout_s,
+                       f"stop what {res.name} started", "stop")]
+    back += [replace(s, phase="rollback", on_fail="stop")
+             for s in _bring_up(prev_res, inv, prev_rendering, list(prev_rendering.layout.nodes), "rollback-", "stop")]
+    restored = replace(prev, state="serving", updated_at=started_at, note="rolled back")
+    back.append(_record_step(inv.node(head).prefix, "rollback-record", "rollback", head, restored,
+                             f"record {prev_res.name} serving again", on_fail="stop"))
+    return replace(base, branches={"rollback": tuple(back), **base.branches},
+                   reads=(*base.reads, f"{prev.profile}'s profile and files (the way back)"))
+
+
+def plan_json(plan: Plan) -> str:
+    return json.dumps(plan.to_dict(), indent=2, sort_keys=True)

@@ -29,7 +29,7 @@ class Sim:
     env: dict[str, str]
 
     def sparkctl(self, *args: str, timeout: float = 180, check: bool = False) -> subprocess.CompletedProcess[str]:
-        r = subprocess.run([sys.executable, "-m", "sparkctl.cli.main", *args], env=self.env, capture_output=True,
+        r = subprocess.run([sys.executable, "-m", "sparkctl.cli", *args], env=self.env, capture_output=True,
                            text=True, timeout=timeout)
         if check and r.returncode != 0:
             raise AssertionError(f"sparkctl {' '.join(args)} -> {r.returncode}\n{r.stdout}\n{r.stderr}")

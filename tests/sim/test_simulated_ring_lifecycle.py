@@ -130,7 +130,7 @@ def test_simulated_killed_rank_shows_in_status_and_up_cleans_stale_ranks(sim_rin
 
 def test_simulated_two_concurrent_ups_one_is_refused_by_the_lock(sim_ring) -> None:
     inv = str(sim_ring.inventory)
-    cmd = [sys.executable, "-m", "sparkctl.cli.main", "-i", inv, "up", "tensorfold-tp4-ring"]
+    cmd = [sys.executable, "-m", "sparkctl.cli", "-i", inv, "up", "tensorfold-tp4-ring"]
     a = subprocess.Popen(cmd, env=sim_ring.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     time.sleep(0.8)
     b = subprocess.run(cmd, env=sim_ring.env, capture_output=True, text=True, timeout=120)
@@ -143,7 +143,7 @@ def test_simulated_two_concurrent_ups_one_is_refused_by_the_lock(sim_ring) -> No
 def test_simulated_ctrl_c_during_up_leaves_everything_stopped_and_recorded(sim_ring) -> None:
     inv = str(sim_ring.inventory)
     env = {**sim_ring.env, "SPARKCTL_SIM_LOAD_S": "60"}  # a slow load: interrupt while waiting for readiness
-    p = subprocess.Popen([sys.executable, "-m", "sparkctl.cli.main", "-i", inv, "up", "tensorfold-tp4-ring"],
+    p = subprocess.Popen([sys.executable, "-m", "sparkctl.cli", "-i", inv, "up", "tensorfold-tp4-ring"],
                          env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and "waiting" not in p.stderr.readline():

@@ -73,11 +73,13 @@ def test_supervised_switch_returns_at_once_and_ends_done(ring) -> None:
     assert out["supervised"] and out["head"] == "spark-a" and out["pid"] > 0
     # returned before the new stack is ready: the supervisor is still at work
     st = status(ring)
-    assert st["record"]["state"] in ("switching", "serving")
+    # the runner on the head writes the plan's records: "starting" once it began, "serving" at the end
+    assert st["record"]["state"] in ("switching", "starting", "serving")
     assert st["supervisor"]["events"], st["supervisor"]
     st, phases = follow(ring)
     assert phases[0] == "started" and phases[-1] == "done", phases
-    for p in ("backup", "stop", "install", "start", "ready"):
+    # the same plan `sparkctl plan switch --supervise` prints, run by the runner on the head
+    for p in ("record-start", "stop-stale", "push", "start", "ready", "record"):
         assert p in phases, phases
     assert st["record"]["profile"] == "tensorfold-tp4-ring" and st["record"]["state"] == "serving"
     assert served(ring) == ["dsv41-flash-tensorfold"]
@@ -87,12 +89,15 @@ def test_supervised_switch_returns_at_once_and_ends_done(ring) -> None:
     done = [e for e in st["supervisor"]["events"] if e["phase"] in ("ready", "done")]
     assert done and done[0]["epoch"] >= int(returned_at), (returned_at, done)
     # the supervisor reached its peers over the fabric, not the management network
-    manifest = json.loads(ring.ssh("spark-a", "cat /var/lib/sparkctl/supervisor-manifest.json").stdout)
+    doc = json.loads(ring.ssh("spark-a", "cat /var/lib/sparkctl/supervisor-plan.json").stdout)
     layout = load_inventory(ring.inventory)
     for n in ("spark-b", "spark-c", "spark-d"):
-        addr = manifest["nodes"][n]["fabric_address"]
+        addr = doc["nodes"][n]["fabric_address"]
         assert addr in {e.address for e in layout.endpoints(n)} and addr != layout.node(n).host, (n, addr)
-    assert manifest["nodes"]["spark-a"]["files"][0]["staged"].startswith("/var/lib/sparkctl/staged/tensorfold-tp4-ring/")
+        assert doc["nodes"][n]["ssh"][-1].endswith("@" + addr)
+    assert [s["phase"] for s in doc["plan"]["steps"]][0] == "record-start" and "rollback" in doc["plan"]["branches"]
+    mode = ring.ssh("spark-a", "stat -c %a /var/lib/sparkctl/supervisor-plan.json").stdout.strip()
+    assert mode == "600", mode  # it carries the env files' bytes
     # the lock is free again: a plain `up` of the same profile is a no-op
     r = ring.sparkctl("-i", inv, "up", "tensorfold-tp4-ring", "--json")
     assert r.returncode == 0 and json.loads(r.stdout)["action"] == "noop", r.stdout + r.stderr

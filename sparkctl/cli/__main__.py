@@ -1,0 +1,7 @@
+"""``python -m sparkctl.cli``."""
+
+import sys
+
+from sparkctl.cli.main import main
+
+sys.exit(main())

@@ -1,0 +1,401 @@
+"""up, down, switch: read the facts, plan, run exactly the plan. The only code that changes hosts this way.
+
+Every operation is three stages, the pyinfra way: gather (the run record, which
+engines run, whether the endpoint serves), plan (``sparkctl.plan.planner``,
+pure), execute (``sparkctl.remote.planrun.execute`` with sparkctl's transport
+as its backend). ``sparkctl plan`` stops after the second stage and prints
+what the third would run. The record lists the steps that ran and how they
+ended. Never half-up: the plan's failure branches stop what a run started (and
+``switch`` brings the previous stack back); Ctrl-C stops and never rolls back.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sparkctl.errors import CheckFailed, Interrupted, LifecycleError, Ref, SparkctlError
+from sparkctl.facts import probes
+from sparkctl.model.inventory import Inventory
+from sparkctl.model.paths import RECORD
+from sparkctl.model.profiles import Resolved, resolve
+from sparkctl.model.record import RunRecord
+from sparkctl.model.resources import Roots
+from sparkctl.ops import readiness
+from sparkctl.ops.localstate import cluster_dir, write_json
+from sparkctl.ops.lock import ClusterLock, head_node, node_path, node_sudo, now_iso, read_record
+from sparkctl.plan import laws, planner
+from sparkctl.plan.render import Rendering, render
+from sparkctl.plan.steps import Plan
+from sparkctl.remote import planrun
+from sparkctl.transport.ssh import CommandResult, Transport
+
+Progress = Callable[[str, str, str], None]  # (node or "*", phase, message)
+
+
+@dataclass(frozen=True)
+class PhaseTime:
+    phase: str
+    seconds: float
+
+
+@dataclass(frozen=True)
+class UpResult:
+    profile: str
+    action: str  # started | restarted | noop
+    record: RunRecord | None
+    phases: tuple[PhaseTime, ...]
+    check: Any | None
+    ready_s: float = 0.0  # time spent waiting for the engine (not sparkctl's own overhead)
+    restarted_nodes: tuple[str, ...] = ()
+    steps: tuple[dict[str, Any], ...] = ()  # every step that ran: id, phase, ok, seconds, detail
+
+
+@dataclass(frozen=True)
+class DownResult:
+    stopped: tuple[str, ...]
+    leftovers: Mapping[str, str]  # node -> processes or ports still there
+    leaks: Mapping[str, float]  # node -> GiB held with no engine
+    clocks_reset: tuple[str, ...] = ()
+    steps: tuple[dict[str, Any], ...] = ()
+
+
+@dataclass(frozen=True)
+class SwitchResult:
+    serving: str  # the profile serving now
+    switched: bool
+    rolled_back: bool
+    downtime_s: float
+    error: str = ""
+    up: UpResult | None = None
+
+
+# --------------------------------------------------------------------------- the backend
+
+
+def _res(r: CommandResult) -> dict[str, Any]:
+    return {"ok": r.ok, "exit_code": r.exit_code, "stdout": r.stdout, "stderr": r.stderr, "error": r.error or ""}
+
+
+class TransportBackend:
+    """What ``planrun.execute`` needs, done with sparkctl's transport from the operator's side."""
+
+    def __init__(self, inv: Inventory, transport: Transport, say: Progress, rendering: Rendering | None = None,
+                 extra: Sequence[Rendering] = (), check: Callable[[Mapping[str, Any]], Any] | None = None) -> None:
+        self.inv, self.transport, self.say, self._check = inv, transport, say, check
+        self.blobs: dict[str, bytes] = {}  # by sha256: two renderings (new and previous) never collide
+        for rd in [r for r in (rendering, *extra) if r is not None]:
+            for files in rd.files.values():
+                for f in files.values():
+                    self.blobs[f.sha256] = f.text.encode()
+        self.check_report: Any = None
+
+    def emit(self, node: str, phase: str, message: str) -> None:
+        self.say(node, phase, message)
+
+    now = staticmethod(now_iso)
+    monotonic = staticmethod(time.monotonic)
+    sleep = staticmethod(time.sleep)
+
+    @staticmethod
+    def probe(url: str, served_name: str, metric: str | None, smoke: bool) -> tuple[bool, str]:
+        return readiness.probe_endpoint(url, served_name, metric, smoke=smoke)
+
+    def run_all(self, commands: Mapping[str, str], sudo: Mapping[str, bool], timeout_s: float | None
+                ) -> dict[str, dict[str, Any]]:
+        out: dict[str, dict[str, Any]] = {}
+        groups: dict[bool, dict[str, str]] = {}
+        for n, c in commands.items():
+            groups.setdefault(bool(sudo.get(n, False)), {})[n] = c
+        for s, group in groups.items():
+            for n, r in self.transport.run_all(group, sudo=s, timeout_s=timeout_s).items():
+                out[n] = _res(r)
+        return out
+
+    def put_all(self, files: Mapping[str, Sequence[Mapping[str, Any]]]) -> dict[str, dict[str, Any]]:
+        items = {n: [(f["path"], self.blobs[f["sha256"]], int(f["mode"], 8)) for f in fs] for n, fs in files.items()}
+        put_all = getattr(self.transport, "put_all", None)
+        if put_all is not None:
+            results = put_all(items, sudo={n: node_sudo(self.inv, n) for n in items})
+            return {n: _res(r) for n, r in results.items()}
+        from concurrent.futures import ThreadPoolExecutor
+
+        def push(node: str) -> dict[str, Any]:
+            for path, data, mode in items[node]:
+                r = self.transport.put(node, path, data, mode, sudo=node_sudo(self.inv, node))
+                if not r.ok:
+                    return _res(r)
+            return {"ok": True, "exit_code": 0, "stdout": "", "stderr": "", "error": ""}
+
+        with ThreadPoolExecutor(max_workers=max(1, len(items))) as pool:
+            return dict(zip(items, pool.map(push, items)))
+
+    def write_record(self, node: str, path: str, data: Mapping[str, Any]) -> dict[str, Any]:
+        """Atomic on the head and in the local cache; a record that cannot be written and claims
+        nothing serves is removed instead (no record also claims nothing serves)."""
+        write_json(cluster_dir(self.inv) / "record.json", dict(data))
+        blob = json.dumps(data, indent=2, sort_keys=True).encode() + b"\n"
+        r = self.transport.put(node, path, blob, 0o644, sudo=node_sudo(self.inv, node))
+        if not r.ok and data.get("state") != "serving":
+            self.transport.run(node, f"rm -f {_q(path)}", sudo=node_sudo(self.inv, node))
+        return _res(r)
+
+    def leaks(self, results: Mapping[str, Mapping[str, Any]]) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for n, r in results.items():
+            if not r["ok"]:
+                continue
+            try:
+                m = probes.parse_meminfo(r["stdout"])
+            except probes.ProbeParseError:
+                continue
+            held = (m.total_kib - m.available_kib) / 1024 / 1024
+            if held > laws.LEAK_THRESHOLD_GIB:
+                out[n] = held
+        return out
+
+    def check(self, params: Mapping[str, Any]) -> str:
+        if self._check is None:
+            raise LifecycleError("this plan has a check step but no check was given")
+        self.check_report = self._check(params)
+        return "laws hold"
+
+
+def _q(s: str) -> str:
+    import shlex
+
+    return shlex.quote(s)
+
+
+# --------------------------------------------------------------------------- gather, plan
+
+
+def gather_up_facts(res: Resolved, inv: Inventory, transport: Transport, rendering: Rendering) -> planner.UpFacts:
+    """The record, which engines run, whether the heads serve the name: what ``up`` plans from."""
+    prev = read_record(inv, transport)
+    lay = rendering.layout
+    if not (prev and prev.profile == res.name and prev.state == "serving"):
+        return planner.UpFacts(prev)
+    cmds = {n: planner.ALIVE_COMMAND for n in lay.nodes}
+    alive = {n: (r.ok and "alive" in r.stdout) for n, r in transport.run_all(cmds).items()}
+    healthy = all(alive.values()) and all(
+        readiness.probe_endpoint(planner.endpoint_url(inv, h.node, res.profile.serve.port), res.profile.model.served_name,
+                                 None, smoke=False)[0] for h in lay.heads())
+    return planner.UpFacts(prev, alive, healthy)
+
+
+def _previous(prev: RunRecord | None, res: Resolved, inv: Inventory, roots: Roots,
+              secrets: Mapping[str, str]) -> tuple[Resolved, Rendering] | None:
+    if not prev or prev.state != "serving" or prev.profile == res.name:
+        return None
+    try:
+        prev_res = resolve(prev.profile, roots, prev.sets)
+    except SparkctlError:
+        return None  # its profile is gone: nothing to roll back to
+    return prev_res, render(prev_res, inv, roots, secrets, reveal_secrets=True)
+
+
+def plan_for(op: str, res: Resolved | None, inv: Inventory, transport: Transport | None, roots: Roots, *,
+             sets: Sequence[str] = (), waivers: Mapping[str, laws.Waiver] | None = None,
+             secrets: Mapping[str, str] | None = None, skip_check: bool = False, reset_clocks: bool = False,
+             ) -> tuple[Plan, Rendering | None, tuple[Rendering, ...]]:
+    """Read the facts and plan ``op`` (up | down | switch). Changes nothing on any host.
+
+    Without a transport nothing is read: the plan is the one for a cluster where
+    nothing runs and no record exists (``sparkctl plan --assume-fresh``).
+    """
+    started = now_iso()
+    if op == "down":
+        record = read_record(inv, transport) if transport is not None else None
+        return planner.plan_down(inv, record, reset_clocks=reset_clocks, started_at=started), None, ()
+    assert res is not None
+    w = {k: v.reason for k, v in (waivers or {}).items()}
+    rendering = render(res, inv, roots, dict(secrets or {}), reveal_secrets=True)
+    facts = gather_up_facts(res, inv, transport, rendering) if transport is not None else planner.UpFacts()
+    if op == "up":
+        return planner.plan_up(res, inv, rendering, facts, sets=sets, waivers=w, started_at=started,
+                               skip_check=skip_check), rendering, ()
+    previous = _previous(facts.record, res, inv, roots, dict(secrets or {}))
+    plan = planner.plan_switch(res, inv, rendering, facts, sets=sets, waivers=w, started_at=started,
+                               skip_check=skip_check, previous=previous)
+    return plan, rendering, (previous[1],) if previous else ()
+
+
+# --------------------------------------------------------------------------- execute
+
+
+def _check_fn(res: Resolved, inv: Inventory, transport: Transport, waivers: Mapping[str, laws.Waiver],
+              say: Progress) -> Callable[[Mapping[str, Any]], Any]:
+    def check(params: Mapping[str, Any]) -> Any:
+        from sparkctl.ops.check import run_check
+
+        report = run_check(res, inv, transport, waivers=dict(waivers), fix=False, bandwidth_s=0,
+                           progress=lambda m: say("*", "check", m))
+        ignore = set(params.get("ignore", ()))
+        failures = [v for v in report.verdicts if v.failed and v.law not in ignore]
+        if failures:
+            first = failures[0]
+            raise CheckFailed(f"{len(failures)} law(s) fail; first: {first.law} on {first.node}: {first.observed}",
+                              Ref(node=first.node), hint=first.fix or "run `sparkctl check PROFILE` for the table")
+        return report
+    return check
+
+
+def _raise_failure(state: Mapping[str, Any], op: str) -> None:
+    f: planrun.StepFailed = state["failed"]
+    phase = f.step["phase"]
+    if isinstance(f.cause, SparkctlError):
+        raise f.cause.in_phase(op, phase) from None
+    err = LifecycleError(f.detail, Ref(node=f.node), hint=f.hint)
+    raise err.in_phase(op, phase) from None
+
+
+def run_plan(plan: Plan, backend: TransportBackend) -> dict[str, Any]:
+    """Execute exactly ``plan``; KeyboardInterrupt becomes Interrupted naming the phase."""
+    try:
+        return planrun.execute(plan.to_dict(), backend)
+    except KeyboardInterrupt as exc:
+        state = exc.args[0] if exc.args and isinstance(exc.args[0], dict) else {}
+        phase = (state.get("failure") or {}).get("phase", "?")
+        raise Interrupted(f"{plan.op} interrupted in phase {phase}",
+                          hint="what this run started was stopped; `sparkctl status` shows what runs") from None
+
+
+def _phases(state: Mapping[str, Any]) -> tuple[PhaseTime, ...]:
+    out: dict[str, float] = {}
+    for o in state["outcomes"]:
+        out[o["phase"]] = out.get(o["phase"], 0.0) + o["seconds"]
+    return tuple(PhaseTime(k, v) for k, v in out.items())
+
+
+def up(res: Resolved, inv: Inventory, transport: Transport, roots: Roots, *,
+       sets: Sequence[str] = (), waivers: Mapping[str, laws.Waiver] | None = None,
+       secrets: Mapping[str, str] | None = None, progress: Progress | None = None,
+       skip_check: bool = False, lock: bool = True) -> UpResult:
+    say = progress or (lambda *_: None)
+    op = f"up {res.name}"
+    waivers = dict(waivers or {})
+    guard = ClusterLock(inv, transport, op) if lock else None
+    try:
+        if guard:
+            guard.acquire()
+        try:
+            plan, rendering, _ = plan_for("up", res, inv, transport, roots, sets=sets, waivers=waivers,
+                                          secrets=secrets, skip_check=skip_check)
+        except SparkctlError as exc:
+            raise exc.in_phase(op, "plan") from None
+        say("*", "plan", f"{len(plan.steps)} steps on {', '.join(rendering.layout.nodes)}" if plan.steps
+            else plan.note)
+        if plan.noop:
+            return UpResult(res.name, "noop", read_record(inv, transport), (), None)
+        backend = TransportBackend(inv, transport, say, rendering, check=_check_fn(res, inv, transport, waivers, say))
+        state = run_plan(plan, backend)
+        if state["result"] != "done":
+            _raise_failure(state, op)
+        return _up_result(res, plan, state, backend)
+    except SparkctlError as exc:
+        raise exc.in_phase(op, "lock") if exc.phase is None and guard and not guard.held else exc from None
+    finally:
+        if guard:
+            guard.release()
+
+
+def _up_result(res: Resolved, plan: Plan, state: Mapping[str, Any], backend: TransportBackend) -> UpResult:
+    push = next(s for s in plan.steps if s.phase == "push")
+    restarted = tuple(push.nodes)
+    whole = not plan.note
+    rec = RunRecord.from_dict(state["record"]) if state["record"] else None
+    ready = sum(o["seconds"] for o in state["outcomes"] if o["phase"] == "ready")
+    return UpResult(res.name, "started" if whole else "restarted", rec, _phases(state), backend.check_report,
+                    ready_s=ready, restarted_nodes=restarted, steps=tuple(state["outcomes"]))
+
+
+def down(inv: Inventory, transport: Transport, *, reset_clocks: bool = False, progress: Progress | None = None,
+         lock: bool = True) -> DownResult:
+    from sparkctl.errors import LockUnavailable
+
+    say = progress or (lambda *_: None)
+    guard = ClusterLock(inv, transport, "down") if lock else None
+    try:
+        if guard:
+            try:
+                guard.acquire()
+            except LockUnavailable as exc:
+                # Stopping is what an operator needs most on a full disk, and no other
+                # sparkctl can hold or take the lock while no lock dir can be made.
+                say("*", "lock", f"{exc.message}: stopping without the lock")
+                guard = None
+        plan, _, _ = plan_for("down", None, inv, transport, Roots(()), reset_clocks=reset_clocks)
+        state = run_plan(plan, TransportBackend(inv, transport, say))
+        record_failures = [f for f in state["soft_failures"] if f.step["kind"] == "record"]
+        left = state["left"]
+        if record_failures:
+            f = record_failures[0]
+            raise LifecycleError(f"engines stopped{' except on ' + ', '.join(sorted(left)) if left else ''}, but "
+                                 f"{f.detail}; the head's record was removed (no record: nothing runs)",
+                                 Ref(node=f.node), hint=f.hint).in_phase("down", f.step["phase"])
+        stop = next(s for s in plan.steps if s.kind == "stop")
+        reset = next((s for s in plan.steps if s.id == "reset-clocks"), None)
+        failed_resets = {f.node for f in state["soft_failures"] if f.step["id"] == "reset-clocks"}
+        return DownResult(tuple(stop.nodes), dict(left), dict(state["leaks"]),
+                          tuple(n for n in (reset.nodes if reset else ()) if n not in failed_resets),
+                          steps=tuple(state["outcomes"]))
+    except SparkctlError as exc:
+        raise exc.in_phase("down", "lock") if exc.phase is None and guard and not guard.held else exc from None
+    finally:
+        if guard:
+            guard.release()
+
+
+def switch(res: Resolved, inv: Inventory, transport: Transport, roots: Roots, *, sets: Sequence[str] = (),
+           waivers: Mapping[str, laws.Waiver] | None = None, secrets: Mapping[str, str] | None = None,
+           progress: Progress | None = None) -> SwitchResult:
+    """Replace the serving stack; on failure bring the previous one back (the plan's rollback branch)."""
+    say = progress or (lambda *_: None)
+    op = f"switch {res.name}"
+    waivers = dict(waivers or {})
+    guard = ClusterLock(inv, transport, op)
+    try:
+        guard.acquire()
+        try:
+            plan, rendering, extra = plan_for("switch", res, inv, transport, roots, sets=sets, waivers=waivers,
+                                              secrets=secrets)
+        except SparkctlError as exc:
+            raise exc.in_phase(op, "plan") from None
+        if plan.noop:
+            say("*", "noop", plan.note)
+            return SwitchResult(res.name, True, False, 0.0, up=UpResult(res.name, "noop", read_record(inv, transport),
+                                                                         (), None))
+        backend = TransportBackend(inv, transport, say, rendering, extra,
+                                   check=_check_fn(res, inv, transport, waivers, say))
+        t0 = time.monotonic()
+        state = run_plan(plan, backend)
+        if state["result"] == "done":
+            result = _up_result(res, plan, state, backend)
+            unavailable = sum(p.seconds for p in result.phases if p.phase in ("stop-stale", "push", "start", "ready"))
+            return SwitchResult(res.name, True, False, unavailable if "rollback" in plan.branches else 0.0, up=result)
+        if "rollback" not in state["branches"]:
+            _raise_failure(state, op)  # nothing was stopped, or nothing to roll back to
+        f: planrun.StepFailed = state["failed"]
+        first = f.cause.in_phase(op, f.step["phase"]).one_line() if isinstance(f.cause, SparkctlError) else \
+            f"{op} failed in phase {f.step['phase']}: {f.detail}"
+        if "rollback" not in state["completed"]:
+            b: planrun.StepFailed = state["branch_failure"]
+            prev_name = plan.branches["rollback"][-1].params["record"]["profile"]
+            raise LifecycleError(f"switch to {res.name} failed ({f.detail}) and in phase rollback restoring "
+                                 f"{prev_name} failed too: {b.detail}", Ref(node=b.node),
+                                 hint="`sparkctl status` shows what runs; `sparkctl up` a profile")
+        prev = read_record(inv, transport)
+        return SwitchResult(prev.profile if prev else "", False, True, time.monotonic() - t0, error=first)
+    except SparkctlError as exc:
+        raise exc.in_phase(op, "lock") if exc.phase is None and not guard.held else exc from None
+    finally:
+        guard.release()
+
+
+def record_path(inv: Inventory) -> str:
+    head = head_node(inv)
+    return node_path(inv, head, RECORD)

@@ -1,0 +1,130 @@
+"""Plans as data: the steps ``up``, ``down`` and ``switch`` take, exactly. Pure.
+
+A :class:`Plan` is what ``sparkctl plan`` prints and what the executor runs:
+an ordered list of :class:`Step` (each fans out to its nodes and waits for all)
+and named branches taken when a step fails (``stop``: stop what this run
+started and record it; ``rollback``: bring the previous stack back). The same
+plan, as JSON, is what the supervised switch hands to the runner on the head
+(``sparkctl/remote/planrun.py``), so there is one switch/rollback logic.
+
+File contents are not in a plan (they may hold secrets): a ``put`` step names
+each file by path, mode and SHA-256, and the executor gets the bytes from the
+rendering (or, on the head, from the plan file's 0600 blob store).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+# What a step does; the interpreter (sparkctl.remote.planrun) knows each kind.
+KINDS = ("check", "run", "stop", "put", "ready", "record", "leaks")
+# What a failed step leads to: nothing more, or the named branch.
+ON_FAIL = ("abort", "stop", "rollback", "continue")
+
+
+@dataclass(frozen=True)
+class FileRef:
+    path: str  # absolute, under the node's prefix
+    mode: int
+    sha256: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"path": self.path, "mode": f"{self.mode:o}", "sha256": self.sha256}
+
+
+@dataclass(frozen=True)
+class Step:
+    id: str  # unique within its plan
+    phase: str  # check | clock | record | stop-stale | push | logs | reload | start | ready | stop | verify ...
+    kind: str  # one of KINDS
+    nodes: tuple[str, ...]
+    summary: str
+    changes: str = "nothing"  # what the step changes on the hosts
+    commands: Mapping[str, str] = field(default_factory=dict)  # node -> the exact shell command
+    sudo: Mapping[str, bool] = field(default_factory=dict)  # node -> through sudo -n
+    timeout_s: float | None = None
+    files: Mapping[str, tuple[FileRef, ...]] = field(default_factory=dict)  # put: node -> files
+    params: Mapping[str, Any] = field(default_factory=dict)  # ready / record / check / leaks parameters
+    on_fail: str = "abort"
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"id": self.id, "phase": self.phase, "kind": self.kind, "nodes": list(self.nodes),
+                             "summary": self.summary, "changes": self.changes, "on_fail": self.on_fail}
+        if self.commands:
+            d["commands"] = dict(self.commands)
+            d["sudo"] = {n: bool(self.sudo.get(n, False)) for n in self.commands}
+        if self.timeout_s is not None:
+            d["timeout_s"] = self.timeout_s
+        if self.files:
+            d["files"] = {n: [f.to_dict() for f in fs] for n, fs in self.files.items()}
+        if self.params:
+            d["params"] = dict(self.params)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Step:
+        return cls(id=d["id"], phase=d["phase"], kind=d["kind"], nodes=tuple(d["nodes"]), summary=d["summary"],
+                   changes=d.get("changes", "nothing"), commands=dict(d.get("commands", {})),
+                   sudo=dict(d.get("sudo", {})), timeout_s=d.get("timeout_s"),
+                   files={n: tuple(FileRef(f["path"], int(f["mode"], 8), f["sha256"]) for f in fs)
+                          for n, fs in d.get("files", {}).items()},
+                   params=dict(d.get("params", {})), on_fail=d.get("on_fail", "abort"))
+
+
+@dataclass(frozen=True)
+class Plan:
+    op: str  # up | down | switch | switch --supervise
+    profile: str | None
+    steps: tuple[Step, ...]
+    branches: Mapping[str, tuple[Step, ...]] = field(default_factory=dict)
+    reads: tuple[str, ...] = ()  # what planning read from the hosts (it changed nothing)
+    note: str = ""  # e.g. why the plan is empty
+
+    @property
+    def noop(self) -> bool:
+        return not self.steps
+
+    def all_steps(self) -> list[Step]:
+        return [*self.steps, *(s for b in self.branches.values() for s in b)]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"op": self.op, "profile": self.profile, "reads": list(self.reads), "note": self.note,
+                "steps": [s.to_dict() for s in self.steps],
+                "branches": {k: [s.to_dict() for s in v] for k, v in self.branches.items()}}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Plan:
+        return cls(op=d["op"], profile=d.get("profile"), steps=tuple(Step.from_dict(s) for s in d["steps"]),
+                   branches={k: tuple(Step.from_dict(s) for s in v) for k, v in d.get("branches", {}).items()},
+                   reads=tuple(d.get("reads", ())), note=d.get("note", ""))
+
+
+def describe(plan: Plan) -> list[str]:
+    """The plan as the lines ``sparkctl plan`` prints: every step, every command."""
+    lines = [f"plan {plan.op} {plan.profile or ''}".rstrip()]
+    if plan.reads:
+        lines.append(f"  read (changed nothing): {'; '.join(plan.reads)}")
+    if plan.noop:
+        lines.append(f"  nothing to do: {plan.note}")
+
+    def body(steps: tuple[Step, ...], indent: str) -> None:
+        for i, s in enumerate(steps, 1):
+            fail = "" if s.on_fail == "abort" else f"  [on failure: {s.on_fail}]"
+            lines.append(f"{indent}{i:2d}. {s.phase:<10} {', '.join(s.nodes)}: {s.summary}{fail}")
+            if s.changes != "nothing":
+                lines.append(f"{indent}      changes: {s.changes}")
+            for n, cmd in s.commands.items():
+                sudo = "sudo -n " if s.sudo.get(n) else ""
+                first, *rest = cmd.splitlines() or [""]
+                more = f"  (+{len(rest)} lines)" if rest else ""
+                lines.append(f"{indent}      {n}$ {sudo}{first}{more}")
+            for n, fs in s.files.items():
+                for f in fs:
+                    lines.append(f"{indent}      {n}: {f.path} ({f.mode:o}, sha256 {f.sha256[:12]})")
+    body(plan.steps, "  ")
+    for name, steps in plan.branches.items():
+        lines.append(f"  branch {name}:")
+        body(steps, "    ")
+    return lines

@@ -1,0 +1,420 @@
+#!/usr/bin/env python3
+"""Runs a sparkctl plan: the one interpreter of ``up``, ``down`` and ``switch`` steps.
+
+Used in two places with the same code: by the executor on the operator's side
+(``sparkctl.ops.executor``, whose backend is sparkctl's SSH transport), and on
+the head node by a supervised switch (``python3 planrun.py supervise ...``,
+whose backend runs commands locally and over ssh to the peers). Standard
+library only: this file is pushed to the head as one file.
+
+The plan (see ``sparkctl/plan/steps.py``) is a list of steps; each fans out to
+its nodes and waits for all. A failed step leads to the branch its
+``on_fail`` names (``stop`` or ``rollback``), whose own failures lead on the
+same way; ``continue`` records the failure and goes on. Ctrl-C stops what the
+run started (branch ``stop``, record "stopped") and never rolls back.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+Res = dict  # {"ok": bool, "exit_code": int | None, "stdout": str, "stderr": str, "error": str}
+
+
+class StepFailed(Exception):
+    """A step did not reach its end; ``cause`` is the backend's own exception, if any."""
+
+    def __init__(self, step: dict, detail: str, node: str | None = None, cause: BaseException | None = None,
+                 hint: str | None = None) -> None:
+        super().__init__(detail)
+        self.step, self.detail, self.node, self.cause, self.hint = step, detail, node, cause, hint
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"step": self.step["id"], "phase": self.step["phase"], "node": self.node, "detail": self.detail}
+
+
+def _last_line(r: Res) -> str:
+    return r.get("error") or ((r.get("stderr") or "").strip().splitlines() or [f"exit {r.get('exit_code')}"])[-1]
+
+
+def _fan(step: dict, backend: Any, commands: dict[str, str] | None = None) -> dict[str, Res]:
+    cmds = commands if commands is not None else step.get("commands", {})
+    return backend.run_all(cmds, step.get("sudo", {}), step.get("timeout_s"))
+
+
+def _run(step: dict, backend: Any, state: dict) -> str:
+    res = _fan(step, backend)
+    bad = sorted(n for n, r in res.items() if not r["ok"])
+    if bad:
+        raise StepFailed(step, f"{step['summary']} failed on {', '.join(bad)}: {_last_line(res[bad[0]])}", bad[0])
+    return f"{len(res)} nodes"
+
+
+def _stop(step: dict, backend: Any, state: dict) -> str:
+    res = _fan(step, backend)
+    left: dict[str, str] = {}
+    for n, r in res.items():
+        if r.get("error"):
+            left[n] = r["error"]
+            continue
+        out = r.get("stdout", "")
+        if not any(ln.startswith("left:") for ln in out.splitlines()):
+            left[n] = f"no answer from the stop script: {_last_line(r)}"
+            continue
+        procs = next((ln[5:].strip() for ln in out.splitlines() if ln.startswith("left:")), "")
+        ports = next((ln[6:].strip() for ln in out.splitlines() if ln.startswith("ports:")), "")
+        if procs or ports:
+            left[n] = " ".join(x for x in (f"pids {procs}" if procs else "", f"ports {ports}" if ports else "") if x)
+    state["left"].update(left)
+    if left:
+        n = sorted(left)[0]
+        raise StepFailed(step, f"could not stop the engine on {n}: {left[n]}", n,
+                         hint="stop it by hand; a new rank must never join an old head's rendezvous")
+    return "clean"
+
+
+def _put(step: dict, backend: Any, state: dict) -> str:
+    res = backend.put_all(step.get("files", {}))
+    bad = sorted(n for n, r in res.items() if not r["ok"])
+    if bad:
+        raise StepFailed(step, f"pushing the rendered files failed on {', '.join(bad)}: {_last_line(res[bad[0]])}",
+                         bad[0])
+    return f"{sum(len(v) for v in step.get('files', {}).values())} files"
+
+
+def _ready(step: dict, backend: Any, state: dict) -> str:
+    p = step["params"]
+    t0 = backend.monotonic()
+    pending = dict(p["endpoints"])
+    last, next_watch = "", 0.0
+    while True:
+        elapsed = backend.monotonic() - t0
+        for node, url in list(pending.items()):
+            ok, detail = backend.probe(url, p["served_name"], p.get("metric"), bool(p.get("smoke", True)))
+            if ok:
+                backend.emit(node, step["phase"], f"{p['served_name']} serving after {elapsed:.1f} s")
+                del pending[node]
+            else:
+                last = detail
+        if not pending:
+            return f"serving after {elapsed:.1f} s"
+        if backend.monotonic() >= next_watch:
+            alive = backend.run_all(p["alive"], {}, 30)
+            dead = sorted(n for n, r in alive.items() if not (r["ok"] and "alive" in r.get("stdout", "")))
+            tails = backend.run_all(p["tail"], {}, 30)
+            for n in p["alive"]:
+                backend.emit(n, "waiting", f"{elapsed:5.1f}s  {tails.get(n, {}).get('stdout', '').strip()[-100:]}")
+            if dead:
+                _not_ready(step, backend, f"rank on {', '.join(dead)} exited before the endpoint was ready")
+            next_watch = backend.monotonic() + 2.0
+        if elapsed > float(p["deadline_s"]):
+            _not_ready(step, backend, f"not ready within {float(p['deadline_s']):.0f} s: {last}")
+        backend.sleep(0.3)
+
+
+def _not_ready(step: dict, backend: Any, detail: str) -> None:
+    p = step["params"]
+    tails = backend.run_all(p.get("tail_on_failure", {}), {}, 30)
+    lines = [f"  [{n}] {line}" for n in p.get("tail_on_failure", {})
+             for line in tails.get(n, {}).get("stdout", "").splitlines()[-6:]]
+    head = next(iter(p["endpoints"]))
+    raise StepFailed(step, f"{p.get('profile', 'the stack')} did not become ready: {detail}", head,
+                     hint="last log lines:\n" + "\n".join(lines) if lines else None)
+
+
+def _record(step: dict, backend: Any, state: dict) -> str:
+    p = step["params"]
+    data = dict(p["record"])
+    data["updated_at"] = backend.now()
+    failure = state.get("failure")
+    if state.get("interrupted"):
+        data["state"] = "stopped"
+    if p.get("note_from_failure") and failure:
+        verb = "interrupted" if state.get("interrupted") else "failed"
+        data["note"] = f"{state['op']} {verb} in phase {failure['phase']}: {failure['detail']}"[:300]
+    if p.get("state_if_left") and state["left"]:
+        data["state"] = p["state_if_left"]
+        data["note"] = ("down left " + "; ".join(f"{n}: {w}" for n, w in sorted(state["left"].items())))[:300]
+    data["steps"] = [{k: o[k] for k in ("id", "phase", "ok", "seconds")} for o in state["outcomes"]]
+    r = backend.write_record(step["nodes"][0], p["path"], data)
+    if not r["ok"]:
+        raise StepFailed(step, f"cannot write the run record on {step['nodes'][0]}: {_last_line(r)}",
+                         step["nodes"][0], hint="check the disk on the head node")
+    state["record"] = data
+    return data["state"]
+
+
+def _leaks(step: dict, backend: Any, state: dict) -> str:
+    state["leaks"] = backend.leaks(_fan(step, backend))
+    return f"{len(state['leaks'])} nodes hold memory" if state["leaks"] else "no leak"
+
+
+def _check(step: dict, backend: Any, state: dict) -> str:
+    return backend.check(step["params"])
+
+
+KINDS = {"run": _run, "stop": _stop, "put": _put, "ready": _ready, "record": _record, "leaks": _leaks,
+         "check": _check}
+
+
+def _step(step: dict, backend: Any, state: dict) -> None:
+    state["current"] = step
+    backend.emit("*", step["phase"], step["summary"])
+    t0 = backend.monotonic()
+    outcome = {"id": step["id"], "phase": step["phase"], "ok": False, "seconds": 0.0, "detail": ""}
+    state["outcomes"].append(outcome)
+    try:
+        outcome["detail"] = KINDS[step["kind"]](step, backend, state)
+        outcome["ok"] = True
+    except StepFailed as f:
+        outcome["detail"] = f.detail
+        if step.get("on_fail") == "continue":
+            state["soft_failures"].append(f)
+            return
+        raise
+    except (KeyboardInterrupt, SystemExit):
+        outcome["detail"] = "interrupted"
+        raise
+    except Exception as exc:  # the backend's own error (a refused host key, a failed check): keep it
+        outcome["detail"] = str(exc)[:300]
+        f = StepFailed(step, str(exc), getattr(getattr(exc, "ref", None), "node", None), cause=exc)
+        if step.get("on_fail") == "continue":
+            state["soft_failures"].append(f)
+            return
+        raise f from exc
+    finally:
+        outcome["seconds"] = round(backend.monotonic() - t0, 3)
+
+
+def _branch(plan: dict, name: str, backend: Any, state: dict) -> None:
+    """Run branch ``name``; a failure in it leads to its own ``on_fail`` branch."""
+    seen: list[str] = []
+    while name not in ("abort", "continue") and name not in seen:
+        seen.append(name)
+        state["branches"].append(name)
+        try:
+            for s in plan["branches"].get(name, []):
+                _step(s, backend, state)
+            state["completed"].append(name)
+            return
+        except StepFailed as f:
+            state["branch_failure"] = f  # the first failure of a branch stays: what the operator must hear
+            name = f.step.get("on_fail", "abort")
+
+
+def execute(plan: dict, backend: Any) -> dict[str, Any]:
+    """Run ``plan``; returns what happened. Re-raises KeyboardInterrupt after stopping what was started."""
+    state: dict[str, Any] = {"op": f"{plan['op']} {plan.get('profile') or ''}".strip(), "outcomes": [], "failure": None, "failed": None, "branches": [],
+                             "branch_failure": None, "completed": [], "soft_failures": [], "left": {}, "leaks": {},
+                             "interrupted": False, "record": None, "current": None}
+    try:
+        for s in plan["steps"]:
+            _step(s, backend, state)
+        state["result"] = "done"
+    except StepFailed as f:
+        state["failure"], state["failed"] = f.as_dict(), f
+        _branch(plan, f.step.get("on_fail", "abort"), backend, state)
+        state["result"] = "failed"
+    except KeyboardInterrupt:
+        cur = state["current"] or {"id": "?", "phase": "?"}
+        state["interrupted"] = True
+        state["failure"] = {"step": cur["id"], "phase": cur["phase"], "node": None, "detail": "interrupted"}
+        if cur.get("on_fail", "abort") != "abort":
+            _branch(plan, "stop", backend, state)  # Ctrl-C stops what was started; it never rolls back
+        state["result"] = "interrupted"
+        raise KeyboardInterrupt(state) from None
+    return state
+
+
+# --------------------------------------------------------------------------- on the head: a supervised switch
+
+
+def _atomic_write(path: str, data: bytes, mode: int) -> None:
+    os.makedirs(os.path.dirname(path) or "/", exist_ok=True)
+    tmp = f"{path}.planrun.{os.getpid()}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def _probe(url: str, served_name: str, metric: str | None, smoke: bool) -> tuple[bool, str]:
+    """The readiness probe of ``sparkctl.ops.readiness.probe_endpoint``, in the standard library."""
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(f"{url}/v1/models", timeout=5) as r:
+            models = [m.get("id") for m in json.loads(r.read()).get("data", [])]
+        if served_name not in models:
+            return False, f"/v1/models lists {models or 'nothing'}, not {served_name!r}"
+        if not smoke:
+            return True, "model listed"
+        body = json.dumps({"model": served_name, "prompt": "ping", "max_tokens": 1, "temperature": 0}).encode()
+        req = urllib.request.Request(f"{url}/v1/completions", data=body, headers={"Content-Type": "application/json"})
+        with opener.open(req, timeout=30) as r:
+            answer = json.loads(r.read())
+        usage = answer.get("usage") or {}
+        if int(usage.get("completion_tokens", 0)) < 1:
+            return False, "1-token completion returned no tokens"
+        return True, "serving"
+    except (OSError, ValueError, urllib.error.URLError) as exc:
+        return False, f"{type(exc).__name__}: {str(exc)[:120]}"
+
+
+class HeadBackend:
+    """Commands on the head run here; on a peer, through ssh over the fabric with the supervisor's key."""
+
+    def __init__(self, nodes: dict[str, dict[str, Any]], blobs: dict[str, str], events: str) -> None:
+        self.nodes, self.blobs, self.events = nodes, blobs, events
+
+    def emit(self, node: str, phase: str, message: str) -> None:
+        line = json.dumps({"t": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "epoch": int(time.time()),
+                           "pid": os.getpid(), "phase": phase, "node": node, "message": message[:400]})
+        with open(self.events, "a", encoding="utf-8") as fh:
+            fh.write(line + "\n")
+
+    def now(self) -> str:
+        return time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime())
+
+    monotonic = staticmethod(time.monotonic)
+    sleep = staticmethod(time.sleep)
+    probe = staticmethod(_probe)
+
+    def _argv(self, node: str, command: str, sudo: bool) -> list[str]:
+        info = self.nodes[node]
+        if info.get("ssh"):  # a peer; its sudo is explicit, the head's runner already has the head's
+            return [*info["ssh"], f"sudo -n sh -c {_q(command)}" if sudo else command]
+        return ["sh", "-c", command]
+
+    def _one(self, node: str, command: str, sudo: bool, timeout_s: float | None, stdin: bytes | None = None) -> Res:
+        try:
+            p = subprocess.run(self._argv(node, command, sudo), input=stdin, capture_output=True,
+                               stdin=None if stdin is not None else subprocess.DEVNULL,
+                               timeout=timeout_s or 120, check=False)
+        except subprocess.TimeoutExpired:
+            return {"ok": False, "exit_code": None, "stdout": "", "stderr": "", "error": f"timed out on {node}"}
+        except OSError as exc:
+            return {"ok": False, "exit_code": None, "stdout": "", "stderr": "", "error": str(exc)}
+        return {"ok": p.returncode == 0, "exit_code": p.returncode, "stdout": p.stdout.decode(errors="replace"),
+                "stderr": p.stderr.decode(errors="replace"), "error": ""}
+
+    def run_all(self, commands: dict[str, str], sudo: dict[str, bool], timeout_s: float | None) -> dict[str, Res]:
+        if not commands:
+            return {}
+        with ThreadPoolExecutor(max_workers=len(commands)) as pool:
+            futs = {n: pool.submit(self._one, n, c, bool(sudo.get(n)), timeout_s) for n, c in commands.items()}
+            return {n: f.result() for n, f in futs.items()}
+
+    def _put_node(self, node: str, files: list[dict[str, Any]]) -> Res:
+        for f in files:
+            data = base64.b64decode(self.blobs[f["sha256"]])
+            path, mode = f["path"], f["mode"]
+            tmp = f"{path}.sparkctl-new"
+            cmd = (f"mkdir -p {_q(os.path.dirname(path) or '/')} && cat > {_q(tmp)} && chmod {mode} {_q(tmp)} && "
+                   f"mv -f {_q(tmp)} {_q(path)}")
+            r = self._one(node, cmd, bool(self.nodes[node].get("sudo")), 60, stdin=data)
+            if not r["ok"]:
+                return r
+        return {"ok": True, "exit_code": 0, "stdout": "", "stderr": "", "error": ""}
+
+    def put_all(self, files: dict[str, list[dict[str, Any]]]) -> dict[str, Res]:
+        with ThreadPoolExecutor(max_workers=max(1, len(files))) as pool:
+            futs = {n: pool.submit(self._put_node, n, fs) for n, fs in files.items()}
+            return {n: f.result() for n, f in futs.items()}
+
+    def write_record(self, node: str, path: str, data: dict[str, Any]) -> Res:
+        try:
+            _atomic_write(path, (json.dumps(data, indent=2, sort_keys=True) + "\n").encode(), 0o644)
+            return {"ok": True, "exit_code": 0, "stdout": "", "stderr": "", "error": ""}
+        except OSError as exc:
+            if data.get("state") != "serving" and os.path.exists(path):
+                os.unlink(path)  # no record claims nothing serves; a stale "serving" must not outlive its stack
+            return {"ok": False, "exit_code": None, "stdout": "", "stderr": "", "error": str(exc)}
+
+    def leaks(self, results: dict[str, Res]) -> dict[str, float]:
+        return {}
+
+    def check(self, params: dict[str, Any]) -> str:
+        raise RuntimeError("the check runs on the operator's side before the supervisor starts")
+
+
+def _q(s: str) -> str:
+    return "'" + s.replace("'", "'\"'\"'") + "'"
+
+
+FINAL = {"done": "done", "failed+rollback": "rolled-back"}
+
+
+def supervise(plan_path: str, events: str, pid_file: str, lock_dir: str, holder: dict[str, Any]) -> int:
+    with open(plan_path, encoding="utf-8") as fh:
+        doc = json.load(fh)
+    backend = HeadBackend(doc["nodes"], doc["blobs"], events)
+    _atomic_write(pid_file, f"{os.getpid()}\n".encode(), 0o644)
+    # The lock the operator took is handed over: same directory, this process as holder.
+    os.makedirs(lock_dir, exist_ok=True)
+    _atomic_write(os.path.join(lock_dir, "holder"), (json.dumps({**holder, "pid": os.getpid()}) + "\n").encode(),
+                  0o644)
+
+    def terminated(_sig: int, _frame: Any) -> None:
+        backend.emit("*", "aborted", "supervisor terminated by a signal")
+        raise SystemExit(143)
+
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, terminated)
+    rc = 2
+    try:
+        backend.emit(doc["head"], "started", f"supervisor pid {os.getpid()}: switching from "
+                                             f"{doc.get('previous') or 'nothing'} to {doc['plan']['profile']}")
+        try:
+            state = execute(doc["plan"], backend)
+        except KeyboardInterrupt:
+            backend.emit("*", "aborted", "supervisor interrupted")
+            return 130
+        if state["result"] == "done":
+            backend.emit("*", "done", f"{doc['plan']['profile']} serves {doc['served_name']}")
+            rc = 0
+        elif "rollback" in state["completed"]:
+            backend.emit("*", "rolled-back", f"{doc.get('previous')} serves {doc.get('previous_served_name')} again "
+                                             f"({state['failure']['detail'][:200]})")
+            rc = 1
+        else:
+            backend.emit("*", "failed", f"{state['failure']['detail'][:300]}; nothing serves")
+            rc = 2
+    finally:
+        # release the lock only if it is still ours
+        try:
+            with open(os.path.join(lock_dir, "holder"), encoding="utf-8") as fh:
+                mine = json.loads(fh.read()).get("pid") == os.getpid()
+        except (OSError, ValueError):
+            mine = False
+        if mine:
+            subprocess.run(["rm", "-rf", lock_dir], check=False)
+    return rc
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 6 or argv[0] != "supervise":
+        sys.stderr.write("usage: planrun.py supervise PLAN EVENTS PID_FILE LOCK_DIR HOLDER_JSON\n")
+        return 2
+    return supervise(argv[1], argv[2], argv[3], argv[4], json.loads(argv[5]))
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
