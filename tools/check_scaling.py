@@ -3,7 +3,8 @@
 
 Runs on the SIMULATED ring: builds a private one (`sparkctl sim up --nodes 4`
 under a temporary SPARKCTL_SIM_DIR) while holding the host's e2e lock
-(/tmp/sparkctl-e2e.lock, so do not wrap this script in `flock` on that file),
+(/tmp/sparkctl-e2e.lock, then the tests/sim fixtures' /run/sparkctl-sim/e2e-tests.lock;
+so do not wrap this script in `flock` on either file),
 and removes it at the end (`sparkctl sim down`).
 
 Each measurement is one `sparkctl check PROFILE --json --bandwidth 0` as a user
@@ -36,17 +37,22 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 E2E_LOCK = Path("/tmp/sparkctl-e2e.lock")
+# the host lock the tests/sim fixtures take (namespace names are host-wide); taken second, as under `flock E2E_LOCK pytest`
+SIM_TESTS_LOCK = Path("/run/sparkctl-sim/e2e-tests.lock")
 PROFILES = {"1 node": "tiny-llamacpp", "4 nodes": "ds41f-tp4-ring"}
 
 
 @contextmanager
 def e2e_lock() -> Iterator[None]:
-    with open(E2E_LOCK, "a") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
+    SIM_TESTS_LOCK.parent.mkdir(parents=True, exist_ok=True)
+    with open(E2E_LOCK, "a") as first, open(SIM_TESTS_LOCK, "a") as second:
+        fcntl.flock(first, fcntl.LOCK_EX)
+        fcntl.flock(second, fcntl.LOCK_EX)
         try:
             yield
         finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
+            fcntl.flock(second, fcntl.LOCK_UN)
+            fcntl.flock(first, fcntl.LOCK_UN)
 
 
 def logins(sim_dir: Path) -> dict[str, int]:
