@@ -7,7 +7,6 @@ key, node, command) and a *hint* for the fix. Library code raises these; only
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 
 
@@ -60,7 +59,10 @@ class SparkctlError(Exception):
         """
         if self.phase is not None:
             return self
-        new = copy.copy(self)
+        # Not copy.copy: an exception copies by calling cls(*args), which a subclass
+        # with other constructor arguments refuses. A bare instance, then every field.
+        new = type(self).__new__(type(self))
+        new.__dict__.update(self.__dict__)
         new.message = f"{op} failed in phase {phase}: {self.message}"
         new.phase = phase
         new.args = (new.message,)
