@@ -1,0 +1,127 @@
+"""Laws about the fabric: cabled links (state, speed, MTU, address, GID, DF ping, relay) and the AC cycle.
+
+Pure checks over NodeFacts and the active probes' results. Nothing here touches a host.
+"""
+
+from __future__ import annotations
+
+from sparkctl.model.inventory import Link
+from sparkctl.plan.laws.base import (
+    AC_CYCLE_FIX,
+    BANDWIDTH_FLOOR_GBPS,
+    FAIL,
+    NOMINAL_SPEED_MBPS,
+    OK,
+    Context,
+    Verdict,
+    facts_of,
+)
+
+# --------------------------------------------------------------------------- fabric
+
+
+def _cabled_links(ctx: Context) -> list[Link]:
+    nodes = set(ctx.nodes)
+    return [lk for lk in ctx.inventory.links if lk.a.node in nodes and lk.b.node in nodes and lk.a.node != lk.b.node]
+
+
+def check_fabric(ctx: Context) -> list[Verdict]:
+    out: list[Verdict] = []
+    mtu = ctx.inventory.mtu
+    for lk in _cabled_links(ctx):
+        cable = f"{lk.a.node}:{lk.a.netdev} <-> {lk.b.node}:{lk.b.netdev}"
+        for ep, other in ((lk.a, lk.b), (lk.b, lk.a)):
+            f = facts_of(ctx, ep.node)
+            if f is None:
+                continue
+            lf = f.links.get(ep.netdev) if getattr(f, "links", None) else None
+            if lf is None:
+                out.append(Verdict("fabric", ep.node, FAIL, "interface missing", ep.netdev,
+                                   f"{ep.netdev} not found on {ep.node}: check the inventory's port names", cable))
+                continue
+            problems = []
+            if lf.operstate != "up":
+                problems.append(f"link {lf.operstate}")
+            if lf.speed_mbps is not None and lf.speed_mbps < NOMINAL_SPEED_MBPS and lf.operstate == "up":
+                problems.append(f"speed {lf.speed_mbps} Mb/s")
+            if lf.mtu != mtu:
+                problems.append(f"MTU {lf.mtu}")
+            want_addr = f"{ep.address}/24"
+            if lf.ipv4 != want_addr:
+                problems.append(f"address {lf.ipv4 or 'none'}")
+            if lf.operstate == "up" and lf.gid_index_rocev2_ipv4 is None:
+                problems.append(f"no RoCEv2 IPv4 GID on {ep.rdma}")
+            if problems:
+                fix = []
+                if any(p.startswith("link") for p in problems):
+                    fix.append(f"check the cable {cable} (seated at both ends?) and `ip link set {ep.netdev} up`")
+                if any(p.startswith("MTU") for p in problems):
+                    fix.append(f"set MTU {mtu} on {ep.node}:{ep.netdev} (both ends must match)")
+                if any(p.startswith("address") for p in problems):
+                    fix.append(f"apply the fabric plan on {ep.node}: sudo netplan apply (60-sparkctl-fabric.yaml)")
+                if any(p.startswith("speed") for p in problems):
+                    fix.append(AC_CYCLE_FIX)
+                if any(p.startswith("no RoCE") for p in problems):
+                    fix.append("re-apply the address; the GID appears once the interface has its IPv4 address")
+                out.append(Verdict("fabric", ep.node, FAIL, "; ".join(problems),
+                                   f"up, {NOMINAL_SPEED_MBPS} Mb/s, MTU {mtu}, {want_addr}", "; ".join(fix), cable))
+            else:
+                out.append(Verdict("fabric", ep.node, OK,
+                                   f"up {lf.speed_mbps} Mb/s MTU {lf.mtu} GID {lf.gid_index_rocev2_ipv4}",
+                                   f"up, MTU {mtu}", subject=f"{ep.netdev}"))
+    for probe in ctx.link_probes:
+        if probe.df_ping_ok is False:
+            out.append(Verdict("fabric", probe.node, FAIL, "don't-fragment ping failed",
+                               f"{mtu - 28}-byte DF ping to {probe.peer_address}",
+                               f"MTU mismatch or dead path between {probe.node}:{probe.netdev} and {probe.peer}: "
+                               f"set MTU {mtu} at both ends", probe.netdev))
+    for (src, dst), ok in ctx.relay_ok.items():
+        if not ok:
+            out.append(Verdict("fabric", src, FAIL, f"{dst} unreachable", "reachable through the relay",
+                               "enable IP forwarding on the neighbours (net.ipv4.ip_forward=1) and check the routes; "
+                               "Docker's FORWARD DROP policy looks exactly like a dead cable", f"-> {dst}"))
+    return out
+
+
+def stale_links(ctx: Context) -> dict[str, list[tuple[str, str]]]:
+    """node -> [(netdev, description)] for every twin measured below the floor, at both ends."""
+    out: dict[str, list[tuple[str, str]]] = {}
+    for probe in ctx.link_probes:
+        if probe.bandwidth_gbps is None or probe.bandwidth_gbps >= BANDWIDTH_FLOOR_GBPS:
+            continue
+        desc = f"{probe.bandwidth_gbps:.1f} Gb/s, link up at nominal speed"
+        out.setdefault(probe.node, []).append((probe.netdev, f"{probe.netdev} {desc}"))
+        lk = next((lk for lk in ctx.inventory.links if lk.touches(probe.node) and lk.touches(probe.peer)
+                   and lk.end(probe.node).netdev == probe.netdev), None)
+        if lk is not None:
+            peer = lk.other(probe.node)
+            out.setdefault(peer.node, []).append((peer.netdev, f"{peer.netdev} {desc} (measured from {probe.node})"))
+    return out
+
+
+def check_ac_cycle(ctx: Context) -> list[Verdict]:
+    if not ctx.profile.laws.ac_cycle:
+        return []
+    out: list[Verdict] = []
+    stale = stale_links(ctx)
+    hw = ctx.hw_change
+    for node in ctx.nodes:
+        f = facts_of(ctx, node)
+        if f is None:
+            continue
+        boot = getattr(f, "boot_id", None)
+        reasons = []
+        if hw and node in hw.nodes and hw.boot_ids.get(node) == boot:
+            reasons.append(f"not rebooted since the hardware change '{hw.note}' ({hw.at})")
+        if node in stale:
+            rebooted = any(ctx.stale_seen.get(f"{node}:{nd}") not in (None, boot) for nd, _ in stale[node])
+            rebooted = rebooted or bool(hw and node in hw.nodes and hw.boot_ids.get(node) != boot)
+            reasons.append("stale link: " + "; ".join(d for _, d in stale[node])
+                           + ("; the node has rebooted since, and a warm reboot did not clear it" if rebooted else ""))
+        if reasons:
+            out.append(Verdict("ac_cycle", node, FAIL, "; ".join(reasons), "booted after the change, links at full rate",
+                               f"{node} and its cable peers: {AC_CYCLE_FIX}"))
+        else:
+            out.append(Verdict("ac_cycle", node, OK, "no pending change" if not hw else "booted since the change",
+                               "links at full rate"))
+    return out

@@ -1,0 +1,44 @@
+"""The registry of laws: the one ordered tuple ``LAWS`` that ``check`` and ``up`` judge, and ``judge``.
+
+Every law is one :class:`~sparkctl.plan.laws.base.Law` whose id is a heading in
+docs/LAWS.md (tests/test_docs.py holds them together). A new law is written in
+the module of its group and listed here; nothing else iterates laws by name.
+"""
+
+from __future__ import annotations
+
+from sparkctl.plan.laws.base import FAIL, Context, Law, Verdict
+from sparkctl.plan.laws.fabric import check_ac_cycle, check_fabric
+from sparkctl.plan.laws.host import (
+    check_clock,
+    check_kernel,
+    check_memory,
+    check_page_size,
+    remedy_clock,
+    remedy_kernel,
+)
+from sparkctl.plan.laws.serving import check_served_model, check_weights
+
+LAWS: tuple[Law, ...] = (
+    Law("kernel_pin", "Kernel pin", check_kernel, remedy_kernel),
+    Law("page_size", "Page size", check_page_size),
+    Law("memory_guard", "Memory guard", check_memory),
+    Law("clock_cap", "GPU clock cap", check_clock, remedy_clock),
+    Law("ac_cycle", "AC power cycle after a hardware change", check_ac_cycle),
+    Law("fabric", "Fabric", check_fabric),
+    Law("served_model", "Served model name", check_served_model),
+    Law("weights", "Weights and disk", check_weights),
+)
+
+
+def by_id(law_id: str) -> Law | None:
+    return next((law for law in LAWS if law.id == law_id), None)
+
+
+def judge(ctx: Context) -> list[Verdict]:
+    """Every law's verdicts, plus one per node that did not answer."""
+    out = [Verdict("reach", n, FAIL, err, "answers over ssh", f"node {n} did not answer: {err}")
+           for n, err in ctx.unreachable.items()]
+    for law in LAWS:
+        out.extend(law.check(ctx))
+    return out
