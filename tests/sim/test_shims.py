@@ -176,8 +176,8 @@ def test_lgc_non_root_is_refused_with_exit_4(state: dict) -> None:
 def _run_main(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], path: Path, argv: list[str],
               euid: int = 0, netdevs: dict | None = None) -> tuple[int, str, str]:
     monkeypatch.setenv(shims.STATE_ENV, str(path))
-    monkeypatch.setattr(shims.os, "geteuid", lambda: euid)
-    monkeypatch.setattr(shims, "read_netdevs", lambda *a, **k: netdevs or {})
+    monkeypatch.setattr(shims.dispatch.os, "geteuid", lambda: euid)
+    monkeypatch.setattr(shims.dispatch, "read_netdevs", lambda *a, **k: netdevs or {})
     rc = shims.main(argv)
     out = capsys.readouterr()
     return rc, out.out, out.err
@@ -469,7 +469,7 @@ def test_read_netdevs_parses_sysfs(tmp_path: Path, monkeypatch: pytest.MonkeyPat
         '"prefixlen":30},{"family":"inet6","local":"fe80::1","prefixlen":64}]},'
         '{"ifname":"enP2p1s0f0np0","operstate":"LOWERLAYERDOWN","mtu":1500,"addr_info":[]}]'
     )
-    monkeypatch.setattr(shims.subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(a, 0, ip_json, ""))
+    monkeypatch.setattr(shims.dispatch.subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(a, 0, ip_json, ""))
     nds = shims.read_netdevs(sys_class_net=str(tmp_path))
     assert nds == {
         "enp1s0f0np0": Netdev("enp1s0f0np0", "up", 9000, (("10.0.0.1", 30),)),

@@ -1,0 +1,127 @@
+"""What every GB10 tool shim shares: the node state type, the tool result, the
+netdev and GPU value types, the RoCE device table and small pure helpers.
+
+Standard library only (every shim call starts a fresh interpreter).
+SIMULATION ONLY: nothing on the real-hardware path imports this package.
+"""
+
+from __future__ import annotations
+
+import json
+import zlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+State = dict[str, Any]
+
+STATE_ENV = "SPARKCTL_SIM_STATE"
+TOOLS = (
+    "nvidia-smi",
+    "ibdev2netdev",
+    "show_gids",
+    "ethtool",
+    "lspci",
+    "uname",
+    "getconf",
+    "apt-mark",
+    "ib_write_bw",
+    "ps",
+)
+
+# RoCE device -> (netdev, PCI function). Order is ibdev2netdev's on spark-5c2d
+# (spark-facts.md §2.1); ls(1) in a UTF-8 locale lists /sys/class/infiniband the
+# same way.
+ROCE_DEVICES: tuple[tuple[str, str, str], ...] = (
+    ("rocep1s0f0", "enp1s0f0np0", "0000:01:00.0"),
+    ("rocep1s0f1", "enp1s0f1np1", "0000:01:00.1"),
+    ("roceP2p1s0f0", "enP2p1s0f0np0", "0002:01:00.0"),
+    ("roceP2p1s0f1", "enP2p1s0f1np1", "0002:01:00.1"),
+)
+NETDEV_OF = {dev: nd for dev, nd, _ in ROCE_DEVICES}
+BDF_OF_NETDEV = {nd: bdf for _, nd, bdf in ROCE_DEVICES}
+GID_TABLE_LEN = 256  # mlx5 RoCE ports expose 256 GID slots
+ZERO_GID = "0000:0000:0000:0000:0000:0000:0000:0000"
+SPARK_OUI = (0x4C, 0xBB, 0x47)  # real Spark MACs: enP7s7 4c:bb:47:80:2a:60 (§3.2)
+
+
+@dataclass(frozen=True)
+class ToolResult:
+    """What one shim invocation produced.
+
+    ``new_state`` is the whole state after a mutating command (``-lgc``,
+    ``apt-mark hold``), else None. ``exec_argv`` asks main() to hand over to
+    a real binary (e.g. ``getconf`` for anything but PAGESIZE).
+    """
+
+    stdout: str
+    stderr: str = ""
+    exit_code: int = 0
+    new_state: State | None = None
+    exec_argv: tuple[str, ...] | None = None
+
+
+@dataclass(frozen=True)
+class Netdev:
+    """Facts about one netdev as the namespace's kernel reports them."""
+
+    name: str
+    operstate: str  # /sys/class/net/<if>/operstate: up, down, lowerlayerdown, unknown, ...
+    mtu: int = 1500
+    ipv4: tuple[tuple[str, int], ...] = ()  # (address, prefixlen), in `ip addr` order
+
+    @property
+    def link_up(self) -> bool:
+        # "unknown" is what carrier-less virtual links (dummy) report while admin up.
+        return self.operstate in ("up", "unknown")
+
+    @property
+    def admin_up(self) -> bool:
+        return self.operstate != "down"
+
+
+Netdevs = Mapping[str, Netdev]
+
+
+@dataclass(frozen=True)
+class GpuProcess:
+    pid: int
+    name: str
+    used_mib: int
+    type: str = "C"
+
+
+@dataclass(frozen=True)
+class GpuSample:
+    """One instant of the GB10 as nvidia-smi would report it."""
+
+    busy: bool
+    sm_mhz: int
+    power_w: float
+    temp_c: int
+    util_pct: int
+    pstate: str
+    reasons: int  # clocks_event_reasons bitmask (NVML values)
+
+
+@dataclass(frozen=True)
+class Gid:
+    index: int
+    gid: str
+    type: str  # "IB/RoCE v1" or "RoCE v2", exactly as sysfs gid_attrs/types/N
+    netdev: str
+    ipv4: str | None = None
+
+
+def _result(out: str = "", err: str = "", rc: int = 0, new_state: State | None = None) -> ToolResult:
+    return ToolResult(stdout=out, stderr=err, exit_code=rc, new_state=new_state)
+
+
+def _jitter(*parts: object) -> float:
+    """A deterministic value in [0, 1) from the parts (no RNG, no clock)."""
+    return (zlib.crc32(":".join(str(p) for p in parts).encode()) & 0xFFFFFFFF) / 2**32
+
+
+def _copy_state(state: State) -> State:
+    return json.loads(json.dumps(state))
+

@@ -1,0 +1,246 @@
+"""The shims' edges: reading the namespace's real netdevs and /proc, the
+wrappers written into a node's bin/, the dispatch by tool name and
+:func:`main`, the only function that reads the state file or the clock, writes
+state, prints or exits (``python3 -m sparkctl_sim.shims TOOL ARGS...``)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from sparkctl_sim import nodestate
+from sparkctl_sim.shims.common import (
+    BDF_OF_NETDEV,
+    STATE_ENV,
+    TOOLS,
+    GpuProcess,
+    Netdev,
+    Netdevs,
+    State,
+    ToolResult,
+    _result,
+)
+from sparkctl_sim.shims.ethtool import ethtool
+from sparkctl_sim.shims.gb10 import gpu_processes
+from sparkctl_sim.shims.ibdev import ibdev2netdev, show_gids
+from sparkctl_sim.shims.lspci import lspci
+from sparkctl_sim.shims.nvidia_smi import nvidia_smi
+from sparkctl_sim.shims.perftest import ib_write_bw
+from sparkctl_sim.shims.system import apt_mark, getconf, uname
+
+# --------------------------------------------------------------------------
+# Edges: the real kernel, /proc, the state file
+# --------------------------------------------------------------------------
+
+
+def read_netdevs(
+    names: Sequence[str] = tuple(BDF_OF_NETDEV), sys_class_net: str = "/sys/class/net"
+) -> dict[str, Netdev]:
+    """Operstate/MTU from sysfs and IPv4 from ``ip -j addr show`` in the CURRENT
+    network namespace. Missing netdevs are left out.
+
+    sysfs shows the namespace's devices only when it was mounted inside that
+    namespace (``ip netns exec`` does so; a bare ``unshare -n`` does not), so a
+    netdev absent from sysfs but known to netlink takes netlink's operstate/MTU.
+    """
+    links: dict[str, dict[str, Any]] = {}
+    try:
+        raw = subprocess.run(["ip", "-j", "addr", "show"], capture_output=True, text=True, timeout=5).stdout
+        links = {link.get("ifname", ""): link for link in json.loads(raw or "[]")}
+    except (OSError, ValueError, subprocess.TimeoutExpired):
+        pass
+    out = {}
+    for n in names:
+        link = links.get(n, {})
+        ipv4 = tuple(
+            (a["local"], int(a.get("prefixlen", 32))) for a in link.get("addr_info", []) if a.get("family") == "inet"
+        )
+        base = Path(sys_class_net) / n
+        try:
+            oper = (base / "operstate").read_text().strip()
+            mtu = int((base / "mtu").read_text().strip())
+        except (OSError, ValueError):
+            if not link or "operstate" not in link:
+                continue
+            oper, mtu = str(link["operstate"]).lower(), int(link.get("mtu", 1500))
+        out[n] = Netdev(name=n, operstate=oper, mtu=mtu, ipv4=ipv4)
+    return out
+
+
+def read_process_names(pids: Sequence[int], proc: str = "/proc") -> dict[int, str]:
+    """Live pid -> name as nvidia-smi shows it (argv[0] after setproctitle, else comm)."""
+    out = {}
+    for pid in pids:
+        try:
+            argv0 = (Path(proc) / str(pid) / "cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
+            name = argv0.split(" ")[0] if argv0 else (Path(proc) / str(pid) / "comm").read_text().strip()
+        except OSError:
+            continue
+        out[pid] = name
+    return out
+
+
+def install_shims(
+    bin_dir: str | os.PathLike[str],
+    python: str = sys.executable,
+    *,
+    state_path: str | os.PathLike[str] | None = None,
+    package_root: str | os.PathLike[str] | None = None,
+) -> list[Path]:
+    """Write one ``#!/bin/sh`` wrapper per tool into ``bin_dir``.
+
+    ``state_path`` bakes in a default ``SPARKCTL_SIM_STATE`` (sshd drops the
+    caller's environment); ``package_root`` (default: the directory holding
+    this ``sparkctl`` package) is put on PYTHONPATH so the wrappers work
+    without an installed sparkctl.
+    """
+    d = Path(bin_dir)
+    d.mkdir(parents=True, exist_ok=True)
+    root = Path(package_root) if package_root else Path(__file__).resolve().parents[2]
+    pre = f"PYTHONPATH={shlex.quote(str(root))}${{PYTHONPATH:+:$PYTHONPATH}}\nexport PYTHONPATH\n"
+    if state_path is not None:
+        sp = shlex.quote(str(Path(state_path).resolve()))
+        pre += f"{STATE_ENV}=${{{STATE_ENV}:-{sp}}}\nexport {STATE_ENV}\n"
+    written = []
+    for tool in TOOLS:
+        p = d / tool
+        p.write_text(
+            f"#!/bin/sh\n{pre}exec {shlex.quote(str(Path(python).absolute()))} -m sparkctl_sim.shims {shlex.quote(tool)} \"$@\"\n"
+        )
+        p.chmod(0o755)
+        written.append(p)
+    return written
+
+
+_MUTATORS = {
+    "nvidia-smi": lambda a: any(x in ("-rgc", "--reset-gpu-clocks") or x.startswith(("-lgc", "--lock-gpu-clocks")) for x in a),
+    "apt-mark": lambda a: bool(a) and a[0] in ("hold", "unhold"),
+}
+
+
+def run_tool(tool: str, state: State, args: Sequence[str], *, now: float, euid: int,
+             netdevs: Netdevs | None = None, processes: Sequence[GpuProcess] | None = None) -> ToolResult:
+    """Pure dispatch by tool name (netdevs default to none present)."""
+    nds = netdevs or {}
+    if tool == "nvidia-smi":
+        return nvidia_smi(state, args, now=now, euid=euid, processes=processes)
+    if tool == "ibdev2netdev":
+        return ibdev2netdev(state, args, nds)
+    if tool == "show_gids":
+        return show_gids(state, args, nds)
+    if tool == "ethtool":
+        return ethtool(state, args, nds, euid=euid)
+    if tool == "lspci":
+        return lspci(state, args, euid=euid)
+    if tool == "uname":
+        return uname(state, args)
+    if tool == "getconf":
+        return getconf(state, args)
+    if tool == "apt-mark":
+        return apt_mark(state, args, euid=euid)
+    if tool == "ib_write_bw":
+        return ib_write_bw(state, args, nds)
+    return _result("", f"sparkctl shims: unknown tool {tool!r}\n", 127)
+
+
+def filter_ps(text: str, keep_pid: Callable[[int], bool]) -> str:
+    """Keep the header and the rows whose PID column ``keep_pid`` accepts. Pure."""
+    lines = text.splitlines(keepends=True)
+    if not lines:
+        return text
+    header = lines[0].split()
+    if "PID" not in header:
+        return text
+    col = header.index("PID")
+    out = [lines[0]]
+    for line in lines[1:]:
+        parts = line.split()
+        if len(parts) > col and parts[col].isdigit() and keep_pid(int(parts[col])):
+            out.append(line)
+    return "".join(out)
+
+
+def ps_this_node(args: Sequence[str]) -> int:
+    """``ps`` as a real node sees it. SIMULATION: the simulated nodes share one
+    PID namespace, so rows of processes in another network namespace (another
+    node, or the host) are dropped."""
+    import subprocess
+
+    real = next((p for p in ("/bin/ps", "/usr/bin/ps") if os.access(p, os.X_OK)), None)
+    if real is None:
+        sys.stderr.write("ps: not found\n")
+        return 127
+    r = subprocess.run([real, *args], capture_output=True, text=True)
+    try:
+        me = os.readlink("/proc/self/ns/net")
+    except OSError:
+        me = None
+
+    def mine(pid: int) -> bool:
+        try:
+            return me is None or os.readlink(f"/proc/{pid}/ns/net") == me
+        except OSError:
+            return False
+
+    sys.stdout.write(filter_ps(r.stdout, mine))
+    sys.stderr.write(r.stderr)
+    try:  # dead engines' memory: settled whenever someone looks at the processes
+        nodestate.settle_file(os.environ.get(STATE_ENV))
+    except (OSError, ValueError):
+        pass
+    return r.returncode
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python3 -m sparkctl_sim.shims TOOL ARGS...``: the only impure entry."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] not in TOOLS:
+        sys.stderr.write(f"usage: python3 -m sparkctl_sim.shims {{{','.join(TOOLS)}}} ARGS...\n")
+        return 2
+    tool, args = argv[0], argv[1:]
+    if tool == "ps":
+        return ps_this_node(args)
+    path = os.environ.get(STATE_ENV)
+    if not path:
+        sys.stderr.write(f"{tool}: {STATE_ENV} is not set (simulated node state file)\n")
+        return 127
+    needs_net = tool in ("ibdev2netdev", "show_gids", "ethtool", "ib_write_bw")
+    netdevs = read_netdevs() if needs_net else {}
+    euid = os.geteuid()
+    now = time.time()
+    if tool in _MUTATORS and _MUTATORS[tool](args):
+        with nodestate.edit(path) as state:
+            res = run_tool(tool, state, args, now=now, euid=euid, netdevs=netdevs)
+            if res.new_state is not None:
+                state.clear()
+                state.update(res.new_state)
+    else:
+        state = nodestate.load(path)
+        procs = None
+        if tool == "nvidia-smi":
+            pids = [int(p) for p in state.get("engine_mem_gib", {})]
+            procs = gpu_processes(state, read_process_names(pids))
+        res = run_tool(tool, state, args, now=now, euid=euid, netdevs=netdevs, processes=procs)
+    if res.exec_argv is not None:
+        exe = res.exec_argv[0]
+        if os.path.isabs(exe) and os.access(exe, os.X_OK):
+            sys.stdout.flush()
+            os.execv(exe, list(res.exec_argv))
+        sys.stderr.write(f"{tool}: option not simulated: {' '.join(args)}\n")
+        return 64
+    try:
+        sys.stdout.write(res.stdout)
+        sys.stdout.flush()
+    except BrokenPipeError:  # `nvidia-smi | head -1`
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    sys.stderr.write(res.stderr)
+    return res.exit_code
+
+
