@@ -22,6 +22,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--update-golden", action="store_true", help="rewrite tests/golden from the current rendering")
+    parser.addoption("--update-plans", action="store_true", help="rewrite tests/plans/*/expected.json from the planner")
 
 
 @pytest.fixture

@@ -1,0 +1,122 @@
+"""Plans as data: fixture files (profile, inventory, facts, record) -> the exact plan.
+
+The pyinfra way (tests/operations/*/…json there): each case in tests/plans/
+is (case.yaml -> expected.json). `--update-plans` rewrites expected.json.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from sparkctl.model.inventory import load_inventory
+from sparkctl.model.profiles import resolve
+from sparkctl.model.resources import Roots
+from sparkctl.ops.supervise import split_plan
+from sparkctl.plan import planner
+from sparkctl.plan.render import render
+
+REPO = Path(__file__).resolve().parent.parent
+PLANS = REPO / "tests" / "plans"
+STARTED = "2026-01-01T00:00:00+00:00"
+CASES = sorted(p.name for p in PLANS.iterdir() if (p / "case.yaml").is_file())
+
+
+def _roots() -> Roots:
+    return Roots.make(root=str(PLANS), env={})
+
+
+def _inventory(rel: str) -> Any:
+    inv = load_inventory(REPO / rel)
+    return type(inv)(**{**inv.__dict__, "file": rel})  # stable text in the fixtures
+
+
+def _record(spec: dict[str, Any] | None, inv: Any, roots: Roots) -> Any:
+    if not spec:
+        return None
+    res = resolve(spec["profile"], roots)
+    rendering = render(res, inv, roots, secrets={})
+    rec = planner.record_for(res, rendering, (), spec["state"], {}, STARTED)
+    nodes = {}
+    for n, r in rec.nodes.items():
+        want = spec.get("hashes", {}).get(n, "@rendered")
+        nodes[n] = replace(r, hash=r.hash if want == "@rendered" else "0" * 64)
+    return replace(rec, nodes=nodes)
+
+
+def plan_case(name: str) -> dict[str, Any]:
+    case = yaml.safe_load((PLANS / name / "case.yaml").read_text())
+    roots = _roots()
+    inv = _inventory(case["inventory"])
+    record = _record(case.get("record"), inv, roots)
+    if case["op"] == "down":
+        return planner.plan_down(inv, record, reset_clocks=bool(case.get("reset_clocks")), started_at=STARTED).to_dict()
+    res = resolve(case["profile"], roots)
+    rendering = render(res, inv, roots, secrets={})
+    f = case.get("facts", {})
+    facts = planner.UpFacts(record, dict(f.get("alive", {})), bool(f.get("healthy", False)))
+    if case["op"] == "up":
+        return planner.plan_up(res, inv, rendering, facts, started_at=STARTED).to_dict()
+    prev_res = resolve(record.profile, roots)
+    previous = (prev_res, render(prev_res, inv, roots, secrets={}))
+    plan = planner.plan_switch(res, inv, rendering, facts, started_at=STARTED, previous=previous)
+    if case["op"] == "switch":
+        return plan.to_dict()
+    mine, theirs = split_plan(plan)
+    return {"operator": mine.to_dict(), "head": theirs.to_dict()}
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_plan_fixture(name: str, request: pytest.FixtureRequest) -> None:
+    got = plan_case(name)
+    path = PLANS / name / "expected.json"
+    if request.config.getoption("--update-plans"):
+        path.write_text(json.dumps(got, indent=1, sort_keys=True) + "\n")
+    want = json.loads(path.read_text())
+    assert got == want, f"{name}: the plan changed; review and rerun with --update-plans"
+
+
+def _steps(d: dict[str, Any]) -> list[tuple[str, tuple[str, ...]]]:
+    return [(s["phase"], tuple(s["nodes"])) for s in d["steps"]]
+
+
+def test_the_fixtures_say_what_the_issue_asks() -> None:
+    """Read as an operator would: the behaviours each case exists for."""
+    assert set(CASES) >= {"fresh-up", "noop-up", "partial-restart", "stale-stack", "down", "switch-rollback",
+                          "supervised-switch"}
+    noop = plan_case("noop-up")
+    assert noop["steps"] == [] and "already serving" in noop["note"]
+    part = plan_case("partial-restart")
+    push = next(s for s in part["steps"] if s["phase"] == "push")
+    assert push["nodes"] == ["spark-c", "spark-d"]  # the changed replica, whole, and nothing else
+    stop = next(s for s in part["steps"] if s["phase"] == "stop-stale")
+    assert stop["nodes"] == ["spark-c", "spark-d"]
+    stale = plan_case("stale-stack")
+    assert next(s for s in stale["steps"] if s["phase"] == "stop-stale")["nodes"] == ["spark-a", "spark-b", "spark-c",
+                                                                                      "spark-d"]
+    fresh = plan_case("fresh-up")
+    assert [s["phase"] for s in fresh["steps"]][:4] == ["check", "clock", "record-start", "stop-stale"]
+    assert all(s["on_fail"] == "abort" for s in fresh["steps"][:3])  # nothing stopped yet: nothing to undo
+    assert all(s["on_fail"] == "stop" for s in fresh["steps"][3:] if s["kind"] != "run" or s["phase"] != "push")
+    sw = plan_case("switch-rollback")
+    assert {s["on_fail"] for s in sw["steps"][3:]} <= {"rollback", "continue"}
+    back = sw["branches"]["rollback"]
+    assert back[-1]["params"]["record"]["profile"] == "ds41f-tp4-ring"
+    inv, roots = _inventory("inventory.yaml"), _roots()
+    ds41f = render(resolve("ds41f-tp4-ring", roots), inv, roots, secrets={})
+    push = next(s for s in back if s["kind"] == "put")  # the way back is ds41f's own files
+    assert {n: {f["sha256"] for f in fs} for n, fs in push["files"].items()} == {
+        n: {f.sha256 for f in files.values()} for n, files in ds41f.files.items()}
+    starts = [s["nodes"] for s in back if s["phase"] == "rollback" and s["id"].startswith("rollback-start")]
+    assert starts == [["spark-b", "spark-c", "spark-d"], ["spark-a"]]  # ds41f: workers first, then the head
+    sup = plan_case("supervised-switch")
+    assert [s["phase"] for s in sup["operator"]["steps"]] == ["check", "clock"]
+    assert sup["head"]["steps"] == sw["steps"][2:] and sup["head"]["branches"] == sw["branches"]
+    down = plan_case("down")
+    assert _steps(down)[1] == ("stop", ("spark-a", "spark-b", "spark-c", "spark-d"))
+    assert [s["id"] for s in down["steps"]] == ["record-stopping", "stop", "record", "leaks", "reset-clocks"]
