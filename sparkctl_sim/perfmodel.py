@@ -5,7 +5,7 @@ Owns: how fast a simulated engine prefills and decodes, as a pure function of
 link). No clock, no I/O, no sockets: the engine runtime asks this module for
 durations and does the waiting itself.
 
-Calibration (``/work/shared/reference/published-numbers.yaml``):
+Calibration (``docs/reference/published-numbers.yaml``):
 
 * ds41f and TensorFold at TP4 come from the 4-node ring report, measured with
   the GPU clock capped at 2000 MHz. ds41f's uncapped prefill is the capped
@@ -54,7 +54,7 @@ from typing import Any
 ENGINES = ("ds41f", "tensorfold", "vllm", "sglang")
 
 CAP_REF_MHZ = 2000  # the ring report's cap; every prefill curve is stored at it
-MAX_SM_MHZ = 3003  # GB10 max SM clock (spark-facts.md)
+MAX_SM_MHZ = 3003  # GB10 max SM clock (docs/reference/spark-facts.md)
 DS41F_UNCAPPED_RATIO = 4758 / 4441  # ring report, 2K prefill, 7 repetitions
 STALE_FACTOR = 0.5  # AC-cycle law: stale PCIe state cost half of decode
 

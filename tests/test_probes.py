@@ -1,7 +1,7 @@
 """Probes: real captured output beside the value it must parse to.
 
 The fixtures under tests/fixtures/spark/ are byte-exact copies of captures in
-spark-facts.md (tests/fixtures/spark/SOURCES.md says where each came from).
+docs/reference/spark-facts.md (tests/fixtures/spark/SOURCES.md says where each came from).
 Formats with no real capture are tested with small inline samples, marked
 FORMAT SAMPLE. Then: truncated and garbled captures never crash a parser or
 parse_batch, and the batched script runs under ``sh`` against a fake
@@ -164,7 +164,7 @@ def test_real_capture_tolerates_trailing_whitespace_and_crlf_free_variants(
     assert parser(text.rstrip("\n")) == expected
 
 
-# Real single values quoted inline in spark-facts.md (§5.1, §5.2, §5.5, §2.4, §3.1).
+# Real single values quoted inline in docs/reference/spark-facts.md (§5.1, §5.2, §5.5, §2.4, §3.1).
 REAL_INLINE: list[tuple[str, Callable[[str], Any], Any]] = [
     *[(f"{k}\n", probes.parse_kernel, k) for k in (
         "6.17.0-1021-nvidia", "6.17.0-1014-nvidia", "6.17.0-1008-nvidia", "6.17.0-1032-nvidia",
@@ -186,7 +186,7 @@ def test_real_inline_values(text: str, parser: Callable[[str], Any], expected: A
     assert parser(text) == expected
 
 
-# FORMAT SAMPLES: no capture exists in spark-facts.md; the layout is the tool's documented one.
+# FORMAT SAMPLES: no capture exists in docs/reference/spark-facts.md; the layout is the tool's documented one.
 FORMAT_SAMPLES: list[tuple[str, Callable[[str], Any], Any]] = [
     ("Filesystem     1024-blocks      Used Available Capacity Mounted on\n"
      "/dev/nvme0n1p2  3844640564 123456789 3525355500       4% /\n", probes.parse_df,

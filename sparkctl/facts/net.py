@@ -3,7 +3,7 @@
 address (ip) and the link speed (ethtool).
 
 What this module owns: the pure parsers of those outputs, the GID helpers
-(the RoCE v2 IPv4 GID index, which drifts on Sparks: spark-facts.md §2.2) and
+(the RoCE v2 IPv4 GID index, which drifts on Sparks: docs/reference/spark-facts.md §2.2) and
 the :class:`~sparkctl.facts.registry.Fact` entries. It must not run anything.
 """
 
@@ -29,7 +29,7 @@ from sparkctl.facts.registry import (
 )
 
 # GID slots read per RoCE device: the RoCEv2 IPv4 GID is usually index 3 and has
-# been seen at 4 and 5 (spark-facts.md §2.2); 16 slots leave room for more drift.
+# been seen at 4 and 5 (docs/reference/spark-facts.md §2.2); 16 slots leave room for more drift.
 GID_SLOTS = 16
 
 # --------------------------------------------------------------------------- ibdev2netdev

@@ -13,7 +13,7 @@ import re
 from sparkctl.facts.nodefacts import PcieFacts
 from sparkctl.facts.registry import Fact, ProbeParseError, ScriptContext, q, tool
 
-# The four ConnectX-7 PCIe functions of a DGX Spark (spark-facts.md §3.4).
+# The four ConnectX-7 PCIe functions of a DGX Spark (docs/reference/spark-facts.md §3.4).
 CX7_FUNCTIONS = ("0000:01:00.0", "0000:01:00.1", "0002:01:00.0", "0002:01:00.1")
 
 # pciutils ls-caps.c cap_express_link: "LnkCap:\tPort #%d, Speed %s, Width x%d, ..."

@@ -142,7 +142,7 @@ def parse_bw_report(text: str) -> BwReport:
     if header is None:
         raise ProbeParseError(WHAT, "no result header (#bytes #iterations BW peak BW average MsgRate)", TOOL)
     if not rows:
-        # a wrong GID index (-x) prints the header and no row, exit 0 (spark-facts.md §4.1)
+        # a wrong GID index (-x) prints the header and no row, exit 0 (docs/reference/spark-facts.md §4.1)
         raise ProbeParseError(WHAT, "a result header but no result row (wrong GID index? the peer gone?)", TOOL)
     return BwReport(header[1], tuple(header[0]), tuple(rows))
 

@@ -99,13 +99,13 @@ ENGINES = ("ds41f", "tensorfold", "vllm", "sglang", "llamacpp")
 
 # The field reports: 6.17.0-1031-nvidia "dies on the 3rd consecutive 8-way window
 # (NVRM NV_ERR_NO_MEMORY) and leaks ~80 GiB on engine death"; 1029 is the
-# bisect-proven good pin (field-report-2node-records.txt, published-numbers.yaml).
+# bisect-proven good pin (docs/reference/field-report-2node-records.txt, published-numbers.yaml).
 DEFAULT_KERNEL_DENY = {
     "6.17.0-1031-nvidia": "dies on the 3rd consecutive 8-way window (NVRM NV_ERR_NO_MEMORY) "
     "and leaks ~80 GiB on engine death (bisect-proven against 1029)",
 }
 DEFAULT_KERNEL_ALLOW = ["6.17.0-1029-nvidia"]
-# spark-facts.md: the meta-packages that would pull a new kernel.
+# docs/reference/spark-facts.md: the meta-packages that would pull a new kernel.
 DEFAULT_HOLD_PACKAGES = ["linux-nvidia-hwe-24.04", "linux-image-nvidia-hwe-24.04"]
 
 
@@ -378,7 +378,7 @@ class PortSpec(_Strict):
 
 
 def default_ports() -> dict[str, PortSpec]:
-    # spark-facts.md: p0 = enp1s0f0np0/rocep1s0f0 + enP2p1s0f0np0/roceP2p1s0f0, p1 likewise.
+    # docs/reference/spark-facts.md: p0 = enp1s0f0np0/rocep1s0f0 + enP2p1s0f0np0/roceP2p1s0f0, p1 likewise.
     return {
         "p0": PortSpec(netdevs=("enp1s0f0np0", "enP2p1s0f0np0"), rdma=("rocep1s0f0", "roceP2p1s0f0")),
         "p1": PortSpec(netdevs=("enp1s0f1np1", "enP2p1s0f1np1"), rdma=("rocep1s0f1", "roceP2p1s0f1")),

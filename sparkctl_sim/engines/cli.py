@@ -51,7 +51,7 @@ ENGINES = ("ds41f", "tensorfold", "vllm", "sglang")
 ARCHITECTURE = "DeepseekV4ForCausalLM"
 
 # GiB one GB10 can give an engine: gpu_memory_utilization is a fraction of it
-# (``free -h`` shows 119Gi total on a Spark, spark-facts.md §5.4).
+# (``free -h`` shows 119Gi total on a Spark, docs/reference/spark-facts.md §5.4).
 GB10_VISIBLE_GIB = 119.0
 
 VERSIONS = {

@@ -4,7 +4,7 @@ Owns the look of each simulated engine's log: vLLM's ``(APIServer pid=N)
 INFO MM-DD HH:MM:SS [file.py:N]`` lines and uvicorn's ``INFO:     Application
 startup complete.``, SGLang's ``[YYYY-MM-DD HH:MM:SS TP0]`` lines and ``The
 server is fired up and ready to roll!``, raw NCCL ``host:pid:tid [0] NCCL
-INFO`` lines (spark-facts.md §6), and the invented formats of ds41f and
+INFO`` lines (docs/reference/spark-facts.md §6), and the invented formats of ds41f and
 TensorFold. Informational lines go to stdout, warnings and errors to stderr;
 every line is flushed so a tail of the log file sees it at once.
 """

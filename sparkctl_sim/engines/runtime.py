@@ -175,7 +175,7 @@ def _banner(cfg: EngineConfig, log: EngineLog) -> None:
 
 def _nccl_init(cfg: EngineConfig, log: EngineLog, env: Mapping[str, str], devs: list[IbDevice],
                host_ip: str) -> None:
-    """The NCCL lines a healthy communicator init prints (spark-facts.md §6.1)."""
+    """The NCCL lines a healthy communicator init prints (docs/reference/spark-facts.md §6.1)."""
     ifnames = env.get("NCCL_SOCKET_IFNAME", "")
     oob_if = ifnames.split(",")[0].lstrip("=^") if ifnames else "eth0"
     if cfg.engine == "sglang":

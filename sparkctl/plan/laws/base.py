@@ -18,14 +18,14 @@ from sparkctl.model.schema import Profile
 OK, WARN, FAIL, WAIVED, SKIP = "ok", "warn", "fail", "waived", "skip"
 
 # Healthy 200 Gb/s per cable = two twins of ~100 Gb/s; ethtool reports 200000Mb/s
-# per twin on a Spark (spark-facts.md §3.1).
+# per twin on a Spark (docs/reference/spark-facts.md §3.1).
 NOMINAL_SPEED_MBPS = 200_000
-# ib_write_bw per twin: healthy 92-111 Gb/s, stale 8-25 Gb/s (spark-facts.md §4).
+# ib_write_bw per twin: healthy 92-111 Gb/s, stale 8-25 Gb/s (docs/reference/spark-facts.md §4).
 BANDWIDTH_FLOOR_GBPS = 60.0
 # A node with no engine that still has this much less available than total has
 # memory held by a dead engine (1031 leaked ~80 GiB on engine death).
 LEAK_THRESHOLD_GIB = 24.0
-# The driver may report a nearby value for a lock: 1976 for 2000 (spark-facts.md §1.5).
+# The driver may report a nearby value for a lock: 1976 for 2000 (docs/reference/spark-facts.md §1.5).
 CLOCK_LOCK_SLACK_MHZ = 50
 
 AC_CYCLE_FIX = ("shut both ends down, unplug them from AC for at least 60 seconds, then reconnect "
