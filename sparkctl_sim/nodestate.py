@@ -22,10 +22,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-# Real GB10 boxes report MemTotal around 127.6 million kB (spark-facts.md §5.4).
+# Real GB10 boxes report MemTotal around 127.6 million kB (docs/reference/spark-facts.md §5.4).
 MEM_TOTAL_KIB = 127_600_816
 # An idle Spark with its page cache dropped: ~118 GiB available of ~121.7 GiB
-# (spark-facts.md §5.4 shows 115,669,068 kB on a head with some cache in use).
+# (docs/reference/spark-facts.md §5.4 shows 115,669,068 kB on a head with some cache in use).
 IDLE_MEM_AVAILABLE_KIB = 123_500_000
 
 TWIN_NETDEVS = ("enp1s0f0np0", "enP2p1s0f0np0", "enp1s0f1np1", "enP2p1s0f1np1")
@@ -69,7 +69,9 @@ def default_state(hostname: str) -> dict[str, Any]:
         # bandwidth). Admin up/down and MTU are the REAL veth state in the node's
         # namespace, not stored here.
         "links": {
-            name: {"speed_mbps": 200000, "stale": False, "cabled": False} for name in TWIN_NETDEVS
+            # link_local_ipv4: an IPv4LL address's RoCE GID ahead of the fabric one (shims.ibdev.gid_table)
+            name: {"speed_mbps": 200000, "stale": False, "cabled": False, "link_local_ipv4": None}
+            for name in TWIN_NETDEVS
         },
         "pcie": {"gen_gts": 32, "width": 4},  # healthy Gen5 x4 per CX7 function
         "faults": {"wedged": False, "unreachable": False, "sshd_stopped": False},

@@ -146,7 +146,14 @@ def test_newline_in_env_value_is_refused(tmp_path: Path) -> None:
     assert exc.value.ref.line == 3
 
 
-def _gid_sysfs(base: Path, devs: dict[str, int]) -> None:
+def _ipv4_gid(ip: str) -> str:
+    o = [int(x) for x in ip.split(".")]
+    return f"0000:0000:0000:0000:0000:ffff:{o[0]:02x}{o[1]:02x}:{o[2]:02x}{o[3]:02x}"
+
+
+def _gid_sysfs(base: Path, devs: dict[str, int], addr: dict[str, str], link_local: bool = False) -> None:
+    """A GID table per device: 0/1 IPv6 link-local, the fabric address's v1/v2 at idx-1/idx, and
+    with ``link_local`` an IPv4 link-local 169.254.x.y pair at 2/3 (acquired before the fabric one)."""
     for dev, idx in devs.items():
         port = base / "class/infiniband" / dev / "ports/1"
         (port / "gids").mkdir(parents=True)
@@ -157,17 +164,28 @@ def _gid_sysfs(base: Path, devs: dict[str, int]) -> None:
         (port / "gid_attrs/types/0").write_text("IB/RoCE v1\n")
         (port / "gid_attrs/types/1").write_text("RoCE v2\n")
         (port / "gids/1").write_text("fe80:0000:0000:0000:4ebb:47ff:fee8:9f39\n")
-        (port / "gids" / str(idx - 1)).write_text("0000:0000:0000:0000:0000:ffff:0a14:0002\n")
+        if link_local:
+            for n, kind in ((2, "IB/RoCE v1"), (3, "RoCE v2")):
+                (port / "gids" / str(n)).write_text(_ipv4_gid("169.254.23.7") + "\n")
+                (port / "gid_attrs/types" / str(n)).write_text(kind + "\n")
+        (port / "gids" / str(idx - 1)).write_text(_ipv4_gid(addr[dev]) + "\n")
         (port / "gid_attrs/types" / str(idx - 1)).write_text("IB/RoCE v1\n")
-        (port / "gids" / str(idx)).write_text("0000:0000:0000:0000:0000:ffff:0a14:0002\n")
+        (port / "gids" / str(idx)).write_text(_ipv4_gid(addr[dev]) + "\n")
         (port / "gid_attrs/types" / str(idx)).write_text("RoCE v2\n")
 
 
-@pytest.mark.parametrize("gids,code", [({"rocep1s0f0": 3, "roceP2p1s0f0": 3, "rocep1s0f1": 3, "roceP2p1s0f1": 3}, 0),
-                                       ({"rocep1s0f0": 4, "roceP2p1s0f0": 4, "rocep1s0f1": 4, "roceP2p1s0f1": 4}, 0),
-                                       ({"rocep1s0f0": 3, "roceP2p1s0f0": 4, "rocep1s0f1": 3, "roceP2p1s0f1": 3}, 78),
-                                       ({"rocep1s0f0": 3, "roceP2p1s0f0": 3}, 78)])
-def test_launch_resolves_the_gid_index_per_node(tmp_path: Path, repo: Path, gids: dict[str, int], code: int) -> None:
+ALL4 = ("rocep1s0f0", "roceP2p1s0f0", "rocep1s0f1", "roceP2p1s0f1")
+
+
+@pytest.mark.parametrize("gids,link_local,code", [
+    (dict.fromkeys(ALL4, 3), False, 0),
+    (dict.fromkeys(ALL4, 4), False, 0),
+    (dict.fromkeys(ALL4, 5), True, 0),  # a link-local IPv4 GID at 3 (v2) before the fabric one: 5, not 3
+    ({"rocep1s0f0": 3, "roceP2p1s0f0": 4, "rocep1s0f1": 3, "roceP2p1s0f1": 3}, False, 78),
+    ({"rocep1s0f0": 3, "roceP2p1s0f0": 3}, False, 78),
+])
+def test_launch_resolves_the_gid_index_per_node(tmp_path: Path, repo: Path, gids: dict[str, int],
+                                                link_local: bool, code: int) -> None:
     text = (repo / "inventory.yaml").read_text().replace(
         "{name: spark-b, host: 192.168.1.102}",
         f"{{name: spark-b, host: 192.168.1.102, prefix: {tmp_path}/node, sysfs_root: {tmp_path}/sys}}")
@@ -177,7 +195,8 @@ def test_launch_resolves_the_gid_index_per_node(tmp_path: Path, repo: Path, gids
     for f in rendering.files["spark-b"].values():
         Path(f.path).parent.mkdir(parents=True, exist_ok=True)
         Path(f.path).write_text(f.text)
-    _gid_sysfs(tmp_path / "sys", gids)
+    addr = {e.rdma: e.address for e in inv.endpoints("spark-b")}
+    _gid_sysfs(tmp_path / "sys", gids, addr, link_local)
     bindir = tmp_path / "bin"
     bindir.mkdir()
     docker = bindir / "docker"  # a stand-in that shows what the real docker would be given
@@ -194,6 +213,23 @@ def test_launch_resolves_the_gid_index_per_node(tmp_path: Path, repo: Path, gids
             assert f"arg={flag}" in r.stdout
     else:
         assert "sparkctl:" in r.stderr
+
+
+def test_launch_refuses_a_port_whose_only_ipv4_gid_is_another_address(tmp_path: Path, repo: Path) -> None:
+    """The old rule (first RoCE v2 IPv4-mapped GID) took any address; the fabric's own is required."""
+    text = (repo / "inventory.yaml").read_text().replace(
+        "{name: spark-b, host: 192.168.1.102}",
+        f"{{name: spark-b, host: 192.168.1.102, prefix: {tmp_path}/node, sysfs_root: {tmp_path}/sys}}")
+    inv = loads_inventory(text, "inv.yaml")
+    roots = Roots.make(env={})
+    for f in render(resolve("ds41f-tp4-ring", roots), inv, roots).files["spark-b"].values():
+        Path(f.path).parent.mkdir(parents=True, exist_ok=True)
+        Path(f.path).write_text(f.text)
+    _gid_sysfs(tmp_path / "sys", dict.fromkeys(ALL4, 3), dict.fromkeys(ALL4, "169.254.9.9"))
+    r = subprocess.run(["sh", f"{tmp_path}/node/opt/sparkctl/launch.sh"], capture_output=True, text=True,
+                       timeout=20, env={**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"})
+    assert r.returncode == 78
+    assert "no RoCEv2 GID for the fabric address 10.20." in r.stderr
 
 
 def test_secrets_only_in_0600_files_and_masked_unless_revealed(repo: Path, tmp_path: Path, sparkctl,

@@ -6,7 +6,7 @@ with the GB10 clock/power model in :mod:`.gb10`), ``ibdev2netdev`` and
 (:mod:`.ethtool`), ``lspci`` (:mod:`.lspci`), ``uname``, ``getconf``,
 ``apt-mark``, meminfo and boot_id (:mod:`.system`) and ``ib_write_bw``
 (:mod:`.perftest`). The output formats copy the real tools as captured on real
-Sparks (docs: /work/shared/reference/spark-facts.md; verbatim copies under
+Sparks (docs: docs/reference/spark-facts.md; verbatim copies under
 tests/fixtures/spark/), so that sparkctl's probes parse the simulation exactly
 as they parse the hardware.
 
@@ -75,9 +75,11 @@ from sparkctl_sim.shims.gb10 import (
     gpu_sample,
 )
 from sparkctl_sim.shims.ibdev import (
+    fabric_gid_index,
     gid_shift,
     gid_table,
     ibdev2netdev,
+    is_ipv4_link_local,
     netdev_mac,
     render_sysfs_infiniband,
     roce_v2_ipv4_gid_index,
@@ -140,6 +142,7 @@ __all__ = [
     "ToolResult",
     "apt_mark",
     "ethtool",
+    "fabric_gid_index",
     "filter_ps",
     "getconf",
     "gid_shift",
@@ -149,6 +152,7 @@ __all__ = [
     "ib_write_bw",
     "ibdev2netdev",
     "install_shims",
+    "is_ipv4_link_local",
     "lspci",
     "main",
     "netdev_mac",

@@ -1,6 +1,6 @@
 """RDMA identity of the four CX-7 RoCE functions: ``ibdev2netdev``, the GID
 table the kernel derives from the netdevs' addresses, ``show_gids`` and the
-sysfs tree ``/sys/class/infiniband`` (spark-facts.md §2.1, §2.2, §2.4)."""
+sysfs tree ``/sys/class/infiniband`` (docs/reference/spark-facts.md §2.1, §2.2, §2.4)."""
 
 from __future__ import annotations
 
@@ -72,6 +72,19 @@ def gid_table(state: State, dev: str, netdevs: Netdevs) -> dict[int, Gid]:
     later, leaving a zero hole, as seen on drifted Sparks, §2.2/§2.4). An
     admin-down or missing netdev has no GIDs (the kernel drops them on
     NETDEV_DOWN).
+
+    ``state["links"][netdev]["link_local_ipv4"]`` (e.g. ``169.254.23.7``) puts
+    an IPv4 link-local address's v1/v2 pair on the port BEFORE the fabric
+    address, the harder case for whoever picks the GID: netplan's
+    ``link-local: [ipv4]`` makes systemd-networkd run IPv4LL
+    (``LinkLocalAddressing=ipv4``, systemd.network(5); netplan docs,
+    "link-local"), and ib_core adds one GID pair per address in the order the
+    addresses appear (drivers/infiniband/core/roce_gid_mgmt.c: the inetaddr
+    notifier -> update_gid_ip(GID_ADD); drivers/infiniband/core/cache.c:
+    add_modify_gid takes the first free slot), so an address acquired before
+    the static one owns the lower indexes. The address itself is not put on
+    the veth: only the GID table (what NCCL and the launch script read) shows
+    it.
     """
     nd = NETDEV_OF[dev]
     facts = netdevs.get(nd)
@@ -86,19 +99,38 @@ def gid_table(state: State, dev: str, netdevs: Netdevs) -> dict[int, Gid]:
             k += 1
         return k
 
-    for n, (ip, _plen) in enumerate(facts.ipv4):
+    extra = state.get("links", {}).get(nd, {}).get("link_local_ipv4")
+    addrs = [(str(extra), 16), *facts.ipv4] if extra else list(facts.ipv4)
+    first_fabric = True
+    for ip, _plen in addrs:
         g = _ipv4_gid(ip)
         k1 = free_from(2)
         table[k1] = Gid(k1, g, "IB/RoCE v1", nd, ip)
-        k2 = free_from(k1 + 1 + (shift if n == 0 else 0))
+        drift = shift if first_fabric and not is_ipv4_link_local(ip) else 0
+        first_fabric = first_fabric and is_ipv4_link_local(ip)
+        k2 = free_from(k1 + 1 + drift)
         table[k2] = Gid(k2, g, "RoCE v2", nd, ip)
     return {k: v for k, v in table.items() if k < GID_TABLE_LEN}
 
 
 def roce_v2_ipv4_gid_index(state: State, dev: str, netdevs: Netdevs) -> int | None:
-    """Index of the first RoCE v2 IPv4-mapped GID (what NCCL_IB_GID_INDEX should be)."""
+    """Index of the first RoCE v2 IPv4-mapped GID (link-local 169.254/16 included)."""
     for k, g in sorted(gid_table(state, dev, netdevs).items()):
         if g.type == "RoCE v2" and g.ipv4:
+            return k
+    return None
+
+
+def is_ipv4_link_local(ip: str) -> bool:
+    """169.254.0.0/16 (RFC 3927): never the fabric's address."""
+    return ip.startswith("169.254.")
+
+
+def fabric_gid_index(state: State, dev: str, netdevs: Netdevs) -> int | None:
+    """Index of the first RoCE v2 GID of a routable (not link-local) IPv4
+    address: what NCCL_IB_GID_INDEX should be."""
+    for k, g in sorted(gid_table(state, dev, netdevs).items()):
+        if g.type == "RoCE v2" and g.ipv4 and not is_ipv4_link_local(g.ipv4):
             return k
     return None
 

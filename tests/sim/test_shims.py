@@ -269,6 +269,23 @@ def test_gid_index_shift_moves_roce_v2_ipv4_gid(state: dict) -> None:
     assert sorted(shims.gid_table(state, "rocep1s0f0", no_ip)) == [0, 1]
 
 
+def test_link_local_ipv4_gid_sits_before_the_fabric_gid(state: dict) -> None:
+    nds = port0_netdevs()
+    state["links"]["enp1s0f0np0"]["link_local_ipv4"] = "169.254.23.7"
+    table = shims.gid_table(state, "rocep1s0f0", nds)
+    assert [(k, g.type, g.ipv4) for k, g in sorted(table.items()) if g.ipv4] == [
+        (2, "IB/RoCE v1", "169.254.23.7"), (3, "RoCE v2", "169.254.23.7"),
+        (4, "IB/RoCE v1", "192.168.100.10"), (5, "RoCE v2", "192.168.100.10")]
+    assert shims.roce_v2_ipv4_gid_index(state, "rocep1s0f0", nds) == 3  # the naive pick: wrong
+    assert shims.fabric_gid_index(state, "rocep1s0f0", nds) == 5
+    assert shims.fabric_gid_index(state, "roceP2p1s0f0", nds) == 3  # per netdev
+    rows = [r.split("\t") for r in shims.show_gids(state, ["rocep1s0f0"], nds).stdout.splitlines()[2:-1]]
+    assert [(r[2], r[4].strip()) for r in rows if r[4].strip()] == [
+        ("2", "169.254.23.7"), ("3", "169.254.23.7"), ("4", "192.168.100.10"), ("5", "192.168.100.10")]
+    state["gid_index_shift"] = {"enp1s0f0np0": 1}  # drift moves the fabric v2 GID, not the link-local one
+    assert shims.fabric_gid_index(state, "rocep1s0f0", nds) == 6
+
+
 def test_sysfs_infiniband_tree(state: dict, tmp_path: Path) -> None:
     nds = port0_netdevs()
     shims.write_sysfs_infiniband(tmp_path, state, nds)

@@ -12,26 +12,36 @@ set -a
 . "$ENV_FILE"
 set +a
 
-# The RoCEv2 IPv4 GID index drifts (3, 4 and 5 seen on Sparks): resolve it per
-# device now. An empty value would mean index 0, the link-local GID.
+# The RoCEv2 IPv4 GID index drifts (3, 4 and 5 seen on Sparks), and a port can
+# carry more than one IPv4 GID (an IPv4 link-local 169.254.x.y beside the fabric
+# address): resolve per device the RoCE v2 GID of the fabric address this node
+# has on it. An empty value would mean index 0, the IPv6 link-local GID.
 gid_index() {
   dir="$SYSFS/class/infiniband/$1/ports/1"
   n=0
-  while [ "$n" -lt 16 ]; do
+  while [ "$n" -lt 32 ]; do
     t=$(cat "$dir/gid_attrs/types/$n" 2>/dev/null || true)
     g=$(cat "$dir/gids/$n" 2>/dev/null || true)
-    case "$t:$g" in
-      "RoCE v2:0000:0000:0000:0000:0000:ffff:"*) echo "$n"; return 0 ;;
-    esac
+    if [ "$t:$g" = "RoCE v2:$2" ]; then
+      echo "$n"
+      return 0
+    fi
     n=$((n + 1))
   done
   return 1
 }
 GID=""
-for dev in rocep1s0f0 roceP2p1s0f0; do
-  i=$(gid_index "$dev") || { echo "sparkctl: no RoCEv2 IPv4 GID on $dev (is its address applied?)" >&2; exit 78; }
+for want in rocep1s0f0=0000:0000:0000:0000:0000:ffff:0a14:0001=10.20.0.1 roceP2p1s0f0=0000:0000:0000:0000:0000:ffff:0a14:0101=10.20.1.1; do
+  dev=${want%%=*}
+  rest=${want#*=}
+  gid=${rest%%=*}
+  addr=${rest#*=}
+  i=$(gid_index "$dev" "$gid") || {
+    echo "sparkctl: no RoCEv2 GID for the fabric address $addr on $dev (is its address applied? show_gids $dev)" >&2
+    exit 78
+  }
   if [ -n "$GID" ] && [ "$GID" != "$i" ]; then
-    echo "sparkctl: RoCE GID index differs between devices ($GID vs $i on $dev); re-apply the fabric addresses" >&2
+    echo "sparkctl: the fabric RoCE v2 GID index differs between devices ($GID vs $i on $dev); NCCL takes one index for all: re-apply the fabric addresses, and remove extra (e.g. link-local) IPv4 addresses from the fabric ports" >&2
     exit 78
   fi
   GID=$i
