@@ -3,9 +3,10 @@
 #   make test   - the test suite (unit tests + end-to-end tests on the simulated cluster)
 PY ?= python3
 # systemd, netplan.io, shellcheck: the real tools that judge the rendered units, netplan
-# files and scripts (tests/test_real_tools.py; PID 1 is not needed).
+# files and scripts (tests/test_real_tools.py; PID 1 is not needed); iptables: the simulated
+# node's Docker firewall rules, in the node's own network namespace.
 APT_PACKAGES = openssh-server openssh-client iproute2 iputils-ping procps psmisc curl ethtool \
-  systemd netplan.io shellcheck
+  systemd netplan.io shellcheck iptables
 
 .PHONY: setup demo test
 

@@ -7,6 +7,7 @@ points (pyproject.toml); the product never imports this package. Without the
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import os
@@ -47,8 +48,16 @@ def _sim_root() -> Path:
 @click.option("--nodes", type=click.Choice(["1", "2", "4"]), default="4", show_default=True)
 @click.option("--inventory-out", type=click.Path(dir_okay=False), help="where to write the inventory")
 @click.option("--rootless", is_flag=True, help="degraded mode without namespaces (automatic when not root)")
-def sim_up_cmd(nodes: str, inventory_out: str | None, rootless: bool) -> None:
-    """Build (or converge) the simulated cluster and write its inventory."""
+@click.option("--ready", is_flag=True,
+              help="pre-configured nodes (fabric addresses, routes, forwarding, no Docker firewall) "
+                   "instead of fresh ones as they come out of the box")
+def sim_up_cmd(nodes: str, inventory_out: str | None, rootless: bool, ready: bool) -> None:
+    """Build (or converge) the simulated cluster and write its inventory.
+
+    Nodes come up fresh: CX-7 ports cabled and up without fabric addresses, IP
+    forwarding off, Docker's iptables rules (FORWARD policy DROP, a DOCKER-USER
+    chain); `sparkctl fabric apply` prepares them. --ready skips that.
+    """
     from sparkctl.model.inventory import loads_inventory
     from sparkctl_sim import cluster
     from sparkctl_sim.tinymodel import ensure_tiny_model
@@ -60,7 +69,7 @@ def sim_up_cmd(nodes: str, inventory_out: str | None, rootless: bool) -> None:
     inv_path = Path(inventory_out) if inventory_out else root / "inventory.yaml"
     text = sim_inventory_text(int(nodes), root, rootless)
     inv = loads_inventory(text, str(inv_path))
-    spec = spec_from_inventory(inv, rootless)
+    spec = dataclasses.replace(spec_from_inventory(inv, rootless), fresh=not ready)
     status = cluster.up(spec, root, progress=lambda m: err_console().print(f"[dim]{escape(m)}[/]"))
     model = ensure_tiny_model(root / "models")
     for n in inv.nodes:  # the tiny real engine's weights, on every node's own disk
@@ -77,10 +86,17 @@ def sim_up_cmd(nodes: str, inventory_out: str | None, rootless: bool) -> None:
     os.replace(tmp, inv_path)
     if not inventory_out:
         register_inventory(inv_path)  # commands without -i find the simulated ring
-    out.print(f"simulated {inv.topology} of {len(inv.nodes)} nodes is up ({status.mode} mode); inventory: {inv_path}")
+    kind = "pre-configured" if ready else "fresh"
+    out.print(f"simulated {inv.topology} of {len(inv.nodes)} {kind} nodes is up ({status.mode} mode); "
+              f"inventory: {inv_path}")
     for lim in status.limitations:
         out.print(f"  not simulated: {escape(lim)}")
-    out.print(f"try: sparkctl -i {inv_path} check ds41f-tp4-ring" if int(nodes) == 4 else f"try: sparkctl -i {inv_path} inventory")
+    if int(nodes) == 1:
+        out.print(f"try: sparkctl -i {inv_path} inventory")
+    elif ready:
+        out.print(f"try: sparkctl -i {inv_path} check ds41f-tp4-ring")
+    else:
+        out.print(f"try: sparkctl -i {inv_path} fabric apply, then check ds41f-tp4-ring")
 
 
 @sim_group.command("down")
@@ -165,12 +181,14 @@ def sim_fault_cmd(node: str, kind: str, iface: str, mtu_bytes: int, disk_path: s
 @sim_group.command("reboot")
 @click.argument("nodes", nargs=-1, required=True)
 def sim_reboot_cmd(nodes: tuple[str, ...]) -> None:
-    """Warm-reboot simulated nodes (new boot id, clock lock lost; stale links stay stale)."""
+    """Warm-reboot simulated nodes together (new boot id, clock lock lost; stale links stay stale).
+
+    Every node goes down before any comes back; at boot each runs its enabled units.
+    """
     from sparkctl_sim import cluster
 
-    for n in nodes:
-        cluster.warm_reboot(_sim_root(), n)
-        out.print(f"{n}: rebooted (warm)")
+    cluster.reboot(_sim_root(), list(nodes))
+    out.print(f"rebooted (warm): {', '.join(nodes)}")
 
 
 @sim_group.command("power-cycle")

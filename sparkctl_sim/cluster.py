@@ -69,6 +69,7 @@ from sparkctl_sim.clusterboot import (
     _wait_reachable,
     _write_known_hosts,
     _write_sysfs,
+    boot_init,
 )
 from sparkctl_sim.clusterfaults import (
     disk_full,
@@ -78,6 +79,7 @@ from sparkctl_sim.clusterfaults import (
     link_up,
     power_cycle,
     reachable,
+    reboot,
     set_forwarding,
     set_mtu,
     set_state,
@@ -199,6 +201,11 @@ def up(spec: ClusterSpec, root: Path, *, progress: Progress | None = None,
                 st["faults"]["unreachable"] = False
         _wait_reachable(spec, [n.name for n in spec.nodes], ready_timeout_s)
         say("all nodes accept SSH")
+        if not rootless:
+            for node in spec.nodes:
+                boot_init(p, spec, node)
+            say("nodes booted " + ("fresh (no fabric addresses, Docker's FORWARD DROP)" if spec.fresh
+                                   else "pre-configured (fabric addresses, routes, forwarding)"))
     return status(root)
 
 

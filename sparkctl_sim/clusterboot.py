@@ -15,6 +15,7 @@ from __future__ import annotations
 import errno
 import importlib
 import ipaddress
+import json
 import logging
 import os
 import pwd
@@ -53,6 +54,8 @@ from sparkctl_sim.netns import SimError
 from sparkctl_sim.spec import ClusterSpec, SimLink, SimNode
 
 log = logging.getLogger(__name__)
+
+FRESH_MTU = 1500  # a netdev's MTU until something configures it (the kernel's Ethernet default)
 
 
 def _ssh_user(rootless: bool) -> str:
@@ -201,10 +204,13 @@ def _install_tools(p: SimPaths, say: Progress) -> None:
     install_procshims(p.bin)
     # The node's python3 is this machine's interpreter (it has llama-cpp-python for
     # the tiny real engine); a real Spark has its own.
+    netplan = p.bin / "netplan"  # the real generator, applied with ip (sparkctl_sim.clusterinit)
+    netplan.write_text(f"#!/bin/sh\nexec {shlex.quote(sys.executable)} -m sparkctl_sim.clusterinit netplan \"$@\"\n")
+    netplan.chmod(0o755)
     py = p.bin / "python3"
     py.write_text(f"#!/bin/sh\nexec {shlex.quote(sys.executable)} \"$@\"\n")
     py.chmod(0o755)
-    say("tools installed: GB10 shims, simulated engines, docker/systemctl shims, python3")
+    say("tools installed: GB10 shims, simulated engines, docker/systemctl/netplan shims, python3")
 
 
 _MISSING = object()
@@ -378,7 +384,12 @@ def _ensure_cable(lk: SimLink) -> None:
 
 
 def _apply_node_net(p: SimPaths, spec: ClusterSpec, node: SimNode) -> None:
-    """Bring the node's cable ends to the spec: MTU, address, up; routes; ip_forward."""
+    """Bring the node's cable ends to the spec (pre-configured) or to the box (fresh).
+
+    Pre-configured: MTU, address, up; routes; ip_forward. Fresh: every cable end up
+    at the kernel's default MTU with no address and no route (the node's netplan, if
+    any, is applied by its init: :func:`boot_init`); ip_forward from /etc/sysctl.d.
+    """
     ns = netns_name(node.name)
     mtus = {}
     for lk in spec.links:
@@ -387,15 +398,42 @@ def _apply_node_net(p: SimPaths, spec: ClusterSpec, node: SimNode) -> None:
         if lk.b_node == node.name:
             mtus[lk.b_ifname] = lk.mtu
     for ifname, cidr, _peer, _pif in _node_links(spec, node.name):
-        nx.ip(ns, "link", "set", ifname, "mtu", str(mtus[ifname]))
-        nx.ip(ns, "addr", "replace", cidr, "dev", ifname)
+        if spec.fresh:
+            nx.ip(ns, "addr", "flush", "dev", ifname)  # the netns outlives a simulated reboot
+            nx.ip(ns, "link", "set", ifname, "mtu", str(FRESH_MTU))
+        else:
+            nx.ip(ns, "link", "set", ifname, "mtu", str(mtus[ifname]))
+            nx.ip(ns, "addr", "replace", cidr, "dev", ifname)
         nx.ip(ns, "link", "set", ifname, "up")
-    for r in spec.routes:
-        if r.node == node.name:
-            nx.ip(ns, "route", "replace", r.dst_cidr, "via", r.via, "dev", r.dev)
+    if not spec.fresh:
+        for r in spec.routes:
+            if r.node == node.name:
+                nx.ip(ns, "route", "replace", r.dst_cidr, "via", r.via, "dev", r.dev)
     forward = _sysctl_d_forward(p, node.name)
+    default = node.ip_forward and not spec.fresh
     nx.ns_exec_write(ns, "/proc/sys/net/ipv4/ip_forward",
-                     "1" if (node.ip_forward if forward is None else forward) else "0")
+                     "1" if (default if forward is None else forward) else "0")
+
+
+def boot_init(p: SimPaths, spec: ClusterSpec, node: SimNode) -> dict[str, Any]:
+    """Run the node's init (sparkctl_sim.clusterinit boot) inside its namespaces.
+
+    Entered through its sshd's mount namespace, with the session environment, so
+    it sees the node's own /etc and runs the node's systemctl.
+    """
+    pid = _sshd_pid(p, node.name)
+    if pid is None:
+        raise SimError(f"{node.name}: sshd is not running: its init cannot run", "run `sparkctl sim up`")
+    env = session_env(p, node, False)
+    argv = ["nsenter", "-t", str(pid), "-m", "-n", "-u", "env", "-i",
+            *(f"{k}={v}" for k, v in env.items()), sys.executable, "-m", "sparkctl_sim.clusterinit", "boot"]
+    if spec.fresh:
+        argv.append("--docker")
+    out = nx.run(argv, timeout_s=120.0)
+    try:
+        return dict(json.loads(out.stdout.strip().splitlines()[-1]))
+    except (ValueError, IndexError):
+        return {}
 
 
 def _sysctl_d_forward(p: SimPaths, node: str) -> bool | None:

@@ -27,6 +27,7 @@ from sparkctl_sim.clusterboot import (
     _sshd_pid,
     _wait_reachable,
     _write_sysfs,
+    boot_init,
 )
 from sparkctl_sim.clusterroot import (
     MGMT_IFNAME,
@@ -312,6 +313,11 @@ def warm_reboot(root: Path, node: str, *, ready_timeout_s: float = 20.0) -> None
     _reboot(root, [node], power=False, ready_timeout_s=ready_timeout_s)
 
 
+def reboot(root: Path, nodes: list[str], *, ready_timeout_s: float = 20.0) -> None:
+    """Warm-reboot several nodes at once (a whole ring): all go down, then all boot."""
+    _reboot(root, list(nodes), power=False, ready_timeout_s=ready_timeout_s)
+
+
 def power_cycle(root: Path, nodes: list[str], *, ready_timeout_s: float = 20.0) -> None:
     """Power-cycle nodes: a warm reboot, and stale links heal.
 
@@ -351,6 +357,9 @@ def _reboot(root: Path, nodes: list[str], *, power: bool, ready_timeout_s: float
             _hook(lambda m: None, "sparkctl_sim.procshims", "on_boot", p.node(n.name).run, missing_ok=True)
         for n in targets:
             _ensure_sshd(p, spec, n, rootless)
+        if not rootless:  # the node's init: sysctl.d, netplan, dockerd, enabled units
+            for n in targets:
+                boot_init(p, spec, n)
         _wait_reachable(spec, [n.name for n in targets if not _faults(p, n.name).get("unreachable")],
                         ready_timeout_s)
 

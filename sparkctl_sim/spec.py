@@ -52,4 +52,8 @@ class ClusterSpec:
     mgmt_cidr: str = "10.201.0.1/24"  # the host (operator) side of the management bridge
     bridge: str = "sparkbr0"
     rootless: bool = False
+    # Fresh nodes as they come out of the box: fabric ports up without addresses or routes,
+    # forwarding off, Docker's iptables rules installed at boot. False: pre-configured
+    # (addresses, routes and forwarding from the spec), the fast path of older tests.
+    fresh: bool = False
     extra: dict[str, str] = field(default_factory=dict)

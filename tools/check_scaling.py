@@ -84,7 +84,7 @@ def main() -> None:
                               text=True, timeout=timeout, check=False)
 
     with e2e_lock():
-        up = sparkctl("new", "sim", "up", "--nodes", "4")
+        up = sparkctl("new", "sim", "up", "--nodes", "4", "--ready")
         if up.returncode != 0:
             sys.exit(f"sim up failed:\n{up.stdout}\n{up.stderr}")
         try:

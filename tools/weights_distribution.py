@@ -98,7 +98,7 @@ def _one_size(nodes: int, args: argparse.Namespace, blob: Path, base: Path) -> d
     wp = _weights_dir(env, profile)
     results: dict[str, list[tuple[float, float]]] = {}
     try:
-        _sparkctl(env, "sim", "up", "--nodes", str(nodes))
+        _sparkctl(env, "sim", "up", "--nodes", str(nodes), "--ready")
         inv = str(root / "inventory.yaml")
         if args.rate_mbit > 0:
             shaped = _shape(nodes, args.rate_mbit)

@@ -55,12 +55,12 @@ def host_lock() -> Iterator[None]:
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
-def _make_sim(tmp: Path, nodes: int) -> Iterator[Sim]:
+def _make_sim(tmp: Path, nodes: int, *, ready: bool = True) -> Iterator[Sim]:
     env = {**os.environ, "SPARKCTL_SIM_DIR": str(tmp / "sim"), "XDG_STATE_HOME": str(tmp / "state"),
            "SPARKCTL_SIM_SPEEDUP": "20", "SPARKCTL_SIM_LOAD_S": "1"}
     env.pop("SPARKCTL_INVENTORY", None)
     sim = Sim(tmp / "sim", tmp / "sim" / "inventory.yaml", env)
-    r = sim.sparkctl("sim", "up", "--nodes", str(nodes), timeout=300)
+    r = sim.sparkctl("sim", "up", "--nodes", str(nodes), *(["--ready"] if ready else []), timeout=300)
     try:
         assert r.returncode == 0, r.stdout + r.stderr
         yield sim
@@ -71,3 +71,9 @@ def _make_sim(tmp: Path, nodes: int) -> Iterator[Sim]:
 @pytest.fixture(scope="module")
 def sim_ring(tmp_path_factory: pytest.TempPathFactory, host_lock: None) -> Iterator[Sim]:
     yield from _make_sim(tmp_path_factory.mktemp("simring"), 4)
+
+
+@pytest.fixture(scope="module")
+def fresh_ring(tmp_path_factory: pytest.TempPathFactory, host_lock: None) -> Iterator[Sim]:
+    """A ring of nodes as they come out of the box (`sparkctl sim up`, no --ready)."""
+    yield from _make_sim(tmp_path_factory.mktemp("freshring"), 4, ready=False)
