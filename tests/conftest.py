@@ -18,11 +18,27 @@ REPO = Path(__file__).resolve().parent.parent
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "e2e: end-to-end test that starts real processes (engines, servers) on loopback")
     config.addinivalue_line("markers", "needs_root: needs root (network namespaces, bridges); skipped otherwise")
+    _hypothesis_profiles(config)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--update-golden", action="store_true", help="rewrite tests/golden from the current rendering")
     parser.addoption("--update-plans", action="store_true", help="rewrite tests/plans/*/expected.json from the planner")
+    parser.addoption("--fuzz", action="store_true", help="the hypothesis 'fuzz' profile: --fuzz-cases inputs per "
+                     "property (tools/fuzz.py runs the suite this way)")
+    parser.addoption("--fuzz-cases", type=int, default=10_000, help="inputs per property under --fuzz")
+
+
+def _hypothesis_profiles(config: pytest.Config) -> None:
+    from hypothesis import HealthCheck, settings
+
+    # The properties in test_fuzz_inputs.py and test_probes.py take their example
+    # count from the profile: a few hundred in every run, thousands under --fuzz.
+    quiet = [HealthCheck.too_slow]
+    settings.register_profile("sparkctl", max_examples=200, deadline=None, suppress_health_check=quiet)
+    settings.register_profile("fuzz", max_examples=config.getoption("--fuzz-cases"), deadline=None, database=None,
+                              suppress_health_check=list(HealthCheck))
+    settings.load_profile("fuzz" if config.getoption("--fuzz") else "sparkctl")
 
 
 @pytest.fixture

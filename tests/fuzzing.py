@@ -1,4 +1,4 @@
-"""Input fuzzing strategies shared by tests/ and tools/fuzz_inputs.py.
+"""Input fuzzing strategies for tests/test_fuzz_inputs.py (run at scale by tools/fuzz.py).
 
 Random and mutated YAML for profiles and inventories; the property is that
 loading them raises only :class:`sparkctl.errors.SparkctlError`, never
