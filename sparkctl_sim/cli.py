@@ -27,8 +27,15 @@ from sparkctl_sim.paths import default_inventory, sim_root
 EXTRA_MODULES = ("gguf", "numpy")
 
 
+def _importable(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
 def _require_extra() -> None:
-    missing = [m for m in EXTRA_MODULES if importlib.util.find_spec(m) is None]
+    missing = [m for m in EXTRA_MODULES if not _importable(m)]
     if missing:
         raise ConfigError("the simulated cluster needs the sim extra: pip install 'sparkctl[sim]'",
                           hint=f"missing module{'s' if len(missing) > 1 else ''}: {', '.join(missing)}")

@@ -1,0 +1,85 @@
+"""The tree shows the layers: what may import what, and how big a module may grow."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+PRODUCT = REPO / "sparkctl"
+# Files pushed to nodes as one file, standard library only; exempt from the size rule.
+ONE_FILE = {"sparkctl/remote/weights_agent.py"}
+MAX_LINES = 600
+
+
+def _imports(path: Path) -> set[str]:
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            out.add(node.module)
+    return out
+
+
+def _modules(root: Path) -> list[Path]:
+    return sorted(p for p in root.rglob("*.py") if "__pycache__" not in p.parts)
+
+
+def test_the_product_never_imports_the_simulator() -> None:
+    bad = {str(p.relative_to(REPO)): sorted(m for m in _imports(p) if m.split(".")[0] == "sparkctl_sim")
+           for p in _modules(PRODUCT)}
+    assert not {k: v for k, v in bad.items() if v}
+
+
+def test_remote_files_use_the_standard_library_only() -> None:
+    for p in _modules(PRODUCT / "remote"):
+        third = {m.split(".")[0] for m in _imports(p)} - set(sys.stdlib_module_names) - {"__future__"}
+        assert not third, (p, third)
+
+
+def test_pure_packages_import_no_transport_click_or_socket() -> None:
+    pure = [*_modules(PRODUCT / "model"), *_modules(PRODUCT / "plan")]
+    for p in pure:
+        mods = _imports(p)
+        bad = {m for m in mods if m.split(".")[0] in ("click", "socket", "paramiko", "fabric", "httpx", "rich")
+               or m.startswith(("sparkctl.transport", "sparkctl.ops", "sparkctl.cli"))}
+        assert not bad, (p, bad)
+
+
+@pytest.mark.parametrize("path", [p for p in _modules(PRODUCT) if str(p.relative_to(REPO)) not in ONE_FILE],
+                         ids=lambda p: str(p.relative_to(REPO)))
+def test_no_product_module_over_600_lines(path: Path) -> None:
+    n = len(path.read_text().splitlines())
+    assert n <= MAX_LINES, f"{path.relative_to(REPO)}: {n} lines; split it by responsibility"
+
+
+def test_no_executor_function_over_80_lines() -> None:
+    for name in ("executor.py", "supervise.py"):
+        tree = ast.parse((PRODUCT / "ops" / name).read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                n = (node.end_lineno or node.lineno) - node.lineno + 1
+                assert n <= 80, f"ops/{name}: {node.name} is {n} lines"
+
+
+def test_sim_without_its_extra_names_the_extra(tmp_path: Path) -> None:
+    """`pip install sparkctl` without [sim]: `sparkctl sim ...` says what to install (not ModuleNotFoundError)."""
+    blocker = tmp_path / "block"
+    blocker.mkdir()
+    (blocker / "sitecustomize.py").write_text(
+        "import sys\nclass _Block:\n    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.split('.')[0] in ('gguf', 'numpy', 'llama_cpp'):\n"
+        "            raise ModuleNotFoundError(f'No module named {name!r}', name=name)\n"
+        "sys.meta_path.insert(0, _Block())\n")
+    env = {"PYTHONPATH": str(blocker), "PATH": "/usr/bin:/bin"}
+    for args in (["sim", "up"], ["demo"]):
+        r = subprocess.run([sys.executable, "-m", "sparkctl.cli", *args], capture_output=True, text=True, env=env,
+                           timeout=60, cwd=tmp_path)
+        assert r.returncode == 2, r.stderr
+        assert "needs the sim extra: pip install 'sparkctl[sim]'" in r.stderr, r.stderr
+        assert "Traceback" not in r.stderr
