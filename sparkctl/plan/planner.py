@@ -27,8 +27,8 @@ from sparkctl.model.inventory import Inventory
 from sparkctl.model.paths import DETACHED, ENGINE_LOG, RECORD, UNIT, under
 from sparkctl.model.profiles import Resolved
 from sparkctl.model.record import NodeRecord, RunRecord
-from sparkctl.plan import clocklock
-from sparkctl.plan.render import TOKENS_METRIC, Rendering
+from sparkctl.plan import clocklock, contracts
+from sparkctl.plan.render import Rendering
 from sparkctl.plan.steps import FileRef, Plan, Step
 
 # Phases of `up` that change no stack: a failure there leaves the previous one serving.
@@ -167,7 +167,12 @@ def _bring_up(res: Resolved, inv: Inventory, rendering: Rendering, restart: Sequ
         who = ", ".join(f"{r.node} (rank {r.rank}{' head' if r.is_head else ''})" for r in group)
         steps.append(Step(f"{prefix}start-{i}", "start", "run", tuple(cmds), f"start {who}",
                           changes=f"{res.name} ranks running", commands=cmds, sudo=_fan(inv, cmds), on_fail=on_fail))
-    metric = p.serve.tokens_metric or TOKENS_METRIC[p.engine.name]
+    # Only what the engine serves with the rendered flags (its contract, sparkctl.plan.contracts): None
+    # waits without /metrics (the served name and a usage-carrying 1-token completion). Engines without
+    # a contract keep the table (readiness_metric falls back to TOKENS_METRIC).
+    head = lay.heads()[0].node
+    metric = p.serve.tokens_metric or contracts.readiness_metric(p.engine.name, p.engine.version,
+                                                                 rendering.argv.get(head, ()))
     heads = [h.node for h in lay.heads()]
     steps.append(Step(
         f"{prefix}ready", "ready", "ready", tuple(heads),
