@@ -451,6 +451,32 @@ def known_ib_devices(root: Path) -> dict[str, tuple[int, ...]]:
     return out
 
 
+def read_gid(root: Path, dev: str, port: int, index: int) -> tuple[str, str] | None:
+    """(type, gid) of one GID slot as sysfs shows it, None for an empty slot.
+
+    NCCL reads the GID at NCCL_IB_GID_INDEX with ibv_query_gid and its type with
+    ibv_query_gid_type (NVIDIA/nccl src/transport/net_ib.cc, ncclIbGetGidIndex /
+    ncclIbGetGid); the kernel fails the type read of an empty slot, which reads
+    as zeros (docs/reference/spark-facts.md §2.4).
+    """
+    base = root / "class" / "infiniband" / dev / "ports" / str(port)
+    try:
+        gid = (base / "gids" / str(index)).read_text().strip()
+        kind = (base / "gid_attrs" / "types" / str(index)).read_text().strip()
+    except OSError:
+        return None
+    return (kind, gid) if gid.strip("0:") else None
+
+
+def gid_ipv4(gid: str) -> str | None:
+    """The IPv4 address of an IPv4-mapped GID (``...:ffff:c0a8:640a``), else None."""
+    groups = gid.split(":")
+    if len(groups) != 8 or groups[:6] != ["0000"] * 5 + ["ffff"]:
+        return None
+    a, b = int(groups[6], 16), int(groups[7], 16)
+    return f"{a >> 8}.{a & 0xFF}.{b >> 8}.{b & 0xFF}"
+
+
 def select_ib_devices(spec: str | None, known: Mapping[str, Sequence[int]]) -> list[IbDevice]:
     """NCCL's device selection from ``NCCL_IB_HCA``; raises HcaError (see module doc)."""
     spec = (spec or "").strip()

@@ -38,6 +38,7 @@ import signal
 import sys
 import time
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from sparkctl_sim import nodestate
@@ -405,6 +406,44 @@ class _Run:
         return runner
 
 
+def gids_usable(root: Path, env: Mapping[str, str], devs: list[IbDevice], log: EngineLog) -> bool:
+    """The GID each device's QPs would use, logged; False where NCCL's QPs could not connect.
+
+    NCCL takes the one NCCL_IB_GID_INDEX for every device (NVIDIA/nccl
+    src/transport/net_ib.cc: ncclParamIbGidIndex(), then ibv_query_gid on each
+    device's port). An empty slot fails the RTR transition ("ibv_modify_qp failed
+    with 61 No data available ... local GID ::", docs/reference/spark-facts.md
+    §2.4); a link-local IPv4 GID (169.254/16, RFC 3927) is not the peer's fabric
+    subnet, so its RoCE v2 packets are never answered and the QP ends in
+    IBV_WC_RETRY_EXC_ERR(12). SIMULATION: stricter than NCCL, which would
+    only fail at the first transfer, not at init. Unset: not checked (NCCL
+    >= 2.21 picks a GID itself).
+    """
+    raw = env.get("NCCL_IB_GID_INDEX")
+    if raw is None or not raw.strip().isdigit():
+        return True
+    index = int(raw)
+    ok = True
+    for d in devs:
+        slot = cli.read_gid(root, d.name, d.port, index)
+        if slot is None:
+            log.nccl(f"Call to ibv_modify_qp failed with 61 No data available, on dev {d.name}:{d.port}, "
+                     f"curr state INIT, next state RTR, local GID index {index}, local GID ::, remote GID ::",
+                     warn=True)
+            ok = False
+            continue
+        kind, gid = slot
+        ip = cli.gid_ipv4(gid)
+        log.nccl(f"NET/IB: {d.name}:{d.port} GID index {index} type {kind} GID {gid}"
+                 + (f" IPv4 {ip}" if ip else ""))
+        if ip is None or ip.startswith("169.254.") or kind != "RoCE v2":
+            log.nccl(f"NET/IB : Got completion from peer with status=IBV_WC_RETRY_EXC_ERR(12) on dev "
+                     f"{d.name}:{d.port} local GID index {index} ({gid}): not an address of the fabric",
+                     warn=True)
+            ok = False
+    return ok
+
+
 def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> int:
     """``python3 -m sparkctl_sim.engine ENGINE ARGS...``; returns the exit code."""
     args = list(sys.argv[1:] if argv is None else argv)
@@ -430,6 +469,10 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
     except cli.HcaError as e:
         log.nccl(f"NET/IB : {e}", warn=True)
         log.error("RuntimeError: NCCL error: invalid usage (run with NCCL_DEBUG=WARN for details), "
+                  f"NCCL version {NCCL_VERSION}")
+        return 1
+    if cfg.world_size > 1 and not gids_usable(cli.sysfs_root(env), env, devs, log):
+        log.error("RuntimeError: NCCL error: remote process exited or there was a network error, "
                   f"NCCL version {NCCL_VERSION}")
         return 1
     try:
