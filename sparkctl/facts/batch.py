@@ -295,6 +295,7 @@ def _assemble(node: str, r: _Reader, due: list[tuple[Fact[Any], str]]) -> NodeFa
         uptime_s=r.get(system.UPTIME),
         mem_total_kib=mem.total_kib if mem else None,
         mem_available_kib=mem.available_kib if mem else None,
+        mem_free_kib=mem.free_kib if mem else None,
         disk_free_gib=round(disk.free_gib, 3) if disk else None,
         gpu=_gpu(r),
         links=_links(r, [item for fact, item in due if fact is net.NET_OPERSTATE]),

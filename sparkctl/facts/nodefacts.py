@@ -107,6 +107,7 @@ class NodeFacts:
     uptime_s: float | None = None
     mem_total_kib: int | None = None
     mem_available_kib: int | None = None
+    mem_free_kib: int | None = None  # MemFree: the page cache is not in it (the page_cache law)
     disk_free_gib: float | None = None
     gpu: GpuFacts | None = None
     links: dict[str, LinkFacts] = field(default_factory=dict)

@@ -92,17 +92,18 @@ def parse_uptime(text: str) -> float:
 class Meminfo:
     total_kib: int
     available_kib: int
+    free_kib: int  # MemFree: what cudaMemGetInfo reports as free on GB10's unified memory (page cache is not free)
 
 
 # The kernel prints every /proc/meminfo value in kB ("%8lu kB", fs/proc/meminfo.c
 # show_val_kb), the HugePages_* counts without a unit.
 _MEMINFO_LINE = re.compile(r"([A-Za-z0-9_()]+):\s+([0-9]+)( kB)?")
-_NEEDS_KB = ("MemTotal", "MemAvailable")
+_NEEDS_KB = ("MemTotal", "MemFree", "MemAvailable")
 
 
 def parse_meminfo(text: str) -> Meminfo:
     """``/proc/meminfo``: every line ``Key:  N kB`` (or ``Key: N``); needs
-    MemTotal and MemAvailable in kB (GB10 memory is unified: nvidia-smi has none)."""
+    MemTotal, MemFree and MemAvailable in kB (GB10 memory is unified: nvidia-smi has none)."""
     t = "/proc/meminfo"
     values: dict[str, int] = {}
     for line in lines(text):
@@ -115,10 +116,12 @@ def parse_meminfo(text: str) -> Meminfo:
     missing = [k for k in _NEEDS_KB if k not in values]
     if missing:
         raise ProbeParseError("meminfo", f"no {' or '.join(missing)} line", t)
-    total, avail = values["MemTotal"], values["MemAvailable"]
+    total, avail, free = values["MemTotal"], values["MemAvailable"], values["MemFree"]
     if total == 0 or avail > total:
         raise ProbeParseError("meminfo", f"MemAvailable {avail} kB does not fit MemTotal {total} kB", t)
-    return Meminfo(total, avail)
+    if free > total:
+        raise ProbeParseError("meminfo", f"MemFree {free} kB does not fit MemTotal {total} kB", t)
+    return Meminfo(total, avail, free)
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,7 @@ from sparkctl.model.paths import DETACHED, ENGINE_LOG, RECORD, UNIT, under
 from sparkctl.model.profiles import Resolved
 from sparkctl.model.record import NodeRecord, RunRecord
 from sparkctl.plan import clocklock, contracts
+from sparkctl.plan.laws.memory import FRACTION_ENGINES, drop_caches_if_short_command
 from sparkctl.plan.render import Rendering
 from sparkctl.plan.steps import FileRef, Plan, Step
 
@@ -188,6 +189,27 @@ def _bring_up(res: Resolved, inv: Inventory, rendering: Rendering, restart: Sequ
     return steps
 
 
+def _page_cache_step(res: Resolved, inv: Inventory, nodes: Sequence[str]) -> list[Step]:
+    """The page_cache law's remedy, where MemFree is short when the step runs.
+
+    On every node that starts a rank, after the stale stack is stopped (the facts
+    read by ``check`` came before that, so they cannot say which nodes will be
+    short): the command reads /proc/meminfo there and then and drops the caches
+    only when MemFree < utilization x MemTotal (sparkctl.plan.laws.memory). A
+    node with enough free memory keeps its cache. ``continue`` on failure: the
+    engine's own refusal then names the shortfall.
+    """
+    p = res.profile
+    if p.engine.name not in FRACTION_ENGINES or not nodes:
+        return []
+    util = p.laws.gpu_memory_utilization
+    cmds = {n: drop_caches_if_short_command(util, inv.node(n).proc_root) for n in nodes}
+    return [Step("drop-caches", "page-cache", "run", tuple(nodes),
+                 f"drop the page cache where MemFree < {util:g} x MemTotal (law page_cache)",
+                 changes="page cache, dentries and inodes dropped on the nodes that were short",
+                 commands=cmds, sudo=_fan(inv, cmds), on_fail="continue")]
+
+
 def _changed(res: Resolved, rendering: Rendering, facts: UpFacts) -> list[str]:
     lay = rendering.layout
     prev = facts.record
@@ -224,7 +246,7 @@ def plan_up(res: Resolved, inv: Inventory, rendering: Rendering, facts: UpFacts,
     if not skip_check:
         steps.append(Step("check", "check", "check", lay.nodes, "probe every node in parallel and judge the laws "
                           "(a failure stops here)", params={"profile": res.name, "waivers": waivers,
-                                                            "ignore": ["served_model", "clock_cap"]}))
+                                                            "ignore": ["served_model", "clock_cap", "page_cache"]}))
     if p.laws.clock_cap_mhz is not None:
         cmds = {n: " && ".join(clocklock.lock_commands(p.laws.clock_cap_mhz, inv.node(n).prefix,
                                                         inv.node(n).proc_root)) for n in lay.nodes}
@@ -238,6 +260,7 @@ def plan_up(res: Resolved, inv: Inventory, rendering: Rendering, facts: UpFacts,
     steps.append(_stop_step(inv, "stop-stale", "stop-stale", stale, ports, p.serve.stop_timeout_s,
                             "stop every sparkctl engine still running (a new rank must never join an old head's "
                             "rendezvous)", failure_branch))
+    steps.extend(_page_cache_step(res, inv, restart))
     steps.extend(_bring_up(res, inv, rendering, restart, "", failure_branch))
     serving = replace(starting, state="serving", note="")
     steps.append(_record_step(inv.node(head).prefix, "record", "record", head, serving, f"record {res.name} serving",

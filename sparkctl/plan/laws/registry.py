@@ -17,12 +17,14 @@ from sparkctl.plan.laws.host import (
     remedy_clock,
     remedy_kernel,
 )
+from sparkctl.plan.laws.memory import check_page_cache, remedy_page_cache
 from sparkctl.plan.laws.serving import check_served_model, check_weights
 
 LAWS: tuple[Law, ...] = (
     Law("kernel_pin", "Kernel pin", check_kernel, remedy_kernel),
     Law("page_size", "Page size", check_page_size),
     Law("memory_guard", "Memory guard", check_memory),
+    Law("page_cache", "Page cache before start", check_page_cache, remedy_page_cache),
     Law("clock_cap", "GPU clock cap", check_clock, remedy_clock),
     Law("ac_cycle", "AC power cycle after a hardware change", check_ac_cycle),
     Law("fabric", "Fabric", check_fabric),
