@@ -25,12 +25,16 @@ UNIT = f"{UNIT_DIR}/sparkctl-engine.service"
 CLOCK_UNIT = f"{UNIT_DIR}/sparkctl-clock-cap.service"
 NETPLAN = "/etc/netplan/60-sparkctl-fabric.yaml"
 SYSCTL = "/etc/sysctl.d/60-sparkctl-forward.conf"
+FORWARD_UNIT = f"{UNIT_DIR}/sparkctl-fabric-forward.service"  # DOCKER-USER accept for the fabric
+NETPLAN_DIR = "/etc/netplan"
+SYSCTL_DIR = "/etc/sysctl.d"
 
 # state
 RECORD = f"{STATE_DIR}/record.json"
 LOCK_DIR = f"{STATE_DIR}/lock.d"
 CLOCK_LOCK = f"{STATE_DIR}/clock-lock"  # "<boot id> <MHz>": see sparkctl.plan.clocklock
 ENGINE_LOG = f"{LOG_DIR}/engine.log"
+FABRIC_BACKUP = f"{STATE_DIR}/fabric-backup"  # what `fabric apply` replaced; `fabric restore` puts it back
 
 # the supervised switch (runs on the head)
 SUPERVISOR_PLAN = f"{STATE_DIR}/supervisor-plan.json"

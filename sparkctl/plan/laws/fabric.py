@@ -58,7 +58,7 @@ def check_fabric(ctx: Context) -> list[Verdict]:
                 if any(p.startswith("MTU") for p in problems):
                     fix.append(f"set MTU {mtu} on {ep.node}:{ep.netdev} (both ends must match)")
                 if any(p.startswith("address") for p in problems):
-                    fix.append(f"apply the fabric plan on {ep.node}: sudo netplan apply (60-sparkctl-fabric.yaml)")
+                    fix.append("run `sparkctl fabric apply` (pushes and applies the netplan file on every node)")
                 if any(p.startswith("speed") for p in problems):
                     fix.append(AC_CYCLE_FIX)
                 if any(p.startswith("no RoCE") for p in problems):
@@ -78,8 +78,9 @@ def check_fabric(ctx: Context) -> list[Verdict]:
     for (src, dst), ok in ctx.relay_ok.items():
         if not ok:
             out.append(Verdict("fabric", src, FAIL, f"{dst} unreachable", "reachable through the relay",
-                               "enable IP forwarding on the neighbours (net.ipv4.ip_forward=1) and check the routes; "
-                               "Docker's FORWARD DROP policy looks exactly like a dead cable", f"-> {dst}"))
+                               "run `sparkctl fabric apply`: the relays need IP forwarding, the routes, and a DOCKER-USER "
+                               "rule accepting the fabric subnets (Docker's FORWARD DROP policy looks exactly like "
+                               "a dead cable)", f"-> {dst}"))
     return out
 
 

@@ -1,0 +1,64 @@
+"""Fabric preparation on the hosts: run the ``fabric apply`` and ``fabric restore`` plans.
+
+The plans are pure (:mod:`sparkctl.plan.fabricplan`); this module renders what
+they push, takes the cluster lock, runs them with the one interpreter
+(:func:`sparkctl.ops.executor.run_plan`) and maps a failed step to an error
+naming its phase.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from sparkctl.model.inventory import Inventory
+from sparkctl.model.profiles import Resolved
+from sparkctl.model.resources import Roots
+from sparkctl.ops.executor import Progress, TransportBackend, _raise_failure, run_plan
+from sparkctl.ops.lock import ClusterLock
+from sparkctl.plan import fabricplan
+from sparkctl.plan.render import render
+from sparkctl.plan.steps import Plan
+from sparkctl.transport import Transport
+
+
+@dataclass(frozen=True)
+class FabricResult:
+    op: str
+    nodes: tuple[str, ...]
+    steps: tuple[dict[str, Any], ...]
+
+
+def plan_apply(inv: Inventory, roots: Roots, res: Resolved | None = None,
+               secrets: dict[str, str] | None = None) -> tuple[Plan, fabricplan.FabricFiles]:
+    """The plan and the files of ``fabric apply`` (reads nothing from the hosts)."""
+    rendering = render(res, inv, roots, secrets or {}) if res is not None else None
+    files = fabricplan.render_fabric(inv, roots, rendering)
+    return fabricplan.plan_fabric_apply(inv, files, res.name if res is not None else None), files
+
+
+def _run(plan: Plan, inv: Inventory, transport: Transport, progress: Progress | None,
+         blobs: dict[str, bytes]) -> FabricResult:
+    say = progress or (lambda *_: None)
+    guard = ClusterLock(inv, transport, plan.op)
+    guard.acquire()
+    try:
+        backend = TransportBackend(inv, transport, say)
+        backend.blobs.update(blobs)
+        state = run_plan(plan, backend)
+        if state.get("failed") is not None:
+            _raise_failure(state, plan.op)
+        nodes = tuple(dict.fromkeys(n for s in plan.steps for n in s.nodes))
+        return FabricResult(plan.op, nodes, tuple(state["outcomes"]))
+    finally:
+        guard.release()
+
+
+def apply(inv: Inventory, transport: Transport, roots: Roots, res: Resolved | None = None, *,
+          secrets: dict[str, str] | None = None, progress: Progress | None = None) -> FabricResult:
+    plan, files = plan_apply(inv, roots, res, secrets)
+    return _run(plan, inv, transport, progress, files.blobs())
+
+
+def restore(inv: Inventory, transport: Transport, *, progress: Progress | None = None) -> FabricResult:
+    return _run(fabricplan.plan_fabric_restore(inv), inv, transport, progress, {})

@@ -1,0 +1,240 @@
+"""The fabric preparation plans: ``fabric apply`` and ``fabric restore``. Pure.
+
+``fabric apply`` takes a node as it comes out of the box to one whose fabric
+the laws accept: keep what it replaces (the node's netplan files, its sysctl
+file and values) under :data:`~sparkctl.model.paths.FABRIC_BACKUP` the first
+time, push the rendered netplan file (and on a ring's relays the sysctl file
+and the DOCKER-USER unit; with a profile, its clock-cap unit), flush stale
+addresses on the fabric ports, ``netplan apply``, apply the sysctl file now
+(``sysctl -p``; systemd-sysctl applies it at boot), enable the units, and wait
+until each cabled port has exactly one RoCE v2 IPv4 GID, its own address.
+``fabric restore`` puts the kept state back. Both are plans of ``run`` and
+``put`` steps, printed by ``sparkctl plan fabric`` and run by the executor.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+import posixpath
+import shlex
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from sparkctl import __version__
+from sparkctl.model.inventory import Inventory
+from sparkctl.model.paths import (
+    FABRIC_BACKUP,
+    FORWARD_UNIT,
+    NETPLAN,
+    NETPLAN_DIR,
+    SYSCTL,
+    SYSCTL_DIR,
+    under,
+)
+from sparkctl.model.resources import Roots
+from sparkctl.plan.render import RenderedFile, Rendering, _env
+from sparkctl.plan.steps import FileRef, Plan, Step
+
+GID_WAIT_S = 30  # mlx5 fills a RoCE v2 GID within a second of the address; 30 s is a dead port
+APPLY_TIMEOUT_S = 120
+q = shlex.quote
+
+
+@dataclass(frozen=True)
+class FabricFiles:
+    """What ``fabric apply`` pushes: node -> files; which units it enables on each node."""
+
+    files: Mapping[str, tuple[RenderedFile, ...]]
+    units: Mapping[str, tuple[str, ...]]  # unit names to `systemctl enable`
+
+    def blobs(self) -> dict[str, bytes]:
+        return {f.sha256: f.text.encode() for fs in self.files.values() for f in fs}
+
+
+@dataclass(frozen=True)
+class _NodeRef:
+    node: str
+
+
+def _relay(inv: Inventory, node: str) -> bool:
+    return inv.topology == "ring" and bool(inv.routes_for(node))
+
+
+def _docker_user_rule(pool: str) -> str:
+    return f"-s {q(pool)} -d {q(pool)} -j ACCEPT"
+
+
+def render_fabric(inv: Inventory, roots: Roots, profile_rendering: Rendering | None = None) -> FabricFiles:
+    """The fabric files of every cabled node, from the inventory; the clock unit from a profile's rendering."""
+    env = _env(roots)
+    files: dict[str, tuple[RenderedFile, ...]] = {}
+    units: dict[str, tuple[str, ...]] = {}
+    pool = inv.fabric_pool
+    rule = _docker_user_rule(pool)
+    for n in inv.nodes:
+        links = inv.node_links(n.name)
+        if not links:
+            continue
+        ctx = dict(version=__version__, r=_NodeRef(n.name), node=n.name, inv=inv, links=links,
+                   routes=inv.routes_for(n.name), mtu=inv.mtu, pool=pool,
+                   accept_sh=f"iptables -N DOCKER-USER 2>/dev/null; iptables -C DOCKER-USER {rule} 2>/dev/null "
+                             f"|| iptables -I DOCKER-USER 1 {rule}",
+                   remove_sh=f"while iptables -D DOCKER-USER {rule} 2>/dev/null; do :; done; true")
+        want = [(NETPLAN, "fabric-netplan.yaml.j2", 0o600)]
+        node_units: list[str] = []
+        if _relay(inv, n.name):
+            want += [(SYSCTL, "sysctl-forward.conf.j2", 0o644),
+                     (FORWARD_UNIT, "sparkctl-fabric-forward.service.j2", 0o644)]
+            node_units.append(posixpath.basename(FORWARD_UNIT))
+        out = []
+        for path, tmpl, mode in want:
+            full = under(n.prefix, path)
+            out.append(RenderedFile(full, env.get_template(tmpl).render(**ctx), mode, "fabric"))
+        if profile_rendering is not None:
+            for f in profile_rendering.files.get(n.name, {}).values():
+                if f.role == "clock":
+                    out.append(f)
+                    node_units.append(posixpath.basename(f.path))
+        files[n.name] = tuple(out)
+        units[n.name] = tuple(node_units)
+    return FabricFiles(files, units)
+
+
+def _gid(address: str) -> str:
+    packed = ipaddress.IPv4Address(address).packed
+    return "0000:0000:0000:0000:0000:ffff:" + f"{packed[0]:02x}{packed[1]:02x}:{packed[2]:02x}{packed[3]:02x}"
+
+
+def _gid_wait(inv: Inventory, node: str) -> str:
+    """Wait until each cabled port has exactly one RoCE v2 IPv4 GID, and it is its own address."""
+    n = inv.node(node)
+    lines = [f"end=$(( $(date +%s) + {GID_WAIT_S} ))", "while :; do", "  bad="]
+    for ep in inv.endpoints(node):
+        port = f"{n.sysfs_root}/class/infiniband/{ep.rdma}/ports/1"
+        lines += [
+            f"  p={q(port)}; c=0; own=0",
+            '  for g in "$p"/gids/*; do n=${g##*/}',
+            '    t=$(cat "$p/gid_attrs/types/$n" 2>/dev/null); v=$(cat "$g" 2>/dev/null)',
+            '    case "$v" in 0000:0000:0000:0000:0000:ffff:*) ;; *) continue ;; esac',
+            '    [ "$t" = "RoCE v2" ] || continue',
+            f'    c=$((c + 1)); [ "$v" = {q(_gid(ep.address))} ] && own=1',
+            "  done",
+            f'  [ "$c" = 1 ] && [ "$own" = 1 ] || bad="$bad {ep.rdma}({ep.netdev}):$c"',
+        ]
+    lines += ['  [ -z "$bad" ] && exit 0',
+              '  if [ "$(date +%s)" -ge "$end" ]; then echo "ports without exactly one RoCE v2 IPv4 GID '
+              f'of their own address after {GID_WAIT_S} s:$bad" >&2; exit 1; fi',
+              "  sleep 0.5", "done"]
+    return "\n".join(lines)
+
+
+def _backup(inv: Inventory, node: str) -> str:
+    """Keep the node's netplan dir, sysctl file and values the first time only (re-apply keeps the original)."""
+    n = inv.node(node)
+    b = q(under(n.prefix, FABRIC_BACKUP))
+    nd, sd = q(under(n.prefix, NETPLAN_DIR)), q(under(n.prefix, SYSCTL_DIR))
+    keys = ["net.ipv4.ip_forward", "net.ipv4.conf.all.rp_filter", "net.ipv4.conf.default.rp_filter",
+            *(f"net.ipv4.conf.{ep.netdev}.rp_filter" for ep in inv.endpoints(node))]
+    sysctl_file = posixpath.basename(SYSCTL)
+    return "\n".join([
+        f"b={b}; [ -e \"$b/complete\" ] && {{ echo kept; exit 0; }}",
+        'rm -rf "$b"; mkdir -p "$b/netplan" "$b/sysctl.d"; chmod 700 "$b"',
+        f'[ -d {nd} ] && cp -a {nd}/. "$b/netplan/"; [ -d {nd} ] || : > "$b/no-netplan-dir"',
+        f'[ -e {sd}/{sysctl_file} ] && cp -a {sd}/{sysctl_file} "$b/sysctl.d/"',
+        f'sysctl -e {" ".join(keys)} > "$b/sysctl.values" 2>/dev/null || true',
+        f'for u in {" ".join(posixpath.basename(p) for p in (FORWARD_UNIT,))} sparkctl-clock-cap.service; do',
+        '  printf "%s %s\\n" "$u" "$(systemctl is-enabled "$u" 2>/dev/null || true)"; done > "$b/units"',
+        ': > "$b/complete"; echo saved',
+    ])
+
+
+def _apply(inv: Inventory, node: str, units: tuple[str, ...]) -> str:
+    n = inv.node(node)
+    lines = ["set -e"]
+    for ep in inv.endpoints(node):  # stale addresses (an earlier plan, a hand-made one) go first
+        lines.append(f"ip -4 addr flush dev {q(ep.netdev)}")
+    lines.append("netplan apply")
+    if _relay(inv, node):
+        lines.append(f"sysctl -q -p {q(under(n.prefix, SYSCTL))}")
+    if units:
+        lines.append("systemctl daemon-reload")
+        lines.append(f"systemctl enable --now {' '.join(q(u) for u in units)}")
+    return "\n".join(lines)
+
+
+def _fan(inv: Inventory, cmds: Mapping[str, str]) -> dict[str, bool]:
+    return {n: inv.node(n).sudo for n in cmds}
+
+
+def plan_fabric_apply(inv: Inventory, fabric: FabricFiles, profile: str | None = None) -> Plan:
+    nodes = tuple(sorted(fabric.files, key=lambda n: [x.name for x in inv.nodes].index(n)))
+    if not nodes:
+        return Plan("fabric apply", profile, (), note="no cabled node: nothing to prepare")
+    backup = {n: _backup(inv, n) for n in nodes}
+    put = {n: tuple(FileRef(f.path, f.mode, f.sha256) for f in fabric.files[n]) for n in nodes}
+    apply = {n: _apply(inv, n, fabric.units.get(n, ())) for n in nodes}
+    wait = {n: _gid_wait(inv, n) for n in nodes}
+    relays = [n for n in nodes if _relay(inv, n)]
+    steps = (
+        Step("backup", "backup", "run", nodes, "keep the netplan files, sysctl file and values it replaces "
+             "(first apply only)", changes=f"{FABRIC_BACKUP} written", commands=backup, sudo=_fan(inv, backup),
+             timeout_s=30),
+        Step("push", "push", "put", nodes, "push the rendered fabric files", changes="netplan file"
+             + (", sysctl file and DOCKER-USER unit on " + ", ".join(relays) if relays else ""), files=put),
+        Step("apply", "apply", "run", nodes, "flush stale fabric addresses, netplan apply, sysctl -p, enable units",
+             changes="fabric addresses, routes, forwarding, rp_filter, DOCKER-USER rule, enabled units",
+             commands=apply, sudo=_fan(inv, apply), timeout_s=APPLY_TIMEOUT_S),
+        Step("gids", "verify", "run", nodes, "wait for exactly one RoCE v2 IPv4 GID per cabled port",
+             commands=wait, sudo=_fan(inv, wait), timeout_s=GID_WAIT_S + 15),
+    )
+    return Plan("fabric apply", profile, steps)
+
+
+def _restore(inv: Inventory, node: str) -> str:
+    n = inv.node(node)
+    b = q(under(n.prefix, FABRIC_BACKUP))
+    nd, sd = q(under(n.prefix, NETPLAN_DIR)), q(under(n.prefix, SYSCTL_DIR))
+    ours = " ".join(q(under(n.prefix, p)) for p in (NETPLAN, SYSCTL, FORWARD_UNIT))
+    lines = [
+        "set -e",
+        f'b={b}; [ -e "$b/complete" ] || {{ echo "no fabric backup on this node ($b): nothing to restore" >&2; exit 3; }}',
+        f"systemctl disable --now {q(posixpath.basename(FORWARD_UNIT))} >/dev/null 2>&1 || true",
+        # the unit's ExecStop does it too; a unit already gone (or never started) must not leave the rule
+        f"while iptables -D DOCKER-USER {_docker_user_rule(inv.fabric_pool)} 2>/dev/null; do :; done",
+        'while read -r u s; do [ "$s" = enabled ] || systemctl disable "$u" >/dev/null 2>&1 || true; done < "$b/units"',
+        f"rm -f {ours}",
+        "systemctl daemon-reload",
+        f'if [ -e "$b/no-netplan-dir" ]; then rm -rf {nd}; else mkdir -p {nd}; find {nd} -mindepth 1 -delete; '
+        f'cp -a "$b/netplan/." {nd}/; fi',
+        f'cp -a "$b/sysctl.d/." {sd}/ 2>/dev/null || true',
+    ]
+    for ep in inv.endpoints(node):
+        lines.append(f"ip -4 addr flush dev {q(ep.netdev)}")
+    lines += [
+        f'if ls {nd}/*.yaml >/dev/null 2>&1; then netplan apply; fi',
+        'while IFS= read -r kv; do [ -n "$kv" ] && sysctl -q -w "$(printf %s "$kv" | tr -d " ")" || true; '
+        'done < "$b/sysctl.values"',
+        'rm -rf "$b"; echo restored',
+    ]
+    return "\n".join(lines)
+
+
+def plan_fabric_restore(inv: Inventory) -> Plan:
+    nodes = tuple(n.name for n in inv.nodes if inv.node_links(n.name))
+    if not nodes:
+        return Plan("fabric restore", None, (), note="no cabled node: nothing to restore")
+    cmds = {n: _restore(inv, n) for n in nodes}
+    return Plan("fabric restore", None, (
+        Step("restore", "restore", "run", nodes, "put back the netplan files, sysctl file and values, units",
+             changes="fabric files, addresses, forwarding, DOCKER-USER rule, enabled units", commands=cmds,
+             sudo=_fan(inv, cmds), timeout_s=APPLY_TIMEOUT_S),
+    ))
+
+
+def digest(fabric: FabricFiles) -> str:
+    h = hashlib.sha256()
+    for n in sorted(fabric.files):
+        for f in fabric.files[n]:
+            h.update(f"{n}\0{f.path}\0{f.sha256}\0".encode())
+    return h.hexdigest()[:16]
