@@ -49,14 +49,6 @@ FINAL_PHASES = ("done", "rolled-back", "failed", "aborted")
 OPERATOR_PHASES = ("check", "clock")
 
 
-def _fail_on(results: Mapping[str, Any], what: str) -> None:
-    bad = {n: r for n, r in results.items() if not r.ok}
-    if bad:
-        n, r = sorted(bad.items())[0]
-        detail = r.error or (r.stderr.strip().splitlines() or [f"exit {r.exit_code}"])[-1]
-        raise LifecycleError(f"{what} failed on {', '.join(sorted(bad))}: {detail}", Ref(node=n))
-
-
 @dataclass(frozen=True)
 class SupervisedSwitch:
     profile: str
@@ -130,14 +122,14 @@ def _provision_supervisor_ssh(inv: Inventory, transport: Transport, head: str, s
     for sudo in (True, False):
         cmds = {n: add.format(f=q(node_path(inv, n, NODE_AUTHORIZED_KEYS)), line=q(line)) for n in peers if node_sudo(inv, n) == sudo}
         if cmds:
-            _fail_on(transport.run_all(cmds, sudo=sudo), "authorizing the supervisor's key")
+            transport.run_all(cmds, sudo=sudo).raise_for("authorizing the supervisor's key")
     # On a real host sshd reads the ssh user's ~/.ssh/authorized_keys; a simulated node
     # (SPARKCTL_SIM_NODE in its session) reads the file above, and its ~ is the host's.
     user = {n: ("[ -n \"${SPARKCTL_SIM_NODE:-}\" ] && exit 0; "
                 + add.format(f="\"$HOME/.ssh/authorized_keys\"", line=q(line)).replace("mkdir -p", "mkdir -m 700 -p"))
             for n in peers}
     if user:
-        _fail_on(transport.run_all(user), "authorizing the supervisor's key in ~/.ssh/authorized_keys")
+        transport.run_all(user).raise_for("authorizing the supervisor's key in ~/.ssh/authorized_keys")
     hs = node_sudo(inv, head)
     for path, data, mode in ((SUPERVISOR_KEY, local.read_bytes(), 0o600),
                              (SUPERVISOR_KNOWN_HOSTS, ("\n".join(known) + "\n").encode(), 0o644)):
