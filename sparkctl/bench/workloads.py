@@ -259,6 +259,39 @@ def context_window(models_entry: Mapping[str, Any] | None, props: Mapping[str, A
     return None, None
 
 
+def llama_server_slot_ctx(argv: Sequence[str]) -> int | None:
+    """The context one request gets from ``llama-server`` started with ``argv``. Pure.
+
+    llama.cpp tools/server/server.cpp ``init()``: ``n_ctx_slot = n_ctx /
+    params_base.n_parallel`` (every slot a 1/N share of ``--ctx-size``) unless
+    ``--kv-unified``, where the slots share one buffer and a request may use all
+    of it. ``--parallel`` absent counts as 1 (common/common.h ``n_parallel``);
+    a negative value (an "auto" some builds accept) gives None: ask ``/props``,
+    whose ``default_generation_settings.n_ctx`` is the slot's. None when
+    ``--ctx-size`` is not given (the model's training length applies) or a value
+    is unreadable.
+    """
+    ctx: int | None = None
+    parallel, unified, auto = 1, False, False
+    args = list(argv)
+    for i, a in enumerate(args):
+        key, _, inline = a.partition("=")
+        val = inline or (args[i + 1] if i + 1 < len(args) else "")
+        try:
+            if key in ("-c", "--ctx-size"):
+                ctx = int(val)
+            elif key in ("-np", "--parallel"):
+                parallel = int(val)
+                auto = parallel < 0
+        except ValueError:
+            return None
+        if key in ("-kvu", "--kv-unified"):
+            unified = True
+    if ctx is None or ctx <= 0 or auto or parallel == 0:
+        return None
+    return ctx if unified else ctx // parallel
+
+
 # --------------------------------------------------------------------------- fitting the window
 #
 # The engine refuses a request whose prompt (by ITS tokenizer) plus max_tokens
