@@ -72,6 +72,7 @@ import sys
 import threading
 import time
 import urllib.parse
+from typing import Callable, Iterable, Iterator
 
 MIB = 1 << 20
 HASH_BLOCK = 8 * MIB  # read size for hashing (the brief's 8 MiB blocks)
@@ -423,6 +424,43 @@ class _Sidecar:
             atomic_write_json(self.path, {**self.meta, "done": sorted(self.done)})
 
 
+class Slots:
+    """A job's connection budget, shared by every file in flight: at most N ranged requests at once.
+
+    A file's chunk is taken from its queue only once a slot is free, so when a
+    file has no chunk left to take every one of its chunks is on a connection
+    and the next file may start: N connections stay busy across file
+    boundaries (a repository of 4 GB shards cut in 32 MiB chunks, or of many
+    small files), instead of idling through each file's probe, hash tail and fsync.
+    """
+
+    def __init__(self, n: int) -> None:
+        self._sem = threading.Semaphore(max(1, n))
+
+    def acquire(self, stop: "threading.Event | StopScope") -> bool:
+        while not stop.is_set():
+            if self._sem.acquire(timeout=0.1):
+                return True
+        return False
+
+    def release(self) -> None:
+        self._sem.release()
+
+
+class StopScope:
+    """One file's stop: set by its own failure (the other files go on) or by the job's stop (all of them end)."""
+
+    def __init__(self, parent: "threading.Event | StopScope") -> None:
+        self.parent = parent
+        self._own = threading.Event()
+
+    def is_set(self) -> bool:
+        return self._own.is_set() or self.parent.is_set()
+
+    def set(self) -> None:
+        self._own.set()
+
+
 def _discard(*paths: str) -> None:
     for p in paths:
         try:
@@ -450,6 +488,7 @@ def fetch_file(
     max_bytes: int | None = None, stop: threading.Event | None = None, timeout_s: float = 60.0,
     retries: int = 4, interval_s: float = 1.0, label: str | None = None, totals: Meter | None = None,
     chunks: list[str] | None = None, headers: dict[str, str] | None = None, drop_cache: bool = False,
+    slots: Slots | None = None, drained: threading.Event | None = None,
 ) -> dict:
     """Download ``url`` to ``dest`` (ranged, parallel, resumable); return what happened.
 
@@ -457,7 +496,10 @@ def fetch_file(
     (a manifest's per-chunk SHA-256, cut at ``chunk_bytes``) switches to the
     verified mode of a pull from a peer: see :func:`_fetch_verified`.
     ``max_bytes`` is a test knob: stop (as if killed) once this process has
-    received that many bytes. Raises :class:`AgentError` on failure,
+    received that many bytes (counted on ``totals`` when given: the whole job).
+    ``slots`` is the job's connection budget shared with other files in
+    flight; ``drained`` is set once no chunk of this file waits for a
+    connection (the caller may then start the next file). Raises :class:`AgentError` on failure,
     :class:`Interrupted` when stopped; the ``.part`` and its sidecar stay for
     the next attempt except after a whole-file checksum mismatch.
 
@@ -481,7 +523,7 @@ def fetch_file(
         return _fetch_verified(
             url, dest, emit=emit, connections=connections, chunk_bytes=chunk_bytes, sha256=sha256, size=size,
             chunks=chunks, cache=cache, max_bytes=max_bytes, stop=stop, timeout_s=timeout_s, retries=retries,
-            interval_s=interval_s, label=label, totals=totals,
+            interval_s=interval_s, label=label, totals=totals, slots=slots, drained=drained,
         )
     if os.path.exists(dest) and (size is None or os.path.getsize(dest) == size):
         if sha256 is not None:
@@ -535,9 +577,11 @@ def fetch_file(
         digest = _fetch_ranged(
             final_url, part, sidecar_path, total, emit=emit, meter=meter, connections=connections,
             chunk_bytes=chunk_bytes, key=sha256 or url, max_bytes=max_bytes, stop=stop, timeout_s=timeout_s,
-            retries=retries, totals=totals, headers=hdrs, drop_cache=drop_cache,
+            retries=retries, totals=totals, headers=hdrs, drop_cache=drop_cache, slots=slots, drained=drained,
         )
     else:
+        if drained is not None:
+            drained.set()  # one stream, already open: the next file may start beside it
         try:
             digest = _fetch_stream(resp, part, sidecar_path, meter=meter, max_bytes=max_bytes, stop=stop, totals=totals,
                                    drop_cache=drop_cache)
@@ -594,7 +638,8 @@ def _commit(part: str, dest: str, sidecar_path: str, drop_cache: bool = False) -
 def _fetch_verified(
     url: str, dest: str, *, emit: Emitter, connections: int, chunk_bytes: int, sha256: str, size: int,
     chunks: list[str], cache: HashCache | None, max_bytes: int | None, stop: threading.Event, timeout_s: float,
-    retries: int, interval_s: float, label: str, totals: Meter | None,
+    retries: int, interval_s: float, label: str, totals: Meter | None, slots: Slots | None = None,
+    drained: threading.Event | None = None,
 ) -> dict:
     """A pull from a peer that knows the manifest: every chunk is checked as it arrives.
 
@@ -634,7 +679,7 @@ def _fetch_verified(
     _fetch_ranged(
         url, part, sidecar_path, size, emit=emit, meter=meter, connections=connections, chunk_bytes=chunk_bytes,
         key=key, max_bytes=max_bytes, stop=stop, timeout_s=timeout_s, retries=retries, totals=totals,
-        chunk_hashes=chunks,
+        chunk_hashes=chunks, slots=slots, drained=drained,
     )
     got = os.path.getsize(part)
     if got != size:
@@ -669,7 +714,7 @@ def _fetch_ranged(
     url: str, part: str, sidecar_path: str, total: int, *, emit: Emitter, meter: Meter, connections: int,
     chunk_bytes: int, key: str, max_bytes: int | None, stop: threading.Event, timeout_s: float, retries: int,
     totals: Meter | None, chunk_hashes: list[str] | None = None, headers: dict[str, str] | None = None,
-    drop_cache: bool = False,
+    drop_cache: bool = False, slots: Slots | None = None, drained: threading.Event | None = None,
 ) -> str | None:
     """Chunks into ``part`` over N connections; the whole-file SHA-256, or None with ``chunk_hashes``.
 
@@ -696,6 +741,9 @@ def _fetch_ranged(
     for i in range(n_chunks):
         if i not in sidecar.done:
             todo.put(i)
+    n_todo = todo.qsize()
+    if n_todo == 0 and drained is not None:
+        drained.set()
     fd = os.open(part, os.O_RDWR)
     cond = threading.Condition()
     errors: list[BaseException] = []
@@ -754,14 +802,22 @@ def _fetch_ranged(
         view = memoryview(buf)
         try:
             while not stop.is_set():
-                try:
-                    index = todo.get_nowait()
-                except queue.Empty:
+                if slots is not None and not slots.acquire(stop):
                     return
-                first = index * chunk_bytes
-                last = min(first + chunk_bytes, total) - 1
-                _fetch_chunk(client, url, fd, first, last, view, meter, totals, max_bytes, stop, retries, total,
-                             chunk_hashes[index] if chunk_hashes is not None else None, headers)
+                try:
+                    try:
+                        index = todo.get_nowait()
+                    except queue.Empty:
+                        return
+                    if drained is not None and todo.empty():
+                        drained.set()  # every chunk of this file is on a connection
+                    first = index * chunk_bytes
+                    last = min(first + chunk_bytes, total) - 1
+                    _fetch_chunk(client, url, fd, first, last, view, meter, totals, max_bytes, stop, retries,
+                                 total, chunk_hashes[index] if chunk_hashes is not None else None, headers)
+                finally:
+                    if slots is not None:
+                        slots.release()
                 with cond:
                     sidecar.mark(index)
                     cond.notify_all()
@@ -778,7 +834,8 @@ def _fetch_ranged(
         hash_thread.start()
     flush_thread = threading.Thread(target=_guard(flush_behind, errors, stop, cond), name="flush", daemon=True)
     flush_thread.start()
-    threads = [threading.Thread(target=worker, name=f"chunk-{k}", daemon=True) for k in range(max(1, connections))]
+    threads = [threading.Thread(target=worker, name=f"chunk-{k}", daemon=True)
+               for k in range(max(1, min(connections, n_todo)))]
     for t in threads:
         t.start()
     try:
@@ -849,8 +906,9 @@ def _fetch_chunk(
                 meter.add(n)
                 if totals is not None:
                     totals.add(n)
-                if max_bytes is not None and meter.session_bytes >= max_bytes:
-                    raise Interrupted(f"stopped after {meter.session_bytes} bytes (--max-bytes)")
+                counted = totals if totals is not None else meter
+                if max_bytes is not None and counted.session_bytes >= max_bytes:
+                    raise Interrupted(f"stopped after {counted.session_bytes} bytes (--max-bytes)")
             if h is not None and h.hexdigest() != expect:
                 raise ChunkMismatch(f"{url}: sha256 mismatch in bytes {first}-{last}: got {h.hexdigest()}, "
                                     f"expected {expect}")
@@ -899,8 +957,9 @@ def _fetch_stream(
                     drop_pages(f.fileno())
                 if totals is not None:
                     totals.add(n)
-                if max_bytes is not None and meter.session_bytes >= max_bytes:
-                    raise Interrupted(f"stopped after {meter.session_bytes} bytes (--max-bytes)")
+                counted = totals if totals is not None else meter
+                if max_bytes is not None and counted.session_bytes >= max_bytes:
+                    raise Interrupted(f"stopped after {counted.session_bytes} bytes (--max-bytes)")
     except (OSError, http.client.HTTPException) as exc:
         raise AgentError(f"network: {exc.__class__.__name__}: {exc}") from None
     return hasher.hexdigest()
@@ -1051,6 +1110,12 @@ class WeightsServer(socketserver.ThreadingMixIn, http.server.HTTPServer):
 
     daemon_threads = True
     allow_reuse_address = True
+    # socketserver's default listen backlog is 5: the 6th and later of a pull's N
+    # simultaneous connects had their SYN dropped and retried by the kernel one
+    # second later (the initial RTO, RFC 6298), which cost a pull of 8 connections
+    # about 3/8 s. nginx listens with 511 on Linux (ngx_http_core_module "listen
+    # ... backlog"); the kernel caps it at net.core.somaxconn.
+    request_queue_size = 512
 
     def __init__(self, root: str, bind: str, port: int, allow: set[str] | None = None,
                  emit: Emitter | None = None, *, files: dict | None = None, single: bool | None = None,
@@ -1253,6 +1318,58 @@ def serve(server: WeightsServer, ttl_s: float, emit: Emitter, stop: threading.Ev
 # --------------------------------------------------------------------------- pull
 
 
+def each_file(starts: Iterable[Callable[[StopScope, threading.Event], None]], stop: threading.Event | StopScope,
+              connections: int) -> None:
+    """Run one file's download per thread, the next starting once the previous has all its chunks on a connection.
+
+    With a shared :class:`Slots` budget this keeps ``connections`` ranged
+    requests in flight across file boundaries; a file's hash tail, fsync and
+    rename overlap the next file's transfer. ``starts`` is consumed lazily in
+    this thread (what it checks before a file, it checks when that file is
+    due). A file that raises stops the others (their partial files stay for a
+    resume) and its exception is raised here, the first one first; a per-file
+    failure that must not stop the others is the file function's to catch.
+    """
+    job = StopScope(stop)
+    fatal: list[BaseException] = []
+    running: list[threading.Thread] = []
+
+    def run(fn: Callable[[StopScope, threading.Event], None], drained: threading.Event) -> None:
+        try:
+            fn(StopScope(job), drained)
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller
+            fatal.append(exc)
+            job.set()
+        finally:
+            drained.set()
+
+    try:
+        for fn in starts:
+            if job.is_set():
+                break
+            drained = threading.Event()
+            t = threading.Thread(target=run, args=(fn, drained), name="file", daemon=True)
+            t.start()
+            running.append(t)
+            while not drained.wait(0.05) and not job.is_set():
+                pass
+            # a bound on threads: small files drain at once, and each holds a thread until it is renamed
+            while len(running) > max(1, connections) and not job.is_set():
+                running[0].join(0.05)
+                running = [r for r in running if r.is_alive()]
+            running = [r for r in running if r.is_alive()]
+    except BaseException:
+        job.set()
+        raise
+    finally:
+        for t in running:
+            t.join()
+    if fatal:
+        raise fatal[0]  # the cause: the others were stopped by it
+    if stop.is_set():
+        raise Interrupted("stopped")
+
+
 def pull(
     base_url: str, manifest: dict, dest: str, *, emit: Emitter, connections: int = 8, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     cache: HashCache | None = None, stop: threading.Event | None = None, interval_s: float = 1.0,
@@ -1264,28 +1381,35 @@ def pull(
     totals = Meter(emit, interval_s)
     totals.total = sum(int(v["size"]) for v in files.values())
     start = time.monotonic()
-    skipped = fetched = 0
-    # biggest first: the shards dominate, small files fill in at the end
-    for rel in sorted(files, key=lambda r: (-int(files[r]["size"]), r)):
-        if safe_relpath("/" + rel) != rel:
-            raise AgentError(f"manifest path {rel!r} leaves the destination")
+    counts = {"fetched": 0, "skipped": 0}
+    lock = threading.Lock()
+
+    def one(rel: str, scope: StopScope, drained: threading.Event) -> None:
         entry = files[rel]
-        target = os.path.join(dest, *rel.split("/"))
-        remaining = None if max_bytes is None else max_bytes - totals.session_bytes
-        if remaining is not None and remaining <= 0:
-            raise Interrupted("stopped (--max-bytes)")
         result = fetch_file(
-            base + urllib.parse.quote(rel), target, emit=emit, connections=connections,
+            base + urllib.parse.quote(rel), os.path.join(dest, *rel.split("/")), emit=emit, connections=connections,
             chunk_bytes=int(entry.get("chunk_bytes") or chunk_bytes), sha256=entry["sha256"], size=int(entry["size"]),
-            cache=cache, stop=stop, interval_s=interval_s, label=rel, totals=totals, max_bytes=remaining,
-            chunks=entry.get("chunks"),
+            cache=cache, stop=scope, interval_s=interval_s, label=rel, totals=totals, max_bytes=max_bytes,
+            chunks=entry.get("chunks"), slots=slots, drained=drained,
         )
-        if result["skipped"]:
-            skipped += 1
-            totals.base_bytes += int(entry["size"])
-        else:
-            fetched += 1
+        with lock:
+            counts["skipped" if result["skipped"] else "fetched"] += 1
+            if result["skipped"]:
+                totals.base_bytes += int(entry["size"])
         emit("file", **result)
+
+    def starts() -> Iterator[Callable[[StopScope, threading.Event], None]]:
+        # biggest first: the shards dominate, small files fill in at the end
+        for rel in sorted(files, key=lambda r: (-int(files[r]["size"]), r)):
+            if safe_relpath("/" + rel) != rel:
+                raise AgentError(f"manifest path {rel!r} leaves the destination")
+            if max_bytes is not None and totals.session_bytes >= max_bytes:
+                raise Interrupted(f"stopped after {totals.session_bytes} bytes (--max-bytes)")
+            yield lambda scope, drained, rel=rel: one(rel, scope, drained)
+
+    slots = Slots(connections)
+    each_file(starts(), stop or threading.Event(), connections)
+    fetched, skipped = counts["fetched"], counts["skipped"]
     seconds = time.monotonic() - start
     return {
         "files": len(files), "fetched": fetched, "skipped": skipped, "bytes": totals.session_bytes,
@@ -1415,32 +1539,18 @@ def hub_fetch(
     totals.total = sum(int(e["size"]) for e in files)
     start = time.monotonic()
     failed: list[dict] = []
-    fetched = skipped = 0
-    for entry in sorted(files, key=lambda e: (-int(e["size"]), e["path"])):
+    counts = {"fetched": 0, "skipped": 0}
+    lock = threading.Lock()
+    slots = Slots(connections)
+
+    def one(entry: dict, target: str, scope: StopScope, drained: threading.Event) -> None:
         rel = entry["path"]
-        if safe_relpath("/" + rel) != rel:
-            raise AgentError(f"repository path {rel!r} leaves the destination")
-        target = os.path.join(dest, *rel.split("/"))
-        if stop.is_set():
-            raise Interrupted("stopped")
-        if os.path.isfile(target):
-            ok, sha, why = _complete(target, entry, old, cache)
-            if ok:
-                skipped += 1
-                totals.base_bytes += int(entry["size"])
-                manifest["files"][rel]["sha256"] = sha
-                emit("file", file=rel, skipped=True, bytes=0, size=int(entry["size"]), sha256=sha)
-                continue
-            emit("corrupt", file=rel, message=f"{rel}: {why}: deleted, fetched again")
-            _discard(target)
-        remaining = None if max_bytes is None else max_bytes - totals.session_bytes
-        if remaining is not None and remaining <= 0:
-            raise Interrupted("stopped (--max-bytes)")
         try:
             result = fetch_file(
                 entry["url"], target, emit=emit, connections=connections, chunk_bytes=chunk_bytes,
-                sha256=entry.get("sha256"), size=int(entry["size"]), cache=cache, stop=stop, interval_s=interval_s,
-                label=rel, totals=totals, max_bytes=remaining, headers=headers, drop_cache=True,
+                sha256=entry.get("sha256"), size=int(entry["size"]), cache=cache, stop=scope, interval_s=interval_s,
+                label=rel, totals=totals, max_bytes=max_bytes, headers=headers, drop_cache=True, slots=slots,
+                drained=drained,
             )
             if not entry.get("sha256") and entry.get("blob_id"):
                 blob, _ = git_blob_sha1_file(target)
@@ -1452,18 +1562,45 @@ def hub_fetch(
             raise
         except HttpRefused as exc:
             if exc.status in (401, 403, 404):
-                raise
-            failed.append({"file": rel, "message": str(exc)})
+                raise  # every other file would be refused alike: the job ends
+            with lock:
+                failed.append({"file": rel, "message": str(exc)})
             emit("failed", file=rel, message=str(exc))
-            continue
+            return
         except AgentError as exc:
             _discard(target)
-            failed.append({"file": rel, "message": str(exc)})
+            with lock:
+                failed.append({"file": rel, "message": str(exc)})
             emit("failed", file=rel, message=str(exc))
-            continue
-        fetched += 1
-        manifest["files"][rel]["sha256"] = result["sha256"]
+            return
+        with lock:
+            counts["fetched"] += 1
+            manifest["files"][rel]["sha256"] = result["sha256"]
         emit("file", **result)
+
+    def starts() -> Iterator[Callable[[StopScope, threading.Event], None]]:
+        for entry in sorted(files, key=lambda e: (-int(e["size"]), e["path"])):
+            rel = entry["path"]
+            if safe_relpath("/" + rel) != rel:
+                raise AgentError(f"repository path {rel!r} leaves the destination")
+            target = os.path.join(dest, *rel.split("/"))
+            if os.path.isfile(target):
+                ok, sha, why = _complete(target, entry, old, cache)
+                if ok:
+                    with lock:
+                        counts["skipped"] += 1
+                        totals.base_bytes += int(entry["size"])
+                        manifest["files"][rel]["sha256"] = sha
+                    emit("file", file=rel, skipped=True, bytes=0, size=int(entry["size"]), sha256=sha)
+                    continue
+                emit("corrupt", file=rel, message=f"{rel}: {why}: deleted, fetched again")
+                _discard(target)
+            if max_bytes is not None and totals.session_bytes >= max_bytes:
+                raise Interrupted(f"stopped after {totals.session_bytes} bytes (--max-bytes)")
+            yield lambda scope, drained, entry=entry, target=target: one(entry, target, scope, drained)
+
+    each_file(starts(), stop, connections)
+    fetched, skipped = counts["fetched"], counts["skipped"]
     if failed:
         names = ", ".join(f["file"] for f in failed[:5]) + (" ..." if len(failed) > 5 else "")
         raise HubFailed(f"{len(failed)} of {len(files)} files failed and were deleted: {names}", failed)
