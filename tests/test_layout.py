@@ -83,3 +83,24 @@ def test_sim_without_its_extra_names_the_extra(tmp_path: Path) -> None:
         assert r.returncode == 2, r.stderr
         assert "needs the sim extra: pip install 'sparkctl[sim]'" in r.stderr, r.stderr
         assert "Traceback" not in r.stderr
+
+
+ALLOWED = {  # a layer may import itself, these, and sparkctl.errors / sparkctl (the version)
+    "model": {"model"},
+    "plan": {"model", "plan"},
+    "facts": {"model", "facts", "transport"},
+    "transport": {"model", "transport"},
+    "remote": set(),
+}
+
+
+@pytest.mark.parametrize("layer", sorted(ALLOWED))
+def test_layers_import_only_downwards(layer: str) -> None:
+    bad = {}
+    for p in _modules(PRODUCT / layer):
+        for m in _imports(p):
+            parts = m.split(".")
+            if parts[0] == "sparkctl" and len(parts) > 1 and parts[1] not in ("errors", "__version__"):
+                if parts[1] != layer and parts[1] not in ALLOWED[layer]:
+                    bad.setdefault(str(p.relative_to(REPO)), []).append(m)
+    assert not bad, bad

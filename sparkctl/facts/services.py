@@ -27,12 +27,8 @@ from sparkctl.facts.registry import (
 )
 
 MARKER_PREFIX = "@@sparkctl:"
-# Engine command lines as the rendered launch scripts start them (docs/engines.md),
-# one ERE for grep on the node and for Python here. The [x]yz classes keep grep
-# from matching its own command line.
-ENGINE_REGEX = ("(^|/| |-m )([d]s41f|[t]ensorfold|[v]llm|[l]lama-server)([ .:]|$)|[s]glang[.]launch_server"
-                "|[l]lama_cpp[.]server|[d]ocker run .*sparkctl-engine|/opt/sparkctl/[l]aunch[.]sh")
-ENGINE_PATTERN = re.compile(ENGINE_REGEX, re.IGNORECASE)
+from sparkctl.model.engines import ENGINE_PATTERN, ENGINE_REGEX  # noqa: E402,F401 - one definition, re-exported
+
 # How long the node may take to answer /v1/models; the brief: curl -m 3.
 MODELS_TIMEOUT_S = 3
 AGENT = "weights_agent.py summary"

@@ -23,6 +23,7 @@ from sparkctl.facts.registry import (
     q,
     tool,
 )
+from sparkctl.model import clocklock
 
 # --------------------------------------------------------------------------- parsers
 
@@ -156,16 +157,16 @@ def parse_df(text: str) -> DiskFree:
     return DiskFree(int(m.group(4)) * int(unit.group(1)) // 1024, m.group(6))
 
 
-CLOCK_LOCK_FILE = "/var/lib/sparkctl/clock-lock"
+CLOCK_LOCK_FILE = clocklock.record_path("/")
 
 
 def parse_clock_lock(text: str) -> tuple[str, int]:
-    """``<boot_id> <cap MHz>``, as written by the clock-cap remedy and unit."""
-    parts = text.split()
-    if len(parts) != 2 or not parts[1].isdigit() or len(parts[0]) != 36:
-        raise ProbeParseError("clock lock record", f"expected '<boot_id> <MHz>', got {text.strip()[:60]!r}",
-                              CLOCK_LOCK_FILE)
-    return parts[0], int(parts[1])
+    """``<boot_id> <cap MHz>``, as written by the clock-cap remedy and unit (sparkctl.model.clocklock)."""
+    try:
+        lock = clocklock.parse(text)
+    except clocklock.ClockLockParseError as exc:
+        raise ProbeParseError("clock lock record", str(exc), CLOCK_LOCK_FILE) from None
+    return lock.boot_id, lock.cap_mhz
 
 
 # --------------------------------------------------------------------------- facts
@@ -194,7 +195,7 @@ DISK = Fact("disk", "free disk space", _df, parse_df)
 def _clock_lock(ctx: ScriptContext, _: str) -> str:
     # What sparkctl applied with nvidia-smi -lgc, and in which boot: the 580 driver
     # does not report an applied lock, and the lock does not survive a reboot.
-    path = (ctx.node.prefix.rstrip("/") or "") + CLOCK_LOCK_FILE
+    path = clocklock.record_path(ctx.node.prefix)
     return f"[ -e {q(path)} ] || exit 3; cat {q(path)}"
 
 

@@ -32,7 +32,7 @@ SYSCTL_DIR = "/etc/sysctl.d"
 # state
 RECORD = f"{STATE_DIR}/record.json"
 LOCK_DIR = f"{STATE_DIR}/lock.d"
-CLOCK_LOCK = f"{STATE_DIR}/clock-lock"  # "<boot id> <MHz>": see sparkctl.plan.clocklock
+CLOCK_LOCK = f"{STATE_DIR}/clock-lock"  # "<boot id> <MHz>": see sparkctl.model.clocklock
 ENGINE_LOG = f"{LOG_DIR}/engine.log"
 FABRIC_BACKUP = f"{STATE_DIR}/fabric-backup"  # what `fabric apply` replaced; `fabric restore` puts it back
 

@@ -22,12 +22,13 @@ import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from sparkctl.facts.probes import ENGINE_REGEX
+from sparkctl.model import clocklock
+from sparkctl.model.engines import ENGINE_REGEX
 from sparkctl.model.inventory import Inventory
 from sparkctl.model.paths import DETACHED, ENGINE_LOG, RECORD, UNIT, under
 from sparkctl.model.profiles import Resolved
 from sparkctl.model.record import NodeRecord, RunRecord
-from sparkctl.plan import clocklock, contracts
+from sparkctl.plan import contracts
 from sparkctl.plan.laws.memory import FRACTION_ENGINES, drop_caches_if_short_command
 from sparkctl.plan.render import Rendering
 from sparkctl.plan.steps import FileRef, Plan, Step

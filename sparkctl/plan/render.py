@@ -32,7 +32,7 @@ from sparkctl.model.layout import Layout, Rank, bind
 from sparkctl.model.profiles import Resolved
 from sparkctl.model.resources import Roots
 from sparkctl.model.schema import Profile
-from sparkctl.plan import clocklock
+from sparkctl.model import clocklock
 
 MASK = "***"
 

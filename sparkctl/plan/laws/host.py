@@ -5,7 +5,7 @@ Pure checks over NodeFacts; remedies as data (commands). Nothing here touches a 
 
 from __future__ import annotations
 
-from sparkctl.plan import clocklock
+from sparkctl.model import clocklock
 from sparkctl.plan.laws.base import (
     CLOCK_LOCK_SLACK_MHZ,
     FAIL,
@@ -162,6 +162,6 @@ def remedy_clock(ctx: Context, verdicts: list[Verdict]) -> Remedy | None:
 
 
 def clock_lock_commands(cap: int, prefix: str = "/", proc_root: str = "/proc") -> tuple[str, ...]:
-    """The remedy of the clock law: :func:`sparkctl.plan.clocklock.lock_commands`."""
+    """The remedy of the clock law: :func:`sparkctl.model.clocklock.lock_commands`."""
     return clocklock.lock_commands(cap, prefix, proc_root)
 
