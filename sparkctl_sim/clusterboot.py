@@ -470,6 +470,9 @@ def _boot_script(p: SimPaths, node: SimNode, user: str) -> str:
         f"hostname {q(node.name)}",
         f"mount --bind {q(str(nd.dir / 'meminfo'))} /proc/meminfo",
         f"mount --bind {q(str(nd.dir / 'boot_id'))} /proc/sys/kernel/random/boot_id",
+        # the node's drop_caches writes reach its simulated page cache (nodestate.absorb_drop_caches)
+        f": >> {q(str(nd.dir / 'drop_caches'))}",
+        f"mount --bind {q(str(nd.dir / 'drop_caches'))} /proc/sys/vm/drop_caches",
     ]
     for target in OVERLAY_DIRS:
         work = nd.dir / "ovl-work" / _ovl_name(target)

@@ -53,6 +53,9 @@ def default_state(hostname: str) -> dict[str, Any]:
         "engine_mem_gib": {},
         # GiB held after an engine died (the leak law); cleared only by a reboot.
         "leaked_mem_gib": 0.0,
+        # kB of file pages in the page cache (file reads fill it; drop_caches 1|3 empties it):
+        # MemFree falls by it, MemAvailable does not (it is reclaimable). See fill_page_cache.
+        "page_cache_kib": 0,
         "gpu": {
             "name": "NVIDIA GB10",
             "driver": "580.173.02",
@@ -113,7 +116,8 @@ def _write(p: Path, state: dict[str, Any]) -> None:
         render_meminfo,
     )
 
-    derived = (("meminfo", render_meminfo(state)), ("boot_id", render_boot_id(state)))
+    derived = (("meminfo", render_meminfo(state)), ("boot_id", render_boot_id(state)),
+               ("drop_caches", ""))
     _atomic_text(p, json.dumps(state, indent=2, sort_keys=True) + "\n")
     # Write in place (not rename): a bind mount pins the inode it was mounted on.
     for name, text in derived:
@@ -146,9 +150,55 @@ def edit(path: str | os.PathLike[str], *, rewrite: bool = False) -> Iterator[dic
     with _locked(p):
         state = json.loads(p.read_text())
         before = copy.deepcopy(state)
+        if absorb_drop_caches(p, state):
+            rewrite = True
         yield state
         if rewrite or state != before:
             _write(p, state)
+
+
+# The kernel keeps a floor of free pages (min_free_kbytes and the zone watermarks,
+# Documentation/admin-guide/sysctl/vm.rst): reads reclaim older cache below it.
+MIN_FREE_KIB = 262_144
+
+
+def fill_page_cache(state: dict[str, Any], nbytes: int) -> None:
+    """File pages read or written stay cached ("Page Cache", Documentation/admin-guide/mm/concepts.rst):
+    MemFree falls, MemAvailable does not. The cache grows until only MIN_FREE_KIB is free."""
+    room = max(0, mem_free_base_kib(state) - int(state.get("page_cache_kib", 0)) - MIN_FREE_KIB)
+    state["page_cache_kib"] = int(state.get("page_cache_kib", 0)) + min(room, max(0, nbytes) // 1024)
+
+
+def absorb_drop_caches(p: Path, state: dict[str, Any]) -> bool:
+    """What the node wrote to /proc/sys/vm/drop_caches (bind-mounted from ``drop_caches`` beside
+    the state): 1 (page cache) or 3 (page cache, dentries and inodes) empties the page cache;
+    2 frees slab objects only (vm.rst, drop_caches). True when the state changed."""
+    f = p.with_name("drop_caches")
+    try:
+        words = f.read_text().split()
+    except OSError:
+        return False
+    if not words:
+        return False
+    with open(f, "w"):  # in place: the bind mount pins the inode
+        pass
+    if words[-1] in ("1", "3") and state.get("page_cache_kib"):
+        state["page_cache_kib"] = 0
+        return True
+    return False
+
+
+def mem_free_base_kib(state: dict[str, Any]) -> int:
+    """MemFree with an empty page cache (what shims.system.render_meminfo shows before file reads)."""
+    avail = mem_available_kib(state)
+    cached = min(3_407_872, max(0, avail - 1_000_000))
+    return max(0, avail - cached - 13252 - 477572 // 2)
+
+
+def mem_free_kib(state: dict[str, Any]) -> int:
+    """MemFree: the free memory less the page cache (never below the kernel's floor)."""
+    base = mem_free_base_kib(state)
+    return max(min(base, MIN_FREE_KIB), base - int(state.get("page_cache_kib", 0)))
 
 
 def mem_available_kib(state: dict[str, Any]) -> int:

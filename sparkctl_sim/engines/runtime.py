@@ -125,6 +125,35 @@ class StateReader:
         return self._facts
 
 
+def free_memory_refusal(engine: str, path: str | None, utilization: float) -> str:
+    """vLLM's start-up check, or "" when it passes (or there is no node state).
+
+    vllm/v1/worker/gpu_worker.py (0.11.2) init_device: ``requested_memory =
+    total_memory * gpu_memory_utilization``; ``free_memory < requested_memory``
+    raises ValueError with this message. The simulated free memory is MemFree
+    (the page cache is not free), which is what ``cudaMemGetInfo`` reports on
+    GB10's unified memory (ollama/ollama#12283, vllm-project/vllm#35356).
+    STRICTER than 0.11.2 on compute capability 12.1, which swaps in psutil's
+    MemAvailable (vllm/utils/mem_utils.py MemorySnapshot.measure); releases and
+    engines without that branch refuse as simulated here.
+    """
+    if engine != "vllm" or not path:
+        return ""
+    try:
+        with nodestate.edit(path) as s:  # absorbs a drop_caches written since the last edit
+            free_kib, total_kib = nodestate.mem_free_kib(s), int(s["mem_total_kib"])
+    except (OSError, ValueError, KeyError):
+        return ""
+    free, total = free_kib * 1024, total_kib * 1024
+    requested = total * utilization
+    if free >= requested:
+        return ""
+    gib = 1 << 30
+    return (f"ValueError: Free memory on device ({round(free / gib, 2)}/{round(total / gib, 2)} GiB) on startup "
+            f"is less than desired GPU memory utilization ({utilization}, {round(requested / gib, 2)} GiB). "
+            "Decrease GPU memory utilization or reduce GPU memory used by other processes.")
+
+
 def register_memory(path: str | None, pid: int, gib: float, log: EngineLog) -> bool:
     if not path:
         return False
@@ -482,6 +511,10 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
         return 2
     _banner(cfg, log)
     state_path = env.get("SPARKCTL_SIM_STATE") or None
+    short = free_memory_refusal(engine, state_path, cfg.mem_fraction)
+    if short:
+        log.error(short, src="gpu_worker.py")
+        return 1
     registered = register_memory(state_path, os.getpid(), cfg.mem_gib, log)
     if registered:
         run.on_stop = lambda: release_memory(state_path, os.getpid(), log)  # type: ignore[attr-defined]

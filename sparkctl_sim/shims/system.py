@@ -101,7 +101,11 @@ def render_meminfo(state: State) -> str:
     engines_kib = int((sum(state["engine_mem_gib"].values()) + state["leaked_mem_gib"]) * 1024 * 1024)
     buffers, sreclaim, sunreclaim = 13252, 477572, 520360
     cached = min(3_407_872, max(0, avail - 1_000_000))
-    free = max(0, avail - cached - buffers - sreclaim // 2)
+    free = max(0, avail - cached - buffers - sreclaim // 2)  # nodestate.mem_free_base_kib
+    # The page cache of file reads (nodestate.fill_page_cache): out of MemFree, into Cached;
+    # MemAvailable counts it as reclaimable (mm/page_alloc.c si_mem_available).
+    in_cache = free - nodestate.mem_free_kib(state)
+    free, cached = free - in_cache, cached + in_cache
     anon = max(0, min(total - free - cached - buffers - sreclaim - sunreclaim, 1_712_244 + engines_kib))
     shmem = 3028
     huge_kb = 2048 if int(state.get("page_size", 4096)) == 4096 else 524288
