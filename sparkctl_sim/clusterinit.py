@@ -235,8 +235,23 @@ def enabled_units(root: str = "/") -> list[str]:
     return ordered
 
 
+def runtime_reset() -> None:
+    """systemd's runtime records go: /run is a tmpfs, empty at every boot (file-hierarchy(7)).
+
+    The node's systemctl keeps them under $SPARKCTL_SIM_RUN_DIR/systemd (unit state JSON and
+    the loaded snapshots); journals stay, as a persistent journal does.
+    """
+    run_dir = os.environ.get("SPARKCTL_SIM_RUN_DIR")
+    if not run_dir:
+        return
+    d = Path(run_dir, "systemd")
+    for f in [*d.glob("*.json"), *d.glob("loaded/*")]:
+        f.unlink(missing_ok=True)
+
+
 def boot(docker: bool) -> dict[str, object]:
     report: dict[str, object] = {}
+    runtime_reset()
     netfilter_reset()
     report["sysctl"] = sysctl_boot()
     report["netplan"] = netplan_apply() if any(Path(d).glob("*.yaml") for d in NETPLAN_DIRS

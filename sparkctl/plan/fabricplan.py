@@ -159,7 +159,10 @@ def _apply(inv: Inventory, node: str, units: tuple[str, ...]) -> str:
         lines.append(f"sysctl -q -p {q(under(n.prefix, SYSCTL))}")
     if units:
         lines.append("systemctl daemon-reload")
-        lines.append(f"systemctl enable --now {' '.join(q(u) for u in units)}")
+        names = " ".join(q(u) for u in units)
+        # restart, not enable --now: an active oneshot is not run again by a start (systemctl(1))
+        lines.append(f"systemctl enable {names}")
+        lines.append(f"systemctl restart {names}")
     return "\n".join(lines)
 
 
