@@ -215,7 +215,7 @@ def sim_power_cycle_cmd(nodes: tuple[str, ...]) -> None:
               help="where the runs and the report go (default ./runs/demo-<time>)")
 @click.option("--keep", is_flag=True, help="leave the simulated cluster up at the end")
 def demo_cmd(out_dir: str | None, keep: bool) -> None:
-    """The whole tour on the SIMULATED 4-node ring: sim up, check, up ds41f, bench, switch TensorFold, bench, report, down."""
+    """The whole tour on the SIMULATED 4-node ring: sim up (fresh), fabric apply, check, up ds41f, bench, switch, bench, report, down."""
     _require_extra()
     
     base = Path(out_dir) if out_dir else Path("runs") / f"demo-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -224,8 +224,13 @@ def demo_cmd(out_dir: str | None, keep: bool) -> None:
     bench = ["--suite", "prefill", "--suite", "decode", "--suite", "concurrency", "--lengths", "8K,32K",
              "--concurrency", "1,4,16", "--decode-tokens", "64", "--force"]
     steps: list[tuple[str, list[str], bool]] = [
-        ("build the simulated ring (namespaces, real sshd, simulated GB10 tools)", ["sim", "up", "--nodes", "4"], False),
+        ("build the simulated ring: fresh nodes, as they come out of the box (no fabric address, "
+         "Docker's FORWARD DROP)", ["sim", "up", "--nodes", "4"], False),
         ("the inventory: ring order, fabric addresses, routes", ["-i", inv, "inventory"], False),
+        ("the fabric plan, printed before it runs", ["-i", inv, "fabric", "apply", "ds41f-tp4-ring", "--dry-run"],
+         False),
+        ("fabric apply: netplan, forwarding, the DOCKER-USER rule, the clock-cap unit enabled for boot",
+         ["-i", inv, "fabric", "apply", "ds41f-tp4-ring"], False),
         ("check every law; apply the clock cap; waive the 64 KiB page size like the field report",
          ["-i", inv, "check", "ds41f-tp4-ring", "--fix", *waive], False),
         ("up ds41f TP4 over the ring", ["-i", inv, "up", "ds41f-tp4-ring", *waive], False),
