@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from sparkctl.plan.laws.base import FAIL, Context, Law, Verdict
 from sparkctl.plan.laws.fabric import check_ac_cycle, check_fabric
+from sparkctl.plan.laws.hardware import check_pcie_link
 from sparkctl.plan.laws.host import (
     check_clock,
     check_kernel,
@@ -28,6 +29,7 @@ LAWS: tuple[Law, ...] = (
     Law("clock_cap", "GPU clock cap", check_clock, remedy_clock),
     Law("ac_cycle", "AC power cycle after a hardware change", check_ac_cycle),
     Law("fabric", "Fabric", check_fabric),
+    Law("pcie_link", "CX-7 PCIe link at its maximum", check_pcie_link),
     Law("served_model", "Served model name", check_served_model),
     Law("weights", "Weights and disk", check_weights),
 )
