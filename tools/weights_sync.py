@@ -32,7 +32,7 @@ import urllib.request
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-AGENT = REPO / "sparkctl" / "weights_agent.py"
+AGENT = REPO / "sparkctl" / "remote" / "weights_agent.py"
 MIB = 1 << 20
 
 

@@ -47,7 +47,6 @@ import shlex
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from importlib import resources
 
@@ -62,6 +61,10 @@ JOB_DIR = "/opt/sparkctl/weights"  # job logs and the hash cache, under each nod
 HASH_CACHE = JOB_DIR + "/hash-cache.json"  # path -> size, mtime, sha256, chunk hashes (the agent's HashCache)
 START_TIMEOUT_S = 30.0  # a detached job must report within this (the agent waits 20 s itself)
 POLL_TIMEOUT_S = 15.0
+# A manifest start waits this long on the node for the job's end (agent --linger-s): from a
+# warm hash cache the manifest is ready in milliseconds, and start + first poll + last poll
+# become one command. A cold manifest reports its end at the polls that follow.
+MANIFEST_LINGER_S = 2.0
 
 
 class WeightsError(LifecycleError):
@@ -268,11 +271,18 @@ def agent_source() -> bytes:
 
 
 def push_agent(inv: Inventory, transport: Transport, node: str, *, sudo: bool | None = None) -> None:
-    use_sudo = inv.node(node).sudo if sudo is None else sudo
-    res = transport.put(node, agent_path(inv, node), agent_source(), 0o755, sudo=use_sudo)
-    if not res.ok:
-        raise WeightsError(f"could not install the weights agent: {res.describe()}", Ref(node=node),
-                           hint="the node needs python3 and a writable /opt/sparkctl (or sudo: true)")
+    push_agents(inv, transport, [node], sudo=sudo)
+
+
+def push_agents(inv: Inventory, transport: Transport, nodes: Iterable[str], *, sudo: bool | None = None) -> None:
+    """The agent onto every node at once (the transport's fan-out); a node that refuses it is named."""
+    src = agent_source()
+    targets = list(dict.fromkeys(nodes))
+    transport.put_all(
+        {n: [(agent_path(inv, n), src, 0o755)] for n in targets},
+        sudo={n: inv.node(n).sudo if sudo is None else sudo for n in targets},
+    ).raise_for("installing the weights agent", WeightsError,
+                hint="the node needs python3 and a writable /opt/sparkctl (or sudo: true)")
 
 
 def _events(stdout: str) -> list[dict]:
@@ -314,16 +324,23 @@ class _Agent:
         # shadow a stdlib module) and a faster start on every job and poll
         return ["python3", "-S", agent_path(self.inv, node), *args]
 
-    def start(self, node: str, phase: str, args: Sequence[str], stdin: str | None = None) -> tuple[_Job, dict]:
+    def start(self, node: str, phase: str, args: Sequence[str], stdin: str | None = None,
+              linger_s: float = 0.0) -> tuple[_Job, dict]:
+        """Start a detached job; with ``linger_s`` the same command also waits that long for its end
+        (the events it prints are the first poll's: ``job.final`` is set when the job ended)."""
         log = f"{_job_dir(self.inv, node)}/{phase}-{uuid.uuid4().hex[:12]}.jsonl"
-        cmd = self.argv(node, *args, "--log", log)
-        res = self.transport.run(node, cmd, sudo=self._sudo(node), timeout_s=START_TIMEOUT_S, stdin=stdin)
+        linger = ("--linger-s", f"{linger_s:g}") if linger_s > 0 else ()
+        cmd = self.argv(node, *args, "--log", log, *linger)
+        res = self.transport.run(node, cmd, sudo=self._sudo(node), timeout_s=START_TIMEOUT_S + linger_s, stdin=stdin)
         evs = _events(res.stdout)
-        first = evs[-1] if evs else {}
+        first = evs[0] if evs else {}  # the event the start waited for (with the pid), or the error
         if not res.ok or first.get("event") == "error" or not first.get("pid"):
             why = first.get("message") or res.describe()
             raise WeightsError(f"{phase} did not start: {why}", Ref(node=node, command=shlex.join(cmd)))
-        return _Job(node, phase, log, int(first["pid"])), first
+        job = _Job(node, phase, log, int(first["pid"]))
+        if linger:
+            _absorb(job, evs[1:])
+        return job, first
 
     def poll(self, jobs: Sequence[_Job], wait_s: float = 0.0) -> dict[str, list[dict]]:
         """New events of each job (one tail per node, all nodes at once).
@@ -341,19 +358,9 @@ class _Agent:
         unanswered = False
         for j in jobs:
             res: CommandResult = results[j.node]
-            evs = _events(res.stdout) if res.ok else []
-            tail = evs.pop() if evs and evs[-1].get("event") == "tail" else None
-            if tail is None:
-                out[j.node] = []  # an unanswered poll is retried next round
-                unanswered = True
-                continue
-            j.offset = int(tail["offset"])
-            for ev in evs:
-                if ev.get("event") in ("done", "error"):
-                    j.final = ev
-            if j.final is None and tail.get("alive") is False:
-                j.final = {"event": "error", "message": f"the {j.phase} job (pid {j.pid}) ended without a result"}
-            out[j.node] = evs
+            evs = _absorb(j, _events(res.stdout) if res.ok else [])
+            unanswered = unanswered or evs is None  # an unanswered poll is retried next round
+            out[j.node] = evs or []
         if unanswered:
             time.sleep(wait_s)  # the node did not wait for us: do not retry at once
         return out
@@ -362,7 +369,7 @@ class _Agent:
         self.stop_all({node: [pid]})
 
     def stop_all(self, pids: Mapping[str, Sequence[int]]) -> None:
-        """End these jobs, all nodes at once (one command per node)."""
+        """End these jobs, all nodes at once (one command per node; each waits until its jobs exited)."""
         by_sudo: dict[bool, dict[str, list[str]]] = {}
         for node, ps in pids.items():
             if ps:
@@ -370,6 +377,20 @@ class _Agent:
                 by_sudo.setdefault(self._sudo(node), {})[node] = self.argv(node, "stop", *args)
         for sudo, cmds in by_sudo.items():
             self.transport.run_all(cmds, sudo=sudo, timeout_s=POLL_TIMEOUT_S)
+
+
+def _absorb(job: _Job, evs: list[dict]) -> list[dict] | None:
+    """A poll's events for ``job`` (its offset and end taken from them); None when no ``tail`` closed them."""
+    tail = evs.pop() if evs and evs[-1].get("event") == "tail" else None
+    if tail is None:
+        return None
+    job.offset = int(tail["offset"])
+    for ev in evs:
+        if ev.get("event") in ("done", "error"):
+            job.final = ev
+    if job.final is None and tail.get("alive") is False:
+        job.final = {"event": "error", "message": f"the {job.phase} job (pid {job.pid}) ended without a result"}
+    return evs
 
 
 def _report(progress: ProgressCallback | None, node: str, phase: str, evs: Iterable[dict]) -> None:
@@ -466,14 +487,12 @@ def sync(
     plan = plan_sync(inv, from_node, nodes)
     transfers = [t for stage in plan for t in stage]
     agent = _Agent(inv, transport, sudo)
-    targets = list(dict.fromkeys([from_node, *(t.receiver for t in transfers)]))
-    with ThreadPoolExecutor(max_workers=len(targets), thread_name_prefix="sparkctl-push") as pool:
-        for fut in [pool.submit(push_agent, inv, transport, n, sudo=sudo) for n in targets]:
-            fut.result()  # one node per thread, as run_all does; the first failure is raised
+    push_agents(inv, transport, [from_node, *(t.receiver for t in transfers)], sudo=sudo)
 
     src_path = under(inv.node(from_node).prefix, weights_path)
     job, _ = agent.start(from_node, "manifest", ["manifest", "--dir", src_path, "--chunk-mb", f"{chunk_mb:g}",
-                                                 "--hash-cache", hash_cache_path(inv, from_node)])
+                                                 "--hash-cache", hash_cache_path(inv, from_node)],
+                         linger_s=MANIFEST_LINGER_S)
     final = _wait(agent, job, progress, poll_s)
     if final.get("event") != "done":
         raise WeightsError(f"no manifest of {src_path}: {final.get('message')}", Ref(node=from_node))

@@ -573,11 +573,15 @@ def fetch_file(
             probe_client.close()
         return {"file": label, "skipped": True, "bytes": 0, "size": total, "sha256": None, "seconds": 0.0}
 
+    # each chunk's SHA-256, hashed from the receive buffer: with the whole file's, what a manifest
+    # needs, so a sync after this fetch reads no byte of it again (the hash cache holds both)
+    digests: dict[int, str] = {}
     if ranged:
         digest = _fetch_ranged(
             final_url, part, sidecar_path, total, emit=emit, meter=meter, connections=connections,
             chunk_bytes=chunk_bytes, key=sha256 or url, max_bytes=max_bytes, stop=stop, timeout_s=timeout_s,
             retries=retries, totals=totals, headers=hdrs, drop_cache=drop_cache, slots=slots, drained=drained,
+            chunk_digests=digests,
         )
     else:
         if drained is not None:
@@ -597,7 +601,11 @@ def fetch_file(
         raise AgentError(f"{label}: sha256 mismatch: got {digest}, expected {sha256} (partial file deleted)")
     _commit(part, dest, sidecar_path, drop_cache=drop_cache)
     if cache is not None:
-        cache.put(dest, digest)
+        n = n_chunks_of(got, chunk_bytes)
+        if ranged and len(digests) == n:  # every chunk arrived in this run (a resumed file has gaps)
+            cache.put(dest, digest, chunk_bytes, [digests[i] for i in range(n)])
+        else:
+            cache.put(dest, digest)
     seconds = time.monotonic() - start
     meter.report()
     return {
@@ -715,6 +723,7 @@ def _fetch_ranged(
     chunk_bytes: int, key: str, max_bytes: int | None, stop: threading.Event, timeout_s: float, retries: int,
     totals: Meter | None, chunk_hashes: list[str] | None = None, headers: dict[str, str] | None = None,
     drop_cache: bool = False, slots: Slots | None = None, drained: threading.Event | None = None,
+    chunk_digests: dict[int, str] | None = None,
 ) -> str | None:
     """Chunks into ``part`` over N connections; the whole-file SHA-256, or None with ``chunk_hashes``.
 
@@ -814,7 +823,8 @@ def _fetch_ranged(
                     first = index * chunk_bytes
                     last = min(first + chunk_bytes, total) - 1
                     _fetch_chunk(client, url, fd, first, last, view, meter, totals, max_bytes, stop, retries,
-                                 total, chunk_hashes[index] if chunk_hashes is not None else None, headers)
+                                 total, chunk_hashes[index] if chunk_hashes is not None else None, headers,
+                                 record=None if chunk_digests is None else (chunk_digests, index))
                 finally:
                     if slots is not None:
                         slots.release()
@@ -877,8 +887,13 @@ def _fetch_chunk(
     client: Client, url: str, fd: int, first: int, last: int, view: memoryview, meter: Meter,
     totals: Meter | None, max_bytes: int | None, stop: threading.Event, retries: int, total: int | None = None,
     expect: str | None = None, headers: dict[str, str] | None = None,
+    record: tuple[dict[int, str], int] | None = None,
 ) -> None:
-    """Bytes ``first``..``last`` into ``fd`` at their offset; with ``expect``, hashed on the way and checked."""
+    """Bytes ``first``..``last`` into ``fd`` at their offset; with ``expect``, hashed on the way and checked.
+
+    ``record`` (digests, index): the chunk's SHA-256, hashed on the way too, is
+    stored at ``digests[index]`` once the chunk is complete.
+    """
     delay = 0.25
     for attempt in range(retries + 1):
         pos = first
@@ -892,7 +907,7 @@ def _fetch_chunk(
                 raise AgentError(f"{url}: asked for bytes {first}-{last}, got {got_first}-{got_last}")
             if total is not None and got_total is not None and got_total != total:
                 raise AgentError(f"{url}: the server has {got_total} bytes, expected {total}")
-            h = hashlib.sha256() if expect is not None else None
+            h = hashlib.sha256() if expect is not None or record is not None else None
             while pos <= last:
                 if stop.is_set():
                     raise Interrupted("stopped")
@@ -909,7 +924,9 @@ def _fetch_chunk(
                 counted = totals if totals is not None else meter
                 if max_bytes is not None and counted.session_bytes >= max_bytes:
                     raise Interrupted(f"stopped after {counted.session_bytes} bytes (--max-bytes)")
-            if h is not None and h.hexdigest() != expect:
+            if record is not None and h is not None:
+                record[0][record[1]] = h.hexdigest()
+            if expect is not None and h is not None and h.hexdigest() != expect:
                 raise ChunkMismatch(f"{url}: sha256 mismatch in bytes {first}-{last}: got {h.hexdigest()}, "
                                     f"expected {expect}")
             return
@@ -1668,10 +1685,14 @@ def _is_agent(pid: int) -> bool:
     return b"weights_agent" in cmdline and state not in ("Z", "X")
 
 
-def detach(log_path: str, wait_for: tuple[str, ...], timeout_s: float = 20.0) -> bool:
+def detach(log_path: str, wait_for: tuple[str, ...], timeout_s: float = 20.0, linger_s: float = 0.0) -> bool:
     """Fork a detached job writing to ``log_path``. Returns True in the job, False in the caller.
 
     The caller prints the job's first ``wait_for`` event (or an error) and exits.
+    With ``linger_s`` it then waits up to that long for the job's end, printing
+    the events that follow and a last ``tail`` event (offset, alive) as
+    ``tail`` does: a start and a first long poll in one command, so a job that
+    ends at once (a manifest from the hash cache) costs one round trip, not three.
     """
     os.makedirs(os.path.dirname(os.path.abspath(log_path)), exist_ok=True)
     open(log_path, "wb").close()
@@ -1698,12 +1719,21 @@ def detach(log_path: str, wait_for: tuple[str, ...], timeout_s: float = 20.0) ->
     started = None
     while time.monotonic() < deadline:
         events, offset = _read_events(log_path, offset)
-        for ev in events:
+        for i, ev in enumerate(events):
             if ev.get("event") == "started":
                 started = ev
             if ev.get("event") in wait_for or ev.get("event") == "error":
-                print(json.dumps({**ev, "pid": (started or {}).get("pid"), "log": log_path}), flush=True)
-                os._exit(0 if ev.get("event") != "error" else EXIT_ERROR)
+                pid = (started or {}).get("pid")
+                print(json.dumps({**ev, "pid": pid, "log": log_path}), flush=True)
+                if ev.get("event") == "error":
+                    os._exit(EXIT_ERROR)
+                if linger_s > 0:
+                    rest = events[i + 1:]  # read with it: printed before any later event
+                    for later in rest:
+                        print(json.dumps(later, separators=(",", ":")))
+                    ended = any(e.get("event") in ("done", "error") for e in rest)
+                    _linger(log_path, offset, int(pid or 0), min(linger_s, 10.0), ended)
+                os._exit(0)
         time.sleep(0.01)
     print(json.dumps({"event": "error", "message": f"the detached job did not report within {timeout_s:g} s",
                       "log": log_path}), flush=True)
@@ -1711,6 +1741,22 @@ def detach(log_path: str, wait_for: tuple[str, ...], timeout_s: float = 20.0) ->
 
 
 # --------------------------------------------------------------------------- command line
+
+
+def _linger(log_path: str, offset: int, pid: int, wait_s: float, ended: bool) -> None:
+    """The events after ``offset`` until the job ends or ``wait_s`` passes, then a ``tail`` event."""
+    deadline = time.monotonic() + wait_s
+    alive: bool | None = None
+    while not ended:
+        alive = _is_agent(pid) if pid else None  # liveness first: a job found dead wrote its last line
+        events, offset = _read_events(log_path, offset)
+        for ev in events:
+            print(json.dumps(ev, separators=(",", ":")))
+            ended = ended or ev.get("event") in ("done", "error")
+        if ended or alive is False or time.monotonic() >= deadline:
+            break
+        time.sleep(0.01)
+    print(json.dumps({"event": "tail", "offset": offset, "alive": None if ended else alive}), flush=True)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -1721,6 +1767,8 @@ def _parser() -> argparse.ArgumentParser:
         sp.add_argument("--interval-s", type=float, default=1.0, help="seconds between progress events")
         if detachable:
             sp.add_argument("--log", help="run detached, writing events to this file")
+            sp.add_argument("--linger-s", type=float, default=0.0,
+                            help="detached: wait up to this long (at most 10 s) for the job's end, printing its events")
             sp.add_argument("--hash-cache", help="path -> (size, mtime, sha256) cache file")
 
     f = sub.add_parser("fetch", help="download one URL (ranged, parallel, resumable)")
@@ -1848,13 +1896,21 @@ def main(argv: list[str] | None = None) -> int:
         except AgentError as exc:
             emit("error", message=str(exc))
             return EXIT_ERROR
-    if args.log and not detach(args.log, ("listening",) if args.cmd == "serve" else ("started",)):
+    if args.log and not detach(args.log, ("listening",) if args.cmd == "serve" else ("started",),
+                               linger_s=args.linger_s):
         return 0  # not reached: detach() exits in the caller
     emit = Emitter()  # stdout may now be the log file
     stop = threading.Event()
 
     def on_term(signum: int, frame: object) -> None:
         stop.set()
+        if args.cmd == "serve":
+            # A server has nothing to save: it ends at once rather than at its loop's next poll,
+            # so `stop` (which waits for the exit) returns in milliseconds. os.write, not the
+            # Emitter: its lock may be held by the thread this handler interrupted.
+            line = {"event": "done", "t": round(time.time(), 3), "stopped": True}
+            os.write(1, (json.dumps(line, separators=(",", ":")) + "\n").encode())
+            os._exit(0)
 
     signal.signal(signal.SIGTERM, on_term)
     cache = HashCache(getattr(args, "hash_cache", None))

@@ -12,7 +12,8 @@ This module owns:
 * :func:`put_command`, the remote half of an atomic file write;
 * :class:`BaseTransport.run_all`, the fan-out: every node at once, wait for
   all, each node's outcome kept (a :class:`~sparkctl.transport.results.FanOut`),
-  stragglers cut at the deadline and cancelled.
+  stragglers cut at the deadline and cancelled; :meth:`BaseTransport.put_all`,
+  the same fan-out for files (each node's puts in order).
 
 What it must not do: decide what to run, parse output, print, or exit. The
 stdin of :meth:`Transport.put` (file contents, possibly secrets) is never logged.
@@ -24,7 +25,7 @@ import re
 import shlex
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass
@@ -76,6 +77,11 @@ class Transport(Protocol):
     ) -> FanOut: ...
 
     def put(self, node: str, remote_path: str, data: bytes, mode: int, *, sudo: bool = False) -> CommandResult: ...
+
+    def put_all(
+        self, files: Mapping[str, Sequence[tuple[str, bytes, int]]], *, sudo: bool | Mapping[str, bool] = False,
+        deadline_s: float | None = None,
+    ) -> FanOut: ...
 
     def close(self) -> None: ...
 
@@ -206,19 +212,55 @@ class BaseTransport:
             return FanOut()
         for node in commands:
             self._check_node(node)
-        deadline = self.settings.deadline_s if deadline_s is None else deadline_s
         timeout = self._timeout(timeout_s)
         cmds = {node: command_line(c) for node, c in commands.items()}
+
+        def one(node: str, cancel: threading.Event) -> CommandResult:
+            return self._run(node, cmds[node], label=cmds[node], sudo=sudo, timeout_s=timeout, stdin=None,
+                             cancel=cancel)
+
+        return self._fan_out({n: one for n in cmds}, cmds, deadline_s)
+
+    def put_all(
+        self, files: Mapping[str, Sequence[tuple[str, bytes, int]]], *, sudo: bool | Mapping[str, bool] = False,
+        deadline_s: float | None = None,
+    ) -> FanOut:
+        """Write each node's files (``(remote_path, data, mode)``, in order), all nodes at once; wait for all.
+
+        Each file goes through :meth:`put` (atomic, mode set, stdin never
+        logged); a node stops at its first failed put and its result is that
+        put's, else a success labelled ``put <n> files``. ``sudo`` is one flag
+        or one per node. Deadline and failures as :meth:`run_all`: every
+        node's outcome kept, stragglers reported at the deadline.
+        """
+        if not files:
+            return FanOut()
+        for node in files:
+            self._check_node(node)
+        labels = {n: put_label(fs[0][0]) if len(fs) == 1 else f"put {len(fs)} files" for n, fs in files.items()}
+
+        def one(node: str, cancel: threading.Event) -> CommandResult:
+            use_sudo = bool(sudo.get(node, False)) if isinstance(sudo, Mapping) else sudo
+            start = time.monotonic()
+            for path, data, mode in files[node]:
+                res = self.put(node, path, data, mode, sudo=use_sudo)
+                if not res.ok or cancel.is_set():
+                    return res
+            return CommandResult(node, labels[node], 0, "", "", time.monotonic() - start, None)
+
+        return self._fan_out({n: one for n in files}, labels, deadline_s)
+
+    def _fan_out(
+        self, calls: Mapping[str, Callable[[str, threading.Event], CommandResult]], labels: Mapping[str, str],
+        deadline_s: float | None,
+    ) -> FanOut:
+        """Every node's call at once, each on its own thread; wait for all, up to the deadline."""
+        deadline = self.settings.deadline_s if deadline_s is None else deadline_s
         cancel = threading.Event()
         start = time.monotonic()
-        pool = ThreadPoolExecutor(max_workers=len(cmds), thread_name_prefix="sparkctl-run")
+        pool = ThreadPoolExecutor(max_workers=len(calls), thread_name_prefix="sparkctl-run")
         try:
-            futures = {
-                node: pool.submit(
-                    self._run, node, cmd, label=cmd, sudo=sudo, timeout_s=timeout, stdin=None, cancel=cancel
-                )
-                for node, cmd in cmds.items()
-            }
+            futures = {node: pool.submit(call, node, cancel) for node, call in calls.items()}
             done, _ = wait_futures(futures.values(), timeout=deadline)
         finally:
             cancel.set()  # stragglers close their channels / kill their processes
@@ -229,7 +271,7 @@ class BaseTransport:
         for node, fut in futures.items():
             if fut not in done:
                 results[node] = CommandResult(
-                    node, cmds[node], -1, "", "", elapsed,
+                    node, labels[node], -1, "", "", elapsed,
                     f"deadline: no result within the {deadline:g} s deadline of this step",
                 )
                 continue
@@ -238,7 +280,7 @@ class BaseTransport:
                 results[node] = fut.result()
             elif isinstance(exc, SparkctlError):
                 kind = "hostkey" if isinstance(exc, HostKeyError) else "ssh"
-                results[node] = CommandResult(node, cmds[node], -1, "", "", elapsed, f"{kind}: {exc.one_line()}")
+                results[node] = CommandResult(node, labels[node], -1, "", "", elapsed, f"{kind}: {exc.one_line()}")
             elif bug is None:
                 bug = exc
         if bug is not None:
