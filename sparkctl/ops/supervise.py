@@ -233,7 +233,8 @@ def _launch(inv: Inventory, transport: Transport, head: str, doc: Mapping[str, A
             raise LifecycleError(f"cannot write {path} on {head}: {r.error or r.stderr.strip()}", Ref(node=head))
     q = shlex.quote
     events, log = node_path(inv, head, SUPERVISOR_EVENTS), node_path(inv, head, SUPERVISOR_LOG)
-    holder = {"holder": f"supervisor on {head}", "since": now_iso(), "operation": op, "host": head}
+    # the runner adds its pid and "supervisor pid N on HEAD": what the lock's stale check looks for
+    holder = {"since": now_iso(), "operation": op, "host": head}
     argv = ["python3", node_path(inv, head, SUPERVISOR_RUNNER), "supervise", node_path(inv, head, SUPERVISOR_PLAN),
             events, node_path(inv, head, SUPERVISOR_PID), node_path(inv, head, LOCK_DIR), json.dumps(holder)]
     launch = (f"mkdir -p {q(log.rsplit('/', 1)[0])} && : > {q(events)} && "

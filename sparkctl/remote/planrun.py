@@ -369,8 +369,8 @@ def supervise(plan_path: str, events: str, pid_file: str, lock_dir: str, holder:
     _atomic_write(pid_file, f"{os.getpid()}\n".encode(), 0o644)
     # The lock the operator took is handed over: same directory, this process as holder.
     os.makedirs(lock_dir, exist_ok=True)
-    _atomic_write(os.path.join(lock_dir, "holder"), (json.dumps({**holder, "pid": os.getpid()}) + "\n").encode(),
-                  0o644)
+    mine = {**holder, "pid": os.getpid(), "holder": f"supervisor pid {os.getpid()} on {holder.get('host')}"}
+    _atomic_write(os.path.join(lock_dir, "holder"), (json.dumps(mine) + "\n").encode(), 0o644)
 
     def terminated(_sig: int, _frame: Any) -> None:
         backend.emit("*", "aborted", "supervisor terminated by a signal")
