@@ -147,7 +147,7 @@ def _up_summary(result: Any) -> None:
 
 
 @cli.command("plan")
-@click.argument("action", type=click.Choice(["up", "down", "switch"]))
+@click.argument("action", type=click.Choice(["up", "down", "switch", "fabric"]))
 @click.argument("profile", required=False)
 @inventory_option
 @set_option
@@ -162,7 +162,7 @@ def _up_summary(result: Any) -> None:
 def plan_cmd(c: Ctx, action: str, profile: str | None, sets: tuple[str, ...], waive: tuple[str, ...],
              reason: str | None, supervise: bool, reset_clocks: bool, assume_fresh: bool, connect_timeout_s: float,
              command_timeout_s: float, deadline_s: float, as_json: bool) -> None:
-    """The exact steps `up|down|switch PROFILE` would run now, every command and file.
+    """The exact steps `up|down|switch PROFILE` (or `fabric apply [PROFILE]`) would run now, every command and file.
 
     It reads the run record on the head, which engines run and whether the
     endpoint serves (to know what changed), and changes nothing on any host.
@@ -171,10 +171,20 @@ def plan_cmd(c: Ctx, action: str, profile: str | None, sets: tuple[str, ...], wa
     from sparkctl.ops.supervise import split_plan
     from sparkctl.plan.steps import describe
 
-    if action != "down" and not profile:
+    if action in ("up", "switch") and not profile:
         raise click.UsageError(f"plan {action} needs a PROFILE")
     res = c.resolve(profile, sets) if action != "down" and profile else None
     inv = c.inventory()
+    if action == "fabric":  # reads nothing from the hosts
+        from sparkctl.ops.fabric import plan_apply
+
+        fplan, _files = plan_apply(inv, c.roots(), res, secrets_from_env(res) if res else {})
+        if as_json:
+            emit_json(fplan.to_dict())
+        else:
+            for line in describe(fplan):
+                out.print(escape(line), soft_wrap=True)
+        return
     if res is not None:
         print_engine_warnings(res, inv)
     kw: dict[str, Any] = dict(sets=sets, waivers=parse_waivers(waive, reason),
