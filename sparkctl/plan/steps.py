@@ -116,10 +116,10 @@ def describe(plan: Plan) -> list[str]:
             if s.changes != "nothing":
                 lines.append(f"{indent}      changes: {s.changes}")
             for n, cmd in s.commands.items():
-                sudo = "sudo -n " if s.sudo.get(n) else ""
+                prompt = "#" if s.sudo.get(n) else "$"  # as root (sudo -n), as the login user
                 first, *rest = cmd.splitlines() or [""]
                 more = f"  (+{len(rest)} lines)" if rest else ""
-                lines.append(f"{indent}      {n}$ {sudo}{first}{more}")
+                lines.append(f"{indent}      {n}{prompt} {first}{more}")
             for n, fs in s.files.items():
                 for f in fs:
                     lines.append(f"{indent}      {n}: {f.path} ({f.mode:o}, sha256 {f.sha256[:12]})")
