@@ -117,21 +117,8 @@ class TransportBackend:
 
     def put_all(self, files: Mapping[str, Sequence[Mapping[str, Any]]]) -> dict[str, dict[str, Any]]:
         items = {n: [(f["path"], self.blobs[f["sha256"]], int(f["mode"], 8)) for f in fs] for n, fs in files.items()}
-        put_all = getattr(self.transport, "put_all", None)
-        if put_all is not None:
-            results = put_all(items, sudo={n: node_sudo(self.inv, n) for n in items})
-            return {n: _res(r) for n, r in results.items()}
-        from concurrent.futures import ThreadPoolExecutor
-
-        def push(node: str) -> dict[str, Any]:
-            for path, data, mode in items[node]:
-                r = self.transport.put(node, path, data, mode, sudo=node_sudo(self.inv, node))
-                if not r.ok:
-                    return _res(r)
-            return {"ok": True, "exit_code": 0, "stdout": "", "stderr": "", "error": ""}
-
-        with ThreadPoolExecutor(max_workers=max(1, len(items))) as pool:
-            return dict(zip(items, pool.map(push, items)))
+        results = self.transport.put_all(items, sudo={n: node_sudo(self.inv, n) for n in items})
+        return {n: _res(r) for n, r in results.items()}
 
     def write_record(self, node: str, path: str, data: Mapping[str, Any]) -> dict[str, Any]:
         """Atomic on the head and in the local cache; a record that cannot be written and claims
