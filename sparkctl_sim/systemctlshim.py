@@ -20,8 +20,6 @@ from sparkctl_sim.shimbase import (
     EXIT_STATUS_NAMES,
     EXIT_STDERR,
     EXIT_STDOUT,
-    START_LIMIT_BURST,
-    START_LIMIT_INTERVAL_S,
     STOP_TIMEOUT_CAP_S,
     ShimError,
     _alive,
@@ -117,6 +115,36 @@ def _clean_exit(status: int) -> bool:
     return os.WEXITSTATUS(status) == 0
 
 
+START_LIMIT_HIT = ("Job for {name} failed because the start of the service was attempted too often.\n"
+                   "See \"systemctl status {name}\" and \"journalctl -xeu {name}\" for details.\n"
+                   "To force a start use \"systemctl reset-failed {name}\"\n"
+                   "followed by \"systemctl start {name}\" again.")
+
+
+def _take_start(unit: Unit, cur: dict[str, Any]) -> bool:
+    """Whether the start rate limit lets one more start through (and count it in ``cur``).
+
+    systemd counts EVERY start of the unit, the operator's and the automatic
+    restarts alike: "Units which are started more than burst times within an
+    interval time span are not permitted to start any more" (systemd.unit(5),
+    StartLimitIntervalSec=, StartLimitBurst=); 0 for either disables it. The
+    counter lives in the manager's memory, so a reboot forgets it (here: the
+    record is in /run, emptied at boot), and ``systemctl reset-failed`` resets it
+    (systemctl(1), reset-failed: "the start rate limit counter ... is reset").
+    Wall-clock times: the starts are counted across processes.
+    """
+    now = time.time()
+    interval, burst = unit.start_limit_interval_s, unit.start_limit_burst
+    if interval <= 0 or burst <= 0:
+        return True
+    starts = [t for t in cur.get("starts", []) if now - float(t) < interval]
+    if len(starts) >= burst:
+        cur["starts"] = starts
+        return False
+    cur["starts"] = [*starts, now]
+    return True
+
+
 def _supervise(units: Units, unit: Unit, report_fd: int, invocation: str) -> int:
     """Body of the detached supervisor of a simple/exec service (systemd's role)."""
     name = unit.name
@@ -130,7 +158,6 @@ def _supervise(units: Units, unit: Unit, report_fd: int, invocation: str) -> int
             os.close(report_fd)
             reported = True
 
-    restarts: list[float] = []
     try:
         while True:
             try:
@@ -208,11 +235,13 @@ def _supervise(units: Units, unit: Unit, report_fd: int, invocation: str) -> int
                     or (unit.restart == "on-failure" and failed)
                     or (unit.restart == "on-success" and not failed)
                     or (unit.restart == "on-abnormal" and code_kind == "killed")))
-                now = time.monotonic()
-                restarts = [t for t in restarts if now - t < START_LIMIT_INTERVAL_S]
-                if want_restart and len(restarts) >= START_LIMIT_BURST:
+                # The restart is a start like any other: it passes the rate limit or the
+                # unit stays failed with Result=start-limit-hit (systemd.unit(5)).
+                if want_restart and not _take_start(unit, cur):
                     want_restart = False
                     cur.update(ActiveState="failed", SubState="failed", Result="start-limit-hit")
+                    _journal_line(units, name, "Start request repeated too quickly.")
+                    _journal_line(units, name, "Failed with result 'start-limit-hit'.")
                 if want_restart:
                     cur.update(ActiveState="activating", SubState="auto-restart",
                                NRestarts=int(cur.get("NRestarts", 0)) + 1)
@@ -223,7 +252,6 @@ def _supervise(units: Units, unit: Unit, report_fd: int, invocation: str) -> int
                 if stopping:
                     _run_control(units, unit, "ExecStopPost", env)
                 return 0
-            restarts.append(time.monotonic())
             time.sleep(unit.restart_sec_s)
             with units.lock(name):
                 cur = _read_json(units.state_path(name)) or {}
@@ -250,16 +278,26 @@ def _start(units: Units, name: str) -> int:
         raise ShimError(f"Failed to start {name}: Unit {name} has a bad unit file setting "
                         "(Service has more than one ExecStart= setting, which is only allowed "
                         "for Type=oneshot services).", 1)
-    cur = units.state(name)
-    if cur["ActiveState"] in ("active", "activating"):
-        return 0
+    with units.lock(name):
+        cur = units.state(name)
+        if cur["ActiveState"] in ("active", "activating"):
+            return 0
+        if not _take_start(unit, cur):
+            cur.update(ActiveState="failed", SubState="failed", Result="start-limit-hit", MainPID=0)
+            units.save_state(name, cur)
+            _journal_line(units, name, "Start request repeated too quickly.")
+            raise ShimError(START_LIMIT_HIT.format(name=name), 1)
+        units.save_state(name, cur)
     job_failed = (f"Job for {name} failed because the control process exited with error code.\n"
                   f"See \"systemctl status {name}\" and \"journalctl -xeu {name}\" for details.")
     base = {"Id": name, "Type": unit.type, "Restart": unit.restart, "User": unit.user or "",
             "FragmentPath": unit.path, "KillSignal": unit.kill_signal,
             "TimeoutStopSec": min(unit.timeout_stop_s, STOP_TIMEOUT_CAP_S),
             "Description": unit.description, "stop_requested": False, "stop_timed_out": False,
-            "ExecMainStatus": None, "ExecMainCode": None, "invocation": secrets.token_hex(8)}
+            "ExecMainStatus": None, "ExecMainCode": None, "invocation": secrets.token_hex(8),
+            # A start asked for (not an automatic restart) flushes the restart counter
+            # (src/core/service.c, service_start: "if (s->flush_n_restarts) s->n_restarts = 0").
+            "NRestarts": 0}
     if unit.type == "oneshot":
         units.update(name, ActiveState="activating", SubState="start", MainPID=0,
                      supervisor={"pid": os.getpid(), "start": _proc_start_ticks(os.getpid())},
@@ -488,6 +526,8 @@ def systemctl_main(argv: Sequence[str]) -> int:  # noqa: C901 - a verb table
                 if rec and rec.get("ActiveState") == "failed":
                     rec.update(ActiveState="inactive", SubState="dead", Result="success",
                                NRestarts=0)
+                if rec:
+                    rec["starts"] = []  # systemctl(1): reset-failed also resets the start rate limit counter
                     units.save_state(name, rec)
         return 0
     if not names:

@@ -20,6 +20,8 @@ from sparkctl_sim.dockerps import _parse_signal
 from sparkctl_sim.dockershim import ENV_NAME_RE
 from sparkctl_sim.shimbase import (
     EXEC_DIRECTORY_ROOTS,
+    START_LIMIT_BURST,
+    START_LIMIT_INTERVAL_S,
     UNIT_DIR_ENV,
     ShimError,
     _alive,
@@ -244,7 +246,7 @@ class ExecCommand:
 # Settings systemd knows that the sim accepts and does not act on.
 _IGNORED_KEYS = {
     "Unit": {"After", "Before", "Wants", "Requires", "BindsTo", "PartOf", "Conflicts",
-             "Documentation", "StartLimitIntervalSec", "StartLimitBurst", "ConditionPathExists",
+             "Documentation", "ConditionPathExists",
              "AssertPathExists", "DefaultDependencies"},
     "Service": {"Group", "KillMode", "TimeoutStartSec", "TimeoutSec", "SuccessExitStatus",
                 "LimitNOFILE", "LimitCORE", "LimitSTACK", "Nice", "SyslogIdentifier",
@@ -271,6 +273,11 @@ class Unit:
     working_directory_optional: bool = False
     restart: str = "no"
     restart_sec_s: float = 0.1
+    # Start rate limiting, [Unit] StartLimitIntervalSec= / StartLimitBurst=; absent, the
+    # manager's DefaultStartLimitIntervalSec=10s and DefaultStartLimitBurst=5
+    # (systemd-system.conf(5)). 0 for either disables the limit (systemd.unit(5)).
+    start_limit_interval_s: float = START_LIMIT_INTERVAL_S
+    start_limit_burst: int = START_LIMIT_BURST
     kill_signal: int = int(signal.SIGTERM)
     timeout_stop_s: float = 90.0
     user: str | None = None
@@ -383,6 +390,16 @@ def _apply_setting(unit: Unit, section: str, key: str, value: str) -> None:  # n
     elif section == "Service" and key == "WorkingDirectory":
         unit.working_directory_optional = value.startswith("-")
         unit.working_directory = _specifiers(value.lstrip("-"), unit.name) or None
+    elif section == "Unit" and key in ("StartLimitIntervalSec", "StartLimitInterval"):
+        # "StartLimitInterval=" is the pre-v230 spelling, still accepted in [Unit] (systemd.unit(5)).
+        unit.start_limit_interval_s = START_LIMIT_INTERVAL_S if value == "" else parse_timespan_s(value)
+    elif section == "Unit" and key == "StartLimitBurst":
+        if value == "":
+            unit.start_limit_burst = START_LIMIT_BURST
+        elif not value.isdigit():
+            raise ValueError(value)
+        else:
+            unit.start_limit_burst = int(value)
     elif section == "Service" and key == "Restart":
         if value not in ("no", "on-success", "on-failure", "on-abnormal", "on-watchdog",
                          "on-abort", "always"):

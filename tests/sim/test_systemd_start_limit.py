@@ -1,0 +1,64 @@
+"""The simulated systemctl's start rate limit: StartLimitIntervalSec=/StartLimitBurst= from
+the unit, systemd's defaults (10 s, 5) when absent; every start counts, reset-failed resets."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests.sim.test_procshims import Sim, _wait_for, sim  # noqa: F401 - the fixture
+
+FAILING = """\
+    [Unit]
+    Description=fails at once
+    {limits}
+    [Service]
+    Type=simple
+    ExecStart=/bin/sh -c 'echo start >> {log}; exit 3'
+    Restart=on-failure
+    RestartSec=0.05
+"""
+
+
+def _show(sim: Sim, name: str) -> dict[str, str]:
+    out = sim.run("systemctl", "show", "-p", "ActiveState,Result,NRestarts", name).stdout
+    return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+
+
+def _starts(log: Path) -> int:
+    return len(log.read_text().splitlines()) if log.exists() else 0
+
+
+def test_a_failing_unit_stops_after_its_burst_and_stays_failed(sim: Sim) -> None:
+    log = sim.root / "starts.log"
+    sim.unit("flaky.service", FAILING.format(limits="StartLimitIntervalSec=120\nStartLimitBurst=3", log=log))
+    assert sim.run("systemctl", "start", "flaky").returncode == 0
+    assert _wait_for(lambda: _show(sim, "flaky")["Result"] == "start-limit-hit", 15)
+    props = _show(sim, "flaky")
+    assert props["ActiveState"] == "failed"
+    assert _starts(log) == 3, "3 starts within the interval: the first and 2 restarts"
+    assert props["NRestarts"] == "2"
+    # the operator's start counts too: refused while the interval lasts
+    again = sim.run("systemctl", "start", "flaky")
+    assert again.returncode == 1 and "attempted too often" in again.stderr
+    assert _starts(log) == 3
+    # reset-failed resets the counter: one more round of 3
+    assert sim.run("systemctl", "reset-failed", "flaky").returncode == 0
+    assert sim.run("systemctl", "start", "flaky").returncode == 0
+    assert _wait_for(lambda: _starts(log) == 6 and _show(sim, "flaky")["Result"] == "start-limit-hit", 15)
+
+
+def test_without_limits_the_defaults_allow_five_starts(sim: Sim) -> None:
+    log = sim.root / "starts.log"
+    sim.unit("flaky.service", FAILING.format(limits="", log=log))
+    assert sim.run("systemctl", "start", "flaky").returncode == 0
+    assert _wait_for(lambda: _show(sim, "flaky")["Result"] == "start-limit-hit", 15)
+    assert _starts(log) == 5 and _show(sim, "flaky")["NRestarts"] == "4"
+
+
+def test_a_zero_interval_disables_the_limit(sim: Sim) -> None:
+    log = sim.root / "starts.log"
+    sim.unit("flaky.service", FAILING.format(limits="StartLimitIntervalSec=0", log=log))
+    assert sim.run("systemctl", "start", "flaky").returncode == 0
+    assert _wait_for(lambda: _starts(log) >= 8, 15), "no limit: it keeps restarting"
+    assert sim.run("systemctl", "stop", "flaky").returncode == 0
+    assert _show(sim, "flaky")["Result"] != "start-limit-hit"
