@@ -58,7 +58,8 @@ def _sim_root() -> Path:
 @click.option("--ready", is_flag=True,
               help="pre-configured nodes (fabric addresses, routes, forwarding, no Docker firewall) "
                    "instead of fresh ones as they come out of the box")
-def sim_up_cmd(nodes: str, inventory_out: str | None, rootless: bool, ready: bool) -> None:
+@click.option("--no-images", is_flag=True, help="with --ready: load no engine image (fresh nodes never get one)")
+def sim_up_cmd(nodes: str, inventory_out: str | None, rootless: bool, ready: bool, no_images: bool) -> None:
     """Build (or converge) the simulated cluster and write its inventory.
 
     Nodes come up fresh: CX-7 ports cabled and up without fabric addresses, IP
@@ -79,6 +80,10 @@ def sim_up_cmd(nodes: str, inventory_out: str | None, rootless: bool, ready: boo
     spec = dataclasses.replace(spec_from_inventory(inv, rootless), fresh=not ready)
     status = cluster.up(spec, root, progress=lambda m: err_console().print(f"[dim]{escape(m)}[/]"))
     model = ensure_tiny_model(root / "models")
+    if ready and not no_images:  # pre-configured nodes: as if the operator had already built every bundled image on each
+        loaded = load_bundled_images(root, [n.name for n in inv.nodes])
+        err_console().print(f"[dim]--ready: loaded {len(loaded)} bundled images on every node "
+                            "(fresh nodes get none: `sparkctl sim image load`)[/]")
     for n in inv.nodes:  # the tiny real engine's weights, on every node's own disk
         # profiles/tiny-llamacpp.yaml model.weights_path (its repository's local_dir)
         dest = root / "nodes" / n.name / "fs" / "srv" / "models" / "tiny-llama" / model.name
@@ -147,6 +152,71 @@ def sim_set_cmd(node: str, assignments: tuple[str, ...]) -> None:
         key, _, value = a.partition("=")
         new = cluster.set_state(_sim_root(), node, key, value)
         out.print(f"{node}: {key} = {json.dumps(new)}", markup=False)
+
+
+def bundled_images() -> list[str]:
+    """The container images the bundled profiles name (runtime docker)."""
+    from sparkctl.model.profiles import resolve
+    from sparkctl.model.resources import Roots, bundled_root
+
+    roots = Roots.make()
+    found: list[str] = []
+    for path in sorted((bundled_root() / "profiles").glob("*.yaml")):
+        p = resolve(path.stem, roots).profile
+        if p.runtime == "docker" and p.engine.image and p.engine.image not in found:
+            found.append(p.engine.image)
+    return found
+
+
+def load_bundled_images(root: Path, nodes: list[str], say: object = None) -> list[str]:
+    """SIMULATION: stands in for the operator building/pulling every bundled profile's image on every node."""
+    from sparkctl_sim import dockerimages
+
+    images = bundled_images()
+    for node in nodes:
+        for ref in images:
+            dockerimages.load_on_node(root, node, ref)
+    return images
+
+
+@sim_group.group("image")
+def sim_image_group() -> None:
+    """Images on the simulated nodes: what an operator's `docker build` / `docker pull` would leave there."""
+
+
+@sim_image_group.command("load")
+@click.argument("node")
+@click.argument("images", nargs=-1)
+@click.option("--variant", default="", help="a different build of the same tag (a different image ID)")
+@click.option("--size-mib", type=float, default=4.0, show_default=True, help="the image's layer size")
+@click.option("--bundled", is_flag=True, help="every image a bundled profile names")
+def sim_image_load_cmd(node: str, images: tuple[str, ...], variant: str, size_mib: float, bundled: bool) -> None:
+    """Put IMAGES into NODE's image store (NODE may be `all`), as if the operator had built them there (SIMULATION)."""
+    from sparkctl_sim import dockerimages
+
+    root = _sim_root()
+    every = sorted(d.name for d in (root / "nodes").iterdir()) if (root / "nodes").is_dir() else []
+    targets = every if node == "all" else [node]
+    refs = list(images) + (bundled_images() if bundled else [])
+    if not refs:
+        raise ConfigError("name at least one image (or --bundled)")
+    for t in targets:
+        if not (root / "nodes" / t).is_dir():
+            raise ConfigError(f"no simulated node {t!r}", hint="`sparkctl sim status` lists them")
+        for ref in refs:
+            rec = dockerimages.load_on_node(root, t, ref, variant, int(size_mib * (1 << 20)))
+            out.print(f"{t}: {ref} {rec['Id'][:19]}", markup=False)
+
+
+@sim_image_group.command("publish")
+@click.argument("image")
+@click.option("--size-mib", type=float, default=4.0, show_default=True)
+def sim_image_publish_cmd(image: str, size_mib: float) -> None:
+    """Make IMAGE pullable from the simulated registry (prints its digest) (SIMULATION)."""
+    from sparkctl_sim import dockerimages
+
+    digest = dockerimages.publish(_sim_root(), image, layer_bytes=int(size_mib * (1 << 20)))
+    out.print(f"{image} published: {dockerimages.repository(image)}@{digest}", markup=False)
 
 
 FAULTS = ("kill-engine", "link-down", "link-up", "stale-link", "mtu", "sshd-stop", "sshd-start",
@@ -231,6 +301,13 @@ def demo_cmd(out_dir: str | None, keep: bool) -> None:
          False),
         ("fabric apply: netplan, forwarding, the DOCKER-USER rule, the clock-cap unit enabled for boot",
          ["-i", inv, "fabric", "apply", "ds41f-tp4-ring"], False),
+        ("SIMULATION: the operator builds the ds41f and TensorFold images on the head only "
+         "(a real box has none), then copies them with image sync over the fabric",
+         ["sim", "image", "load", "spark-a", "ghcr.io/ds41f/ds41f-spark:1029",
+          "ghcr.io/tensorfold/tensorfold-spark:4x-2026.10"], False),
+        ("image sync: docker save | ssh <fabric address> docker load, verified by image ID",
+         ["-i", inv, "image", "sync", "ds41f-tp4-ring"], False),
+        ("image sync TensorFold's image too", ["-i", inv, "image", "sync", "tensorfold-tp4-ring"], False),
         ("check every law; apply the clock cap; waive the 64 KiB page size like the field report",
          ["-i", inv, "check", "ds41f-tp4-ring", "--fix", *waive], False),
         ("up ds41f TP4 over the ring", ["-i", inv, "up", "ds41f-tp4-ring", *waive], False),

@@ -16,6 +16,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from sparkctl_sim import dockerimages
 from sparkctl_sim.dockershim import Containers, _docker_opts, docker_run
 from sparkctl_sim.shimbase import (
     DOCKER_STOP_DEFAULT_S,
@@ -239,11 +240,17 @@ def docker_rm(args: Sequence[str]) -> int:
 def docker_inspect(args: Sequence[str]) -> int:
     opts, refs = _docker_opts(args, "inspect", {}, {"-f": "format", "--format": "format",
                                                     "--type": "type"})
+    if opts.get("type") == "image":
+        return dockerimages.docker_image_inspect(refs, opts.get("format"), _render_template)
     store = Containers(_run_dir())
+    images = dockerimages.node_images()
     code = 0
     views = []
     for ref in refs:
         rec = store.find(ref)
+        if rec is None and opts.get("type") != "container" and (img := images.find(ref)) is not None:
+            views.append(dockerimages.inspect_view(img))  # `docker inspect` also finds images
+            continue
         if rec is None:
             print(f"Error: No such object: {ref}", file=sys.stderr)
             code = 1
@@ -301,7 +308,8 @@ def docker_logs(args: Sequence[str]) -> int:
 
 def docker_main(argv: Sequence[str]) -> int:
     if not argv or argv[0] in ("-h", "--help", "help"):
-        print("Usage: docker [run|ps|stop|kill|rm|inspect|logs|version] ... (sparkctl sim shim)")
+        print("Usage: docker [run|ps|stop|kill|rm|inspect|logs|images|image|save|load|pull|tag|rmi|version] ... "
+              "(sparkctl sim shim)")
         return 0
     sub, rest = argv[0], list(argv[1:])
     if sub in ("--version", "-v"):
@@ -309,8 +317,20 @@ def docker_main(argv: Sequence[str]) -> int:
         return 0
     if sub == "container" and rest:
         sub, rest = rest[0], rest[1:]
+    elif sub == "image" and rest:  # docker image inspect|ls|save|load|pull|tag|rm
+        verb, rest = rest[0], rest[1:]
+        if verb == "inspect":
+            opts, refs = _docker_opts(rest, "image inspect", {}, {"-f": "format", "--format": "format"})
+            if not refs:
+                raise ShimError("\"docker image inspect\" requires at least 1 argument.\n"
+                                "See 'docker image inspect --help'.", 1)
+            return dockerimages.docker_image_inspect(refs, opts.get("format"), _render_template)
+        sub = {"ls": "images", "list": "images", "rm": "rmi"}.get(verb, verb)
     handlers = {"run": docker_run, "ps": docker_ps, "stop": docker_stop, "kill": docker_kill,
-                "rm": docker_rm, "inspect": docker_inspect, "logs": docker_logs}
+                "rm": docker_rm, "inspect": docker_inspect, "logs": docker_logs,
+                "images": dockerimages.docker_images, "save": dockerimages.docker_save,
+                "load": dockerimages.docker_load, "pull": dockerimages.docker_pull,
+                "tag": dockerimages.docker_tag, "rmi": dockerimages.docker_rmi}
     if sub == "version":
         print("Client: Docker Engine - sparkctl sim\n Version: 28.0.0-sparkctl-sim")
         return 0

@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sparkctl_sim import dockerimages
 from sparkctl_sim.shimbase import (
-    IMAGES_ENV,
     ShimError,
     _alive,
     _daemonize,
@@ -316,16 +316,6 @@ class Containers:
         return self.logs / f"{cid}.log"
 
 
-def _load_image_catalogue() -> dict[str, Any] | None:
-    path = os.environ.get(IMAGES_ENV)
-    if not path:
-        return None
-    data = _read_json(Path(path))
-    if data is None:
-        raise ShimError(f"sparkctl sim: cannot read image catalogue {path}", 125)
-    return data
-
-
 def _resolve_exec(argv0: str, env: dict[str, str]) -> str | None:
     if "/" in argv0:
         return argv0 if os.access(argv0, os.X_OK) and os.path.isfile(argv0) else None
@@ -339,16 +329,17 @@ def docker_run(args: Sequence[str]) -> int:
         raise _daemon_error(
             f"sparkctl sim refuses to start image {spec.image!r}: a multi-node engine "
             "container on a DGX Spark needs " + "; ".join(gaps) + " (missing).")
-    catalogue = _load_image_catalogue()
-    image: dict[str, Any] = {}
-    if catalogue is not None:
-        if spec.image not in catalogue:
-            raise ShimError(
-                f"Unable to find image '{spec.image}' locally\n"
-                f"docker: Error response from daemon: pull access denied for {spec.image}, "
-                "repository does not exist or may require 'docker login'.\n"
-                "See 'docker run --help'.", 125)
-        image = catalogue[spec.image] or {}
+    # The node's image store is the truth (sparkctl_sim.dockerimages). An image not
+    # there is pulled (docker run's default --pull=missing), which the simulated
+    # registry refuses for everything it does not publish; the CLI's text is
+    # "Unable to find image 'X' locally" then the daemon's error (docker/cli
+    # cli/command/container/create.go, exit 125).
+    image = dockerimages.run_config(spec.image)
+    if image is None:
+        raise ShimError(
+            f"Unable to find image '{dockerimages.normalize(spec.image)}' locally\n"
+            f"docker: {dockerimages.pull_error(spec.image)}.\n"
+            "See 'docker run --help'.", 125)
     entrypoint = [spec.entrypoint] if spec.entrypoint else list(image.get("entrypoint") or [])
     if spec.entrypoint is not None and spec.entrypoint == "":
         entrypoint = []
@@ -380,7 +371,7 @@ def docker_run(args: Sequence[str]) -> int:
                 f'"{existing[name]}". You have to remove (or rename) that container to be '
                 "able to reuse that name.")
         rec: dict[str, Any] = {
-            "id": cid, "name": name, "image": spec.image, "command": argv,
+            "id": cid, "name": name, "image": spec.image, "image_id": image["id"], "command": argv,
             "created_at": _now_iso(), "started_at": None, "finished_at": None,
             "status": "created", "exit_code": None, "pid": None, "pid_start": None,
             "monitor_pid": None, "monitor_start": None, "rm": spec.rm, "detach": spec.detach,

@@ -31,10 +31,11 @@ docker
   - No images, layers or mount namespace: the command runs on the node's own
     filesystem, so ``-v a:b`` is recorded and honest only when ``a == b`` (as
     sparkctl renders it). ``-w DIR`` must exist on the node.
-  - An optional image catalogue (JSON, ``$SPARKCTL_SIM_DOCKER_IMAGES``) maps an
-    image reference to ``{"entrypoint": [...], "cmd": [...], "env": {...},
-    "workdir": "..."}``. Without a catalogue every image exists and has no
-    entrypoint; with one, other images are refused as not found.
+  - Images live in a per-node store with real IDs, tags and digests
+    (sparkctl_sim.dockerimages): ``docker run`` of an image not in it is
+    refused with docker's own text (a pull the simulated registry refuses);
+    ``sparkctl sim image load`` stands in for "the operator built it here".
+    An image's entrypoint, cmd, env and workdir come from its config.
   - ``docker logs`` replays one merged stdout+stderr log.
   - ``--ulimit memlock`` is applied with ``setrlimit`` when permitted;
     ``--gpus``, ``--runtime``, ``--cap-add``, ``--shm-size`` and ``--init`` are
@@ -68,7 +69,7 @@ systemctl
     templates (``foo@.service``), ``Type=forking|notify|dbus``.
 
 The code, by module: shimbase (environment, records, processes), dockershim
-(``docker run``), dockerps (the container verbs and docker's dispatcher),
+(``docker run``), dockerimages (the image store and its verbs), dockerps (the container verbs and docker's dispatcher),
 systemdunits (systemd's file formats and the unit store), systemdexec (how a
 unit's process is started), systemctlshim (the supervisor and systemctl's
 verbs). This module keeps the entry point ``python -m sparkctl_sim.procshims

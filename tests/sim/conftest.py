@@ -55,14 +55,21 @@ def host_lock() -> Iterator[None]:
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
-def _make_sim(tmp: Path, nodes: int, *, ready: bool = True) -> Iterator[Sim]:
+def _make_sim(tmp: Path, nodes: int, *, ready: bool = True, load_images: bool = True) -> Iterator[Sim]:
     env = {**os.environ, "SPARKCTL_SIM_DIR": str(tmp / "sim"), "XDG_STATE_HOME": str(tmp / "state"),
            "SPARKCTL_SIM_SPEEDUP": "20", "SPARKCTL_SIM_LOAD_S": "1"}
     env.pop("SPARKCTL_INVENTORY", None)
     sim = Sim(tmp / "sim", tmp / "sim" / "inventory.yaml", env)
-    r = sim.sparkctl("sim", "up", "--nodes", str(nodes), *(["--ready"] if ready else []), timeout=300)
+    r = sim.sparkctl("sim", "up", "--nodes", str(nodes), *(["--ready"] if ready else []),
+                     *([] if load_images else ["--no-images"]), timeout=300)
     try:
         assert r.returncode == 0, r.stdout + r.stderr
+        # SIMULATION: a real Spark has no engine image until its operator builds or
+        # pulls one; the simulated nodes start with none either. Stand in for that
+        # here, explicitly, so the tests that run bundled profiles find their images.
+        if load_images:
+            r = sim.sparkctl("sim", "image", "load", "all", "--bundled", timeout=120)
+            assert r.returncode == 0, r.stdout + r.stderr
         yield sim
     finally:
         sim.sparkctl("sim", "down", timeout=120)
@@ -71,6 +78,12 @@ def _make_sim(tmp: Path, nodes: int, *, ready: bool = True) -> Iterator[Sim]:
 @pytest.fixture(scope="module")
 def sim_ring(tmp_path_factory: pytest.TempPathFactory, host_lock: None) -> Iterator[Sim]:
     yield from _make_sim(tmp_path_factory.mktemp("simring"), 4)
+
+
+@pytest.fixture(scope="module")
+def sim_pair_bare(tmp_path_factory: pytest.TempPathFactory, host_lock: None) -> Iterator[Sim]:
+    """A pre-configured pair with NO engine image on any node (the images tests load their own)."""
+    yield from _make_sim(tmp_path_factory.mktemp("barepair"), 2, load_images=False)
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,430 @@
+"""The simulated docker's image store: per-node images with IDs, and the image verbs.
+
+SIMULATION ONLY. A real Spark's dockerd keeps images under /var/lib/docker; the
+simulated node keeps ``images.json`` in ``nodes/NODE/docker-images`` (beside its
+run dir, so it survives a simulated reboot as /var/lib/docker does). An image is
+a config JSON whose SHA-256 is its ID (moby image/image.go: the ID is the digest
+of the config), one layer blob of a chosen size (deterministic bytes, so
+``docker save`` streams real bytes without storing them), repo tags and repo
+digests. Verbs:
+
+* ``docker image inspect [--format T] REF...`` / ``docker inspect --type image``:
+  the real JSON shape (Id, RepoTags, RepoDigests, Created, Size, Architecture,
+  Os, Config, RootFS); a missing one prints ``Error response from daemon: No such
+  image: REF`` and exits 1 (moby daemon/images/image.go ErrImageDoesNotExist
+  "No such image: %s", wrapped by the CLI as "Error response from daemon: ...");
+* ``docker images`` / ``docker image ls``: REPOSITORY TAG IMAGE ID CREATED SIZE;
+* ``docker save IMAGE``: a real tar on stdout (the docker-save layout that
+  ``docker load`` reads: manifest.json with Config, RepoTags, Layers; the config
+  and layer blobs under blobs/sha256/); refuses a terminal as docker does
+  ("cowardly refusing to save to a terminal. Use the -o flag or redirect");
+* ``docker load``: reads that tar on stdin, streamed, checks each blob's SHA-256
+  against its name, and prints ``Loaded image: name:tag`` per tag (``Loaded
+  image ID: sha256:...`` when untagged), as docs.docker.com/reference/cli/docker/
+  image/load shows. Like the classic store, a load restores tags, never repo
+  digests (digests come from a registry: moby's docker save writes none);
+* ``docker pull REF``: only references the simulated registry
+  (``registry.json`` in the sim root, ``sparkctl sim image publish``) serves;
+  anything else is ``pull access denied`` (the community's locally built images:
+  issue #12);
+* ``docker tag SRC DST`` and ``docker rmi REF``.
+
+A reference resolves as docker's does: ``name`` means ``name:latest``;
+``name@sha256:D`` matches a repo digest; ``sha256:ID`` or an ID prefix of 12+
+hex digits matches the ID.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import json
+import os
+import sys
+import tarfile
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from sparkctl_sim.shimbase import ShimError, _locked, _now_iso, _read_json, _run_dir, _write_json_atomic
+
+DEFAULT_LAYER_BYTES = 4 << 20
+_BLOCK = 1 << 20
+
+
+def store_dir(run_dir: Path) -> Path:
+    """``nodes/NODE/docker-images``: beside the run dir (which a simulated boot empties)."""
+    return run_dir.parent / "docker-images"
+
+
+def registry_path(run_dir: Path) -> Path:
+    """The simulated registry of pullable images: ``<sim root>/registry.json``."""
+    return run_dir.parent.parent.parent / "registry.json"
+
+
+def normalize(ref: str) -> str:
+    """``name`` -> ``name:latest``; digests and tags are kept (distribution/reference's rule)."""
+    if "@" in ref:
+        return ref
+    last = ref.rsplit("/", 1)[-1]
+    return ref if ":" in last else f"{ref}:latest"
+
+
+def layer_chunks(seed: str, size: int) -> Iterator[bytes]:
+    """The layer's bytes: a 1 MiB block from ``seed``, repeated, cut at ``size``."""
+    block = b"".join(hashlib.sha256(f"{seed}:{i}".encode()).digest() for i in range(_BLOCK // 32))
+    left = size
+    while left > 0:
+        n = min(left, _BLOCK)
+        yield block[:n]
+        left -= n
+
+
+def make_image(ref: str, variant: str = "", layer_bytes: int = DEFAULT_LAYER_BYTES,
+               config: dict[str, Any] | None = None) -> dict[str, Any]:
+    """An image record as `docker build` would leave it (no repo digest: nothing was pushed)."""
+    seed = f"{normalize(ref)}#{variant}"
+    h = hashlib.sha256()
+    for chunk in layer_chunks(seed, layer_bytes):
+        h.update(chunk)
+    layer = "sha256:" + h.hexdigest()
+    cfg = {"architecture": "arm64", "os": "linux", "created": "2025-11-01T00:00:00Z",
+           "config": {"Env": [], "Entrypoint": None, "Cmd": None, "WorkingDir": "", **(config or {})},
+           "rootfs": {"type": "layers", "diff_ids": [layer]}, "sparkctl_sim": {"seed": seed}}
+    raw = json.dumps(cfg, sort_keys=True, separators=(",", ":")).encode()
+    return {"Id": "sha256:" + hashlib.sha256(raw).hexdigest(), "config_json": raw.decode(),
+            "RepoTags": [normalize(ref)] if "@" not in ref else [], "RepoDigests": [],
+            "Created": cfg["created"], "Size": layer_bytes, "layer": layer, "seed": seed,
+            "layer_bytes": layer_bytes}
+
+
+class Images:
+    """One node's image store (``images.json``: Id -> record), under an flock."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.path = root / "images.json"
+
+    def lock(self) -> contextlib.AbstractContextManager[None]:
+        return _locked(self.root / ".lock")
+
+    def all(self) -> dict[str, dict[str, Any]]:
+        return dict((_read_json(self.path) or {}).get("images", {}))
+
+    def _save(self, images: dict[str, dict[str, Any]]) -> None:
+        _write_json_atomic(self.path, {"images": images})
+
+    def find(self, ref: str) -> dict[str, Any] | None:
+        images = self.all()
+        want = normalize(ref)
+        for rec in images.values():
+            if want in rec["RepoTags"] or ref in rec["RepoDigests"]:
+                return rec
+        hexid = ref.removeprefix("sha256:")
+        if len(hexid) >= 12 and all(c in "0123456789abcdef" for c in hexid):
+            hits = [r for r in images.values() if r["Id"].removeprefix("sha256:").startswith(hexid)]
+            if len(hits) == 1:
+                return hits[0]
+        return None
+
+    def add(self, rec: dict[str, Any], tags: Sequence[str] = (), digests: Sequence[str] = ()) -> dict[str, Any]:
+        """Store ``rec``; a tag moves to it from whichever image had it (as `docker build -t` / load do)."""
+        with self.lock():
+            images = self.all()
+            tags = [normalize(t) for t in tags] or list(rec["RepoTags"])
+            for other in images.values():
+                other["RepoTags"] = [t for t in other["RepoTags"] if t not in tags]
+            cur = images.get(rec["Id"], dict(rec, RepoTags=[], RepoDigests=[]))
+            cur["RepoTags"] = sorted(set(cur["RepoTags"]) | set(tags))
+            cur["RepoDigests"] = sorted(set(cur["RepoDigests"]) | set(digests))
+            images[rec["Id"]] = cur
+            self._save(images)
+            return cur
+
+    def remove(self, ref: str) -> dict[str, Any] | None:
+        with self.lock():
+            rec = self.find(ref)
+            if rec is None:
+                return None
+            images = self.all()
+            want = normalize(ref)
+            cur = images[rec["Id"]]
+            if want in cur["RepoTags"] and len(cur["RepoTags"]) > 1:
+                cur["RepoTags"].remove(want)
+            else:
+                del images[rec["Id"]]
+            self._save(images)
+            return rec
+
+
+def node_images() -> Images:
+    return Images(store_dir(_run_dir()))
+
+
+def _no_such_image(ref: str) -> ShimError:
+    return ShimError(f"Error response from daemon: No such image: {ref}", 1)
+
+
+def inspect_view(rec: dict[str, Any]) -> dict[str, Any]:
+    cfg = json.loads(rec["config_json"])
+    return {"Id": rec["Id"], "RepoTags": rec["RepoTags"], "RepoDigests": rec["RepoDigests"], "Parent": "",
+            "Comment": "", "Created": rec["Created"], "DockerVersion": "", "Author": "",
+            "Config": cfg["config"], "Architecture": cfg["architecture"], "Os": cfg["os"],
+            "Size": rec["Size"], "RootFS": {"Type": "layers", "Layers": cfg["rootfs"]["diff_ids"]},
+            "Metadata": {"LastTagTime": rec.get("tagged_at", "")}}
+
+
+def run_config(ref: str) -> dict[str, Any] | None:
+    """What ``docker run`` needs of an image (entrypoint, cmd, env, workdir), None when absent."""
+    rec = node_images().find(ref)
+    if rec is None:
+        return None
+    c = json.loads(rec["config_json"])["config"]
+    env = dict(e.partition("=")[::2] for e in c.get("Env") or [])
+    return {"entrypoint": c.get("Entrypoint") or [], "cmd": c.get("Cmd") or [], "env": env,
+            "workdir": c.get("WorkingDir") or None, "id": rec["Id"]}
+
+
+def repository(ref: str) -> str:
+    """``host:5000/org/name:tag@sha256:...`` -> ``host:5000/org/name``."""
+    name = ref.split("@")[0]
+    head, _, last = name.rpartition("/")
+    return (f"{head}/" if head else "") + last.split(":")[0]
+
+
+def pull_error(ref: str) -> str:
+    # the daemon's text for a repository the registry will not serve (moby
+    # distribution/errors.go: "pull access denied for %s, repository does not exist
+    # or may require 'docker login'")
+    return (f"Error response from daemon: pull access denied for {repository(ref)}, "
+            "repository does not exist or may require 'docker login'")
+
+
+def docker_image_inspect(refs: Sequence[str], fmt: str | None, render: Any) -> int:
+    store = node_images()
+    views, code = [], 0
+    for ref in refs:
+        rec = store.find(ref)
+        if rec is None:
+            print(f"Error response from daemon: No such image: {ref}", file=sys.stderr)
+            code = 1
+            continue
+        views.append(inspect_view(rec))
+    if fmt is not None:
+        for v in views:
+            print(render(fmt, v))
+    else:
+        print(json.dumps(views, indent=4))
+    return code
+
+
+def _human_size(n: int) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.3g}{unit}"
+    return f"{n}B"
+
+
+def docker_images(args: Sequence[str]) -> int:
+    quiet = "-q" in args or "--quiet" in args
+    rows = []
+    for rec in node_images().all().values():
+        for tag in rec["RepoTags"] or ["<none>:<none>"]:
+            repo, _, t = tag.rpartition(":")
+            rows.append((repo, t, rec["Id"].removeprefix("sha256:")[:12], rec["Created"], _human_size(rec["Size"])))
+    if quiet:
+        for r in rows:
+            print(r[2])
+        return 0
+    print(f"{'REPOSITORY':<40} {'TAG':<20} {'IMAGE ID':<14} {'CREATED':<22} SIZE")
+    for r in sorted(rows):
+        print(f"{r[0]:<40} {r[1]:<20} {r[2]:<14} {r[3]:<22} {r[4]}")
+    return 0
+
+
+class _Stream(io.RawIOBase):
+    """A file object over an iterator of byte chunks (tarfile's addfile reads it)."""
+
+    def __init__(self, chunks: Iterator[bytes]) -> None:
+        self._it, self._buf = chunks, b""
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b: Any) -> int:
+        while not self._buf:
+            try:
+                self._buf = next(self._it)
+            except StopIteration:
+                return 0
+        n = min(len(b), len(self._buf))
+        b[:n] = self._buf[:n]
+        self._buf = self._buf[n:]
+        return n
+
+
+def docker_save(args: Sequence[str]) -> int:
+    refs = [a for a in args if not a.startswith("-")]
+    if any(a.startswith("-") for a in args):
+        raise ShimError("sparkctl sim: docker save here writes to stdout only (no -o)", 125)
+    if not refs:
+        raise ShimError("\"docker save\" requires at least 1 argument.\nSee 'docker save --help'.", 1)
+    if os.isatty(1):
+        raise ShimError("cowardly refusing to save to a terminal. Use the -o flag or redirect", 1)
+    store = node_images()
+    recs = []
+    for ref in refs:
+        rec = store.find(ref)
+        if rec is None:
+            raise _no_such_image(ref)
+        recs.append((ref, rec))
+    out = os.fdopen(os.dup(1), "wb", buffering=_BLOCK)
+    with tarfile.open(fileobj=out, mode="w|", format=tarfile.PAX_FORMAT) as tar:
+        manifest = []
+        for ref, rec in recs:
+            cfg = rec["config_json"].encode()
+            cname = "blobs/sha256/" + rec["Id"].removeprefix("sha256:")
+            lname = "blobs/sha256/" + rec["layer"].removeprefix("sha256:")
+            _add(tar, cname, io.BytesIO(cfg), len(cfg))
+            _add(tar, lname, _Stream(layer_chunks(rec["seed"], rec["layer_bytes"])), rec["layer_bytes"])
+            tags = [normalize(ref)] if normalize(ref) in rec["RepoTags"] else list(rec["RepoTags"])
+            manifest.append({"Config": cname, "RepoTags": tags, "Layers": [lname]})
+        data = json.dumps(manifest).encode()
+        _add(tar, "manifest.json", io.BytesIO(data), len(data))
+    out.close()
+    return 0
+
+
+def _add(tar: tarfile.TarFile, name: str, fh: Any, size: int) -> None:
+    info = tarfile.TarInfo(name)
+    info.size, info.mode, info.mtime = size, 0o644, 0
+    tar.addfile(info, fh)
+
+
+def docker_load(args: Sequence[str]) -> int:
+    # -q hides the progress bar only; the loaded names are printed either way (docker load --help)
+    if any(a not in ("-q", "--quiet") for a in args):
+        raise ShimError("sparkctl sim: docker load here reads stdin only (no -i)", 125)
+    if os.isatty(0):
+        raise ShimError("requested load from stdin, but stdin is empty", 1)
+    blobs: dict[str, bytes] = {}  # configs only: layers are hashed as they stream by, then dropped
+    layers: dict[str, int] = {}
+    manifest: list[dict[str, Any]] | None = None
+    inp = os.fdopen(os.dup(0), "rb", buffering=_BLOCK)
+    try:
+        with tarfile.open(fileobj=inp, mode="r|") as tar:
+            for member in tar:
+                if not member.isfile():
+                    continue
+                fh = tar.extractfile(member)
+                assert fh is not None
+                if member.name == "manifest.json":
+                    manifest = json.loads(fh.read())
+                    continue
+                h, kept, n = hashlib.sha256(), [], 0
+                while chunk := fh.read(_BLOCK):
+                    h.update(chunk)
+                    n += len(chunk)
+                    if member.size <= 1 << 20:
+                        kept.append(chunk)
+                digest = h.hexdigest()
+                if member.name.startswith("blobs/sha256/") and member.name.rsplit("/", 1)[1] != digest:
+                    raise ShimError(f"Error response from daemon: invalid diffID for layer: expected "
+                                    f"\"sha256:{member.name.rsplit('/', 1)[1]}\", got \"sha256:{digest}\"", 1)
+                layers[member.name] = n
+                if kept:
+                    blobs[member.name] = b"".join(kept)
+    except tarfile.TarError as exc:
+        raise ShimError(f"Error response from daemon: unexpected EOF ({exc})", 1) from None
+    finally:
+        inp.close()
+    if manifest is None:
+        raise ShimError("Error response from daemon: open /var/lib/docker/tmp/docker-import/manifest.json: "
+                        "no such file or directory", 1)
+    store = node_images()
+    for entry in manifest:
+        raw = blobs.get(entry["Config"])
+        if raw is None:
+            raise ShimError(f"Error response from daemon: config {entry['Config']} missing from the archive", 1)
+        cfg = json.loads(raw)
+        for lname in entry["Layers"]:
+            if lname not in layers:
+                raise ShimError(f"Error response from daemon: layer {lname} missing from the archive", 1)
+        lname = entry["Layers"][0]
+        rec = {"Id": "sha256:" + hashlib.sha256(raw).hexdigest(), "config_json": raw.decode(), "RepoTags": [],
+               "RepoDigests": [], "Created": cfg.get("created", _now_iso()), "Size": layers[lname],
+               "layer": "sha256:" + lname.rsplit("/", 1)[1], "seed": cfg["sparkctl_sim"]["seed"],
+               "layer_bytes": layers[lname]}
+        store.add(rec, entry.get("RepoTags") or [])
+        for tag in entry.get("RepoTags") or []:
+            print(f"Loaded image: {tag}")
+        if not entry.get("RepoTags"):
+            print(f"Loaded image ID: {rec['Id']}")
+    return 0
+
+
+def published() -> dict[str, dict[str, Any]]:
+    return dict((_read_json(registry_path(_run_dir())) or {}).get("images", {}))
+
+
+def docker_pull(args: Sequence[str]) -> int:
+    refs = [a for a in args if not a.startswith("-")]
+    if len(refs) != 1:
+        raise ShimError("\"docker pull\" requires exactly 1 argument.\nSee 'docker pull --help'.", 1)
+    ref = refs[0]
+    reg = published()
+    name = ref.split("@")[0] if "@" in ref else normalize(ref)
+    entry = reg.get(name)
+    if entry is None or ("@" in ref and ref.split("@")[1] != entry["digest"]):
+        raise ShimError(pull_error(ref), 1)
+    rec = make_image(name, entry.get("variant", ""), entry.get("layer_bytes", DEFAULT_LAYER_BYTES))
+    repo = repository(name)
+    node_images().add(rec, [name] if "@" not in ref else [], [f"{repo}@{entry['digest']}"])
+    print(f"{name.rsplit(':', 1)[1] if '@' not in ref else ref.split('@')[1]}: Pulling from {repo}")
+    print(f"Digest: {entry['digest']}")
+    print(f"Status: Downloaded newer image for {ref}")
+    print(ref if "@" in ref else name)
+    return 0
+
+
+def publish(root: Path, ref: str, variant: str = "", layer_bytes: int = DEFAULT_LAYER_BYTES) -> str:
+    """Make ``ref`` pullable from the simulated registry; returns its manifest digest."""
+    name = normalize(ref)
+    rec = make_image(name, variant, layer_bytes)
+    digest = "sha256:" + hashlib.sha256(f"manifest:{rec['Id']}".encode()).hexdigest()
+    path = root / "registry.json"
+    data = _read_json(path) or {"images": {}}
+    data["images"][name] = {"digest": digest, "variant": variant, "layer_bytes": layer_bytes, "id": rec["Id"]}
+    _write_json_atomic(path, data)
+    return digest
+
+
+def load_on_node(root: Path, node: str, ref: str, variant: str = "",
+                 layer_bytes: int = DEFAULT_LAYER_BYTES) -> dict[str, Any]:
+    """Stand-in for "the operator built it on this node" (`sparkctl sim image load`)."""
+    return Images(root / "nodes" / node / "docker-images").add(make_image(ref, variant, layer_bytes))
+
+
+def docker_tag(args: Sequence[str]) -> int:
+    if len(args) != 2:
+        raise ShimError("\"docker tag\" requires exactly 2 arguments.\nSee 'docker tag --help'.", 1)
+    store = node_images()
+    rec = store.find(args[0])
+    if rec is None:
+        raise _no_such_image(args[0])
+    store.add(rec, [args[1]])
+    return 0
+
+
+def docker_rmi(args: Sequence[str]) -> int:
+    code = 0
+    for ref in (a for a in args if not a.startswith("-")):
+        rec = node_images().remove(ref)
+        if rec is None:
+            print(f"Error response from daemon: No such image: {ref}", file=sys.stderr)
+            code = 1
+        else:
+            print(f"Untagged: {normalize(ref)}")
+    return code
