@@ -70,6 +70,14 @@ def prepare(ctx_obj: Any, profile: str, force: bool, check_fn: CheckFn | None = 
     config["inventory"] = inv.file
     config["nodes"] = list(layout.nodes)
     config["head"] = head.name
+    # The head's rendered command line: the runner reads llama-server's per-slot window
+    # from it when the server has no /props (workloads.llama_server_slot_ctx).
+    from sparkctl.model.paths import under
+    from sparkctl.plan.render import engine_argv
+
+    r0 = layout.ranks[0]
+    hp = res.for_node(r0.node)
+    config["engine_argv"] = engine_argv(hp, r0, under(inv.node(r0.node).prefix, hp.model.weights_path))
     # The lead wires the cluster check here: check_fn probes every node and judges the laws
     # (refusing to bench a failing cluster unless force), and its facts overwrite the
     # profile's declared values with what the nodes really run.

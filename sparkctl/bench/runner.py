@@ -232,14 +232,19 @@ class Runner(ContextFit, Suites):
             entry = next((d for d in data if isinstance(d, dict) and d.get("id") == self.model), None)
             owner = (entry or {}).get("owned_by")
             props: dict[str, Any] | None = None
-            if not wl.context_window(entry, None, None)[0]:
-                try:  # llama.cpp's server: the per-slot window
+            llama = "llamacpp" in (self.config.get("engine"), owner)
+            served_by_models = wl.context_window(entry, None, None)[1] in (
+                "/v1/models max_model_len", "/v1/models context_length")
+            if llama or not served_by_models:
+                try:  # llama.cpp's server: the per-slot window (its /v1/models has only the training length)
                     pr = await h.get(self.base_url + "/props")
                     props = pr.json() if pr.status_code == 200 else None
                 except (httpx.HTTPError, ValueError):
                     props = None
+            argv = self.config.get("engine_argv")
+            slot = wl.llama_server_slot_ctx(argv) if llama and isinstance(argv, (list, tuple)) else None
             window, source = wl.context_window(entry, props if isinstance(props, dict) else None,
-                                               self.config.get("context_len_tokens"))
+                                               self.config.get("context_len_tokens"), slot)
             self.config["context_window_tokens"], self.config["context_window_source"] = window, source
             if not self.config.get("engine") and owner in KNOWN_ENGINES:
                 self.config["engine"] = owner

@@ -226,13 +226,16 @@ def decode_extras(engine: str | None, n_tokens: int) -> dict[str, Any]:
 
 
 def context_window(models_entry: Mapping[str, Any] | None, props: Mapping[str, Any] | None,
-                   profile_tokens: int | None) -> tuple[int | None, str | None]:
+                   profile_tokens: int | None, slot_tokens: int | None = None) -> tuple[int | None, str | None]:
     """The context window one request may use, and where that figure came from. Pure.
 
     In order of trust: what the server says applies now (vLLM/SGLang/ds41f
     ``/v1/models`` ``max_model_len``, a ``context_length`` field, llama.cpp's
     ``/props`` ``default_generation_settings.n_ctx``, i.e. the per-slot window,
-    or a top-level ``n_ctx``); then the profile's ``model.context_len_tokens``;
+    or a top-level ``n_ctx``); then ``slot_tokens``, llama-server's per-slot
+    window from the rendered flags (:func:`llama_server_slot_ctx`: without
+    ``--kv-unified`` a slot gets ``ctx-size / parallel``, less than the
+    profile's figure); then the profile's ``model.context_len_tokens``;
     last llama.cpp's ``/v1/models`` ``meta.n_ctx_train`` (the training length:
     an upper bound, the server may run with less). llama-cpp-python's server
     reports none of these.
@@ -251,6 +254,8 @@ def context_window(models_entry: Mapping[str, Any] | None, props: Mapping[str, A
             return n, "/props default_generation_settings.n_ctx"
         if (n := pos_int(props.get("n_ctx"))) is not None:
             return n, "/props n_ctx"
+    if (n := pos_int(slot_tokens)) is not None:
+        return n, "llama-server flags: ctx-size / parallel (no /props)"
     if (n := pos_int(profile_tokens)) is not None:
         return n, "profile model.context_len_tokens"
     meta = entry.get("meta")
