@@ -8,8 +8,9 @@ then copied from the same address by
 * the agent's ``pull`` (ranged, N connections, SHA-256 verified, fsync'd, atomic
   rename): what one receiver of ``sparkctl weights sync`` does;
 * ``sparkctl.ops.weights.sync`` end to end for a pair of local "nodes" (addresses
-  127.20.0.1/2, LocalTransport), which adds the manifest on the source (cold:
-  hashed; warm: from the hash cache) and the job polling.
+  127.20.0.1/2, LocalTransport) with the CLI's defaults, which adds the agent
+  push, the manifest on the source (cold: hashed, once, first; warm: from the
+  hash cache, interleaved with the others), the server, the job polling and the stop.
 
 It prints medians and the throughput ratio pull / plain (target >= 0.8); it
 asserts nothing. Everything lives in one temporary directory under /tmp that
@@ -43,12 +44,18 @@ def _timed(fn) -> float:  # type: ignore[no-untyped-def]
     return time.perf_counter() - t
 
 
-def _plain(url: str, dest: Path) -> None:
+def _plain(url: str, dest: Path, durable: bool = False) -> None:
     if shutil.which("curl"):
         subprocess.run(["curl", "-s", "-f", "-o", str(dest), url], check=True)
-        return
-    with urllib.request.urlopen(url) as resp, open(dest, "wb") as f:
-        shutil.copyfileobj(resp, f, 1 * MIB)
+    else:
+        with urllib.request.urlopen(url) as resp, open(dest, "wb") as f:
+            shutil.copyfileobj(resp, f, 1 * MIB)
+    if durable:  # what the pull does before its rename: the bytes on disk, not only in the page cache
+        fd = os.open(dest, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 def _pull(base: str, manifest: Path, dest: Path, connections: int, inside: list[float]) -> None:
@@ -62,30 +69,35 @@ def _pull(base: str, manifest: Path, dest: Path, connections: int, inside: list[
     inside.append(float(last["seconds"]))  # the agent's own clock: without interpreter start-up
 
 
-def _sync_pair(tmp: Path, blob: Path, repeats: int) -> list[tuple[str, float]]:
-    sys.path.insert(0, str(REPO))
-    from sparkctl.model.inventory import loads_inventory
-    from sparkctl.ops import weights
-    from sparkctl.transport.ssh import LocalTransport
+class _SyncPair:
+    """``weights.sync`` between two local "nodes", called as ``sparkctl weights sync`` calls it (its defaults)."""
 
-    inv = loads_inventory(
-        "cluster: {name: bench, fabric_pool: 127.20.0.0/16}\ndefaults: {sudo: false}\nnodes:\n"
-        f"  - {{name: a, host: 192.0.2.1, prefix: {tmp / 'a'}}}\n  - {{name: b, host: 192.0.2.2, prefix: {tmp / 'b'}}}\n"
-        "cables: [[a:p0, b:p0]]\n"
-    )
-    (tmp / "a" / "models").mkdir(parents=True)
-    os.link(blob, tmp / "a" / "models" / "blob.bin")
-    tr = LocalTransport(inv.names, sudo=False)
-    out = []
-    for i in range(repeats):
-        shutil.rmtree(tmp / "b" / "models", ignore_errors=True)
+    def __init__(self, tmp: Path, blob: Path) -> None:
+        sys.path.insert(0, str(REPO))
+        from sparkctl.model.inventory import loads_inventory
+        from sparkctl.transport.ssh import LocalTransport
+
+        self.tmp = tmp
+        self.inv = loads_inventory(
+            "cluster: {name: bench, fabric_pool: 127.20.0.0/16}\ndefaults: {sudo: false}\nnodes:\n"
+            f"  - {{name: a, host: 192.0.2.1, prefix: {tmp / 'a'}}}\n"
+            f"  - {{name: b, host: 192.0.2.2, prefix: {tmp / 'b'}}}\n"
+            "cables: [[a:p0, b:p0]]\n"
+        )
+        (tmp / "a" / "models").mkdir(parents=True)
+        os.link(blob, tmp / "a" / "models" / "blob.bin")
+        self.tr = LocalTransport(self.inv.names, sudo=False)
+
+    def run(self) -> tuple[float, float]:
+        """(wall seconds of the whole call, seconds of the receiver's pull by the agent's own clock)."""
+        from sparkctl.ops import weights
+
+        shutil.rmtree(self.tmp / "b" / "models", ignore_errors=True)
         holder: dict = {}
-        secs = _timed(lambda: holder.update(rep=weights.sync(inv, tr, "/models", "a", poll_s=0.05)))
-        rep = holder["rep"]
-        if not rep.ok:
-            raise SystemExit(f"sync failed: {rep}")
-        out.append(("cold" if i == 0 else "warm", secs))
-    return out
+        secs = _timed(lambda: holder.update(rep=weights.sync(self.inv, self.tr, "/models", "a")))
+        if not holder["rep"].ok:
+            raise SystemExit(f"sync failed: {holder['rep']}")
+        return secs, holder["rep"].nodes["b"].seconds
 
 
 def main() -> int:
@@ -113,20 +125,24 @@ def main() -> int:
         base = f"http://127.0.0.1:{listening['port']}/"
         url = base + "blob.bin"
 
-        plain = []
+        plain, durable = [], []
         pulls: dict[int, list[float]] = {c: [] for c in args.connections}
         inside: dict[int, list[float]] = {c: [] for c in args.connections}
+        pair = _SyncPair(tmp / "pair", tmp / "src" / "blob.bin")
+        syncs = [("cold", pair.run())]  # the first hashes the source; the others find it in the hash cache
         for _ in range(args.repeats):  # interleaved, so drift hits every method alike
             plain.append(_timed(lambda: _plain(url, tmp / "plain.bin")))
+            (tmp / "plain.bin").unlink()
+            durable.append(_timed(lambda: _plain(url, tmp / "plain.bin", durable=True)))
             (tmp / "plain.bin").unlink()
             for c in args.connections:
                 dest = tmp / f"pull{c}"
                 pulls[c].append(_timed(lambda: _pull(base, tmp / "manifest.json", dest, c, inside[c])))
                 shutil.rmtree(dest)
+            syncs.append(("warm", pair.run()))
         server.terminate()
         server.wait(10)
         server = None
-        syncs = _sync_pair(tmp / "pair", tmp / "src" / "blob.bin", max(2, args.repeats))
 
         def rate(secs: float) -> float:
             return size / secs / 1e6
@@ -141,12 +157,14 @@ def main() -> int:
                   f"  | own clock {i:6.3f} s ratio {p / i:5.2f}")
         print("  (pull = ranged GETs + sha256 verified + fsync + atomic rename; wall time includes the"
               " python3 start-up, the agent's own clock does not)")
-        cold = [s for k, s in syncs if k == "cold"]
-        warm = [s for k, s in syncs if k == "warm"]
-        print(f"  weights.sync pair, cold:       {cold[0]:7.3f} s  {rate(cold[0]):8.1f} MB/s  ratio {p / cold[0]:5.2f}"
-              "  (+ manifest hashing, job start and polling)")
-        w = statistics.median(warm)
-        print(f"  weights.sync pair, warm cache: {w:7.3f} s  {rate(w):8.1f} MB/s  ratio {p / w:5.2f}")
+        cold = [x for k, x in syncs if k == "cold"]
+        warm = [x for k, x in syncs if k == "warm"]
+        d = statistics.median(durable)
+        print(f"  plain + fsync:{'':18s}{d:7.3f} s  {rate(d):8.1f} MB/s  (the pull fsyncs before its rename)")
+        for name, xs in (("cold", cold), ("warm cache", warm)):
+            w, own = statistics.median(x[0] for x in xs), statistics.median(x[1] for x in xs)
+            print(f"  weights.sync pair, {name + ':':<12}{w:7.3f} s  {rate(w):8.1f} MB/s  ratio {p / w:5.2f}"
+                  f"  (vs plain + fsync {d / w:5.2f}); fixed costs (wall - the pull's own clock) {w - own:5.3f} s")
         best = min(args.connections, key=lambda c: statistics.median(pulls[c]))
         print(f"target: pull/plain >= 0.8; best pull ({best} connection(s)): wall ratio "
               f"{p / statistics.median(pulls[best]):.2f}, own-clock ratio {p / statistics.median(inside[best]):.2f}")

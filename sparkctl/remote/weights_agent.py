@@ -72,7 +72,7 @@ import sys
 import threading
 import time
 import urllib.parse
-from typing import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 MIB = 1 << 20
 HASH_BLOCK = 8 * MIB  # read size for hashing (the brief's 8 MiB blocks)
@@ -437,7 +437,7 @@ class Slots:
     def __init__(self, n: int) -> None:
         self._sem = threading.Semaphore(max(1, n))
 
-    def acquire(self, stop: "threading.Event | StopScope") -> bool:
+    def acquire(self, stop: threading.Event | StopScope) -> bool:
         while not stop.is_set():
             if self._sem.acquire(timeout=0.1):
                 return True
@@ -450,7 +450,7 @@ class Slots:
 class StopScope:
     """One file's stop: set by its own failure (the other files go on) or by the job's stop (all of them end)."""
 
-    def __init__(self, parent: "threading.Event | StopScope") -> None:
+    def __init__(self, parent: threading.Event | StopScope) -> None:
         self.parent = parent
         self._own = threading.Event()
 
