@@ -165,7 +165,7 @@ def _env_key(prof: Doc, inv: Doc, h: str) -> None:
 
 
 def _kernel_deny_key(prof: Doc, inv: Doc, h: str) -> None:
-    prof.setdefault("laws", {})["kernel_deny"] = {h: "reason"}
+    prof.setdefault("laws", {})["kernels"] = {"bad": {h: "reason"}}
 
 
 def _secret_name(prof: Doc, inv: Doc, h: str) -> None:
@@ -193,9 +193,9 @@ FIELDS: list[Field] = [
     Field("model.weights_path", "profile", _p("model.weights_path", lambda h: f"/srv/models/{h}"), BOTH),
     Field("model.weights_format", "profile", _p("model.weights_format")),
     Field("topology.nodes", "profile", _p("topology.nodes", lambda h: [h, "spark-b"])),
-    Field("laws.kernel_allow", "profile", _p("laws.kernel_allow", lambda h: [h])),
-    Field("laws.kernel_deny", "profile", _kernel_deny_key),
-    Field("laws.kernel_deny (reason)", "profile", _p("laws.kernel_deny", lambda h: {"6.17.0-1031-nvidia": h})),
+    Field("laws.kernels.good", "profile", _p("laws.kernels", lambda h: {"good": [h]})),
+    Field("laws.kernels.bad", "profile", _kernel_deny_key),
+    Field("laws.kernels.bad (reason)", "profile", _p("laws.kernels", lambda h: {"bad": {"6.17.0-1031-nvidia": h}})),
     Field("laws.kernel_hold_packages", "profile", _p("laws.kernel_hold_packages", lambda h: [h])),
     Field("laws.clock_cap_mhz", "profile", _p("laws.clock_cap_mhz")),
     Field("serve.port", "profile", _p("serve.port")),

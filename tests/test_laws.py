@@ -48,7 +48,8 @@ def test_healthy_ring_fails_only_the_page_size_and_passes_waived() -> None:
 
 @pytest.mark.parametrize("change,law", [
     ({"kernel": "6.17.0-1031-nvidia"}, "kernel_pin"),
-    ({"kernel": "6.17.0-1032-nvidia"}, "kernel_pin"),
+    ({"kernel": "6.17.0-1021-nvidia"}, "kernel_pin"),   # not known good: unqualified
+    ({"kernel": "7.0.0-1019-nvidia"}, "kernel_pin"),    # known bad (public reports, kernels.yaml)
     ({"held_packages": []}, "kernel_pin"),
     ({"mem_available_kib": 20_000_000}, "memory_guard"),           # idle, 100 GiB missing: a leak
     ({"clock_lock_record": None}, "clock_cap"),

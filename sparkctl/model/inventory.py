@@ -14,13 +14,13 @@ from __future__ import annotations
 import difflib
 import ipaddress
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from pydantic import ValidationError
 
 from sparkctl.errors import InventoryError
-from sparkctl.model.schema import InventoryFile, NodeSpec, PortSpec, default_ports
+from sparkctl.model.schema import InventoryFile, KernelList, NodeSpec, PortSpec, default_ports
 from sparkctl.model.yamlsrc import Located, load, loads, pydantic_errors
 
 
@@ -101,6 +101,7 @@ class Inventory:
     mtu: int
     fabric_pool: str
     source: Located
+    kernels: KernelList = field(default_factory=KernelList)  # laws.kernels: added to the bundled kernel data
 
     # -- lookups (pure) -------------------------------------------------
     def node(self, name: str) -> Node:
@@ -266,7 +267,7 @@ def build(src: Located) -> Inventory:
     return Inventory(
         file=src.file, name=inv.cluster.name, nodes=nodes, cables=tuple(cables), topology=topology,
         ring_order=ring_order, links=links, routes=routes, mtu=inv.cluster.fabric_mtu_bytes,
-        fabric_pool=str(pool), source=src,
+        fabric_pool=str(pool), source=src, kernels=inv.laws.kernels,
     )
 
 

@@ -97,14 +97,6 @@ def is_secret_name(name: str) -> bool:
 
 ENGINES = ("ds41f", "tensorfold", "vllm", "sglang", "llamacpp")
 
-# The field reports: 6.17.0-1031-nvidia "dies on the 3rd consecutive 8-way window
-# (NVRM NV_ERR_NO_MEMORY) and leaks ~80 GiB on engine death"; 1029 is the
-# bisect-proven good pin (docs/reference/field-report-2node-records.txt, published-numbers.yaml).
-DEFAULT_KERNEL_DENY = {
-    "6.17.0-1031-nvidia": "dies on the 3rd consecutive 8-way window (NVRM NV_ERR_NO_MEMORY) "
-    "and leaks ~80 GiB on engine death (bisect-proven against 1029)",
-}
-DEFAULT_KERNEL_ALLOW = ["6.17.0-1029-nvidia"]
 # docs/reference/spark-facts.md: the meta-packages that would pull a new kernel.
 DEFAULT_HOLD_PACKAGES = ["linux-nvidia-hwe-24.04", "linux-image-nvidia-hwe-24.04"]
 
@@ -269,17 +261,34 @@ class TopologySpec(_Strict):
         return self
 
 
+KernelRelease = Annotated[str, Field(pattern=KERNEL_RE)]
+
+
+class KernelList(_Strict):
+    """Kernel releases known bad or good, added to the bundled list (the kernel_pin law)."""
+
+    bad: dict[KernelRelease, str] = Field(
+        default_factory=dict, description="releases refused, each with the reason and where it was seen"
+    )
+    good: list[KernelRelease] = Field(default_factory=list, description="releases qualified for this stack")
+
+    @field_validator("bad")
+    @classmethod
+    def _reasons(cls, v: dict[str, str]) -> dict[str, str]:
+        for why in v.values():
+            no_control(why)
+        return v
+
+
 class LawsSpec(_Strict):
     """The operational laws this stack is held to (docs/LAWS.md)."""
 
     clock_cap_mhz: int | None = Field(
         2000, ge=300, le=3003, description="GPU SM clock cap (nvidia-smi -lgc 0,CAP); null = uncapped"
     )
-    kernel_allow: list[Annotated[str, Field(pattern=KERNEL_RE)]] = Field(
-        default_factory=lambda: list(DEFAULT_KERNEL_ALLOW), description="kernel releases known good for this stack"
-    )
-    kernel_deny: dict[Annotated[str, Field(pattern=KERNEL_RE)], str] = Field(
-        default_factory=lambda: dict(DEFAULT_KERNEL_DENY), description="kernel releases refused, with the reason"
+    kernels: KernelList = Field(
+        default_factory=lambda: KernelList(),
+        description="kernel releases added to sparkctl's data file (sparkctl/plan/laws/kernels.yaml)",
     )
     kernel_hold_packages: list[Annotated[str, Field(pattern=PACKAGE_RE)]] = Field(
         default_factory=lambda: list(DEFAULT_HOLD_PACKAGES),
@@ -364,7 +373,7 @@ class Profile(_Strict):
 
 # Keys of dict-typed fields are merged one by one across layers (an overlay can
 # add one env var without restating the others); everything else is replaced.
-MERGED_DICTS = {("engine", "env"), ("laws", "kernel_deny"), ("thinking", "request_fields")}
+MERGED_DICTS = {("engine", "env"), ("laws", "kernels", "bad"), ("thinking", "request_fields")}
 
 
 # --------------------------------------------------------------------------- inventory
@@ -444,6 +453,12 @@ class ClusterSpec(_Strict):
     fabric_mtu_bytes: int = Field(9000, ge=1280, le=9216, description="MTU of every fabric twin")
 
 
+class InventoryLaws(_Strict):
+    """Site-wide law data: what this fleet has learned about kernels."""
+
+    kernels: KernelList = Field(default_factory=lambda: KernelList(), description="added to sparkctl's kernel data")
+
+
 class InventoryFile(_Strict):
     """An inventory: the boxes and how the cables run."""
 
@@ -453,3 +468,4 @@ class InventoryFile(_Strict):
     cables: list[tuple[str, str]] = Field(
         default_factory=list, description='each cable joins "node:port" to "node:port" (port p0 or p1), or "switch"'
     )
+    laws: InventoryLaws = Field(default_factory=lambda: InventoryLaws(), description="site-wide law data")

@@ -6,6 +6,7 @@ Pure checks over NodeFacts; remedies as data (commands). Nothing here touches a 
 from __future__ import annotations
 
 from sparkctl.model import clocklock
+from sparkctl.plan.laws import kernels
 from sparkctl.plan.laws.base import (
     CLOCK_LOCK_SLACK_MHZ,
     FAIL,
@@ -22,21 +23,39 @@ from sparkctl.plan.laws.base import (
 # --------------------------------------------------------------------------- kernel pin
 
 
+def kernel_book(ctx: Context) -> kernels.KernelBook:
+    """The bundled kernel data plus the inventory's and the profile's ``laws.kernels``."""
+    inv = getattr(ctx.inventory, "kernels", None)
+    prof = ctx.profile.laws.kernels
+    layers = [("profile", prof.bad, prof.good)]
+    if inv is not None:
+        layers.insert(0, ("inventory", inv.bad, inv.good))
+    return kernels.merged(kernels.bundled(), *layers)
+
+
+def _seen(e: kernels.KernelEntry) -> str:
+    return f" (seen: {', '.join(e.sources)})" if e.sources else f" (from the {e.origin}'s laws.kernels)"
+
+
 def check_kernel(ctx: Context) -> list[Verdict]:
     law = ctx.profile.laws
+    book = kernel_book(ctx)
+    pin = book.pin()
+    good = " or ".join(book.good) or "a qualified kernel"
     out: list[Verdict] = []
     for node, f in each(ctx, "kernel_pin", "kernel", out):
         k = f.kernel
-        pin = law.kernel_allow[0] if law.kernel_allow else None
-        if k in law.kernel_deny:
+        state = book.verdict(k)
+        if state == "bad":
+            e = book.bad[k]
             out.append(Verdict("kernel_pin", node, FAIL, k, f"not {k}",
-                               f"{k} is denied: {law.kernel_deny[k]}. Boot {pin or 'a known-good kernel'} on {node} "
-                               "and hold the kernel meta-packages (`sparkctl check --explain kernel_pin`)"))
+                               f"{k} is known bad: {e.reason}{_seen(e)}. Boot {pin or 'a known-good kernel'} on "
+                               f"{node} and hold the kernel meta-packages (`sparkctl check --explain kernel_pin`)"))
             continue
-        if law.kernel_allow and k not in law.kernel_allow:
-            out.append(Verdict("kernel_pin", node, FAIL, k, " or ".join(law.kernel_allow),
-                               f"{k} is not on the allow-list: boot {pin} on {node}, or add {k} to "
-                               "laws.kernel_allow once it is qualified"))
+        if state == "unknown":
+            out.append(Verdict("kernel_pin", node, FAIL, k, good,
+                               f"{k} is not known good: boot {pin} on {node}, or add {k} to "
+                               "laws.kernels.good (profile or inventory) once it is qualified"))
             continue
         held = set(getattr(f, "held_packages", ()) or ())
         missing = [p for p in law.kernel_hold_packages if p not in held]
@@ -44,7 +63,7 @@ def check_kernel(ctx: Context) -> list[Verdict]:
             out.append(Verdict("kernel_pin", node, FAIL, f"{k}; not held: {', '.join(missing)}", "meta-packages held",
                                f"on {node}: sudo apt-mark hold {' '.join(missing)} (an upgrade would pull a new kernel)"))
             continue
-        out.append(Verdict("kernel_pin", node, OK, k, " or ".join(law.kernel_allow) or "not denied"))
+        out.append(Verdict("kernel_pin", node, OK, k, good))
     return out
 
 
@@ -53,7 +72,7 @@ def remedy_kernel(ctx: Context, verdicts: list[Verdict]) -> Remedy | None:
     if not bad:
         return None
     law = ctx.profile.laws
-    pin = law.kernel_allow[0] if law.kernel_allow else "<known-good>"
+    pin = kernel_book(ctx).pin() or "<known-good>"
     steps = (
         f"sudo apt-mark hold {' '.join(law.kernel_hold_packages)}",
         f"sudo grub-set-default 'Advanced options for DGX OS>DGX OS, with Linux {pin}'  "
