@@ -23,8 +23,7 @@ from dataclasses import dataclass
 from sparkctl.errors import Ref
 from sparkctl.model.inventory import Inventory
 from sparkctl.ops import hub
-from sparkctl.ops.hub import HubError, HubPlan
-from sparkctl.ops.weights import (
+from sparkctl.ops.agentjobs import (
     ProgressCallback,
     WeightsError,
     _Agent,
@@ -34,6 +33,7 @@ from sparkctl.ops.weights import (
     hash_cache_path,
     push_agent,
 )
+from sparkctl.ops.hub import HubError, HubPlan
 from sparkctl.plan.render import under
 from sparkctl.transport.ssh import Transport
 
