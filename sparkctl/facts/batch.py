@@ -37,6 +37,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+from sparkctl.facts import engine as engine_fact
 from sparkctl.facts import gpu, net, pci, services, system
 from sparkctl.facts.nodefacts import GpuFacts, LinkFacts, NodeFacts, PcieFacts
 from sparkctl.facts.registry import (
@@ -57,6 +58,7 @@ REGISTRY = Registry((
     system.MEMINFO, system.DISK, services.WEIGHTS, gpu.GPU, gpu.GPU_CLOCKS, system.CLOCK_LOCK,
     net.IBDEV2NETDEV, net.NET_OPERSTATE, net.NET_MTU, net.NET_IPV4, net.NET_ETHTOOL, net.GIDS, pci.PCIE,
     services.ENGINES, services.PORTS, services.MODELS,
+    engine_fact.ENGINE,
 ))
 
 PRELUDE = """\
@@ -90,12 +92,12 @@ def frame(steps: list[tuple[str, str]], manifest: str | None = None) -> str:
 
 
 def build_script(node: Node, weights_path: str | None = None, endpoint_port: int | None = None,
-                 weights: WeightsPaths | None = None) -> str:
+                 weights: WeightsPaths | None = None, engine: engine_fact.EngineProbe | None = None) -> str:
     """The batched probe script for ``node`` (POSIX sh; see the module docstring).
 
     ``endpoint_port``: also ask the engine for its served models;
     ``weights``: also ask the weights agent what its hash cache vouches for."""
-    ctx = ScriptContext(node, weights_path, endpoint_port, weights)
+    ctx = ScriptContext(node, weights_path, endpoint_port, weights, engine)
     return frame([(section, fact.command(ctx, item)) for fact in REGISTRY for item, section in fact.sections(ctx)])
 
 
@@ -303,6 +305,7 @@ def _assemble(node: str, r: _Reader, due: list[tuple[Fact[Any], str]]) -> NodeFa
         engines=r.get(services.ENGINES),
         listening_ports=r.get(services.PORTS),
         served_models=r.get(services.MODELS),
+        engine_found=r.get(engine_fact.ENGINE),
         unreadable=r.unreadable,
         not_available=r.not_available,
     )

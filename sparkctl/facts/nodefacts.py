@@ -123,3 +123,5 @@ class NodeFacts:
     @property
     def complete(self) -> bool:
         return not self.unreadable and not self.not_available
+    # the profile's engine: its image ID (docker) or executable path (native); "" not on the node
+    engine_found: str | None = None

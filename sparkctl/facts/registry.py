@@ -104,6 +104,7 @@ class ScriptContext:
     weights_path: str | None = None
     endpoint_port: int | None = None
     weights: WeightsPaths | None = None
+    engine: Any = None  # sparkctl.facts.engine.EngineProbe: what the engine fact looks for
 
     @property
     def sysfs(self) -> str:

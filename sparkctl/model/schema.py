@@ -39,7 +39,13 @@ SAFE_PATH_RE = r"^/[A-Za-z0-9._@+=/-]{0,1023}$"
 # Engine release tags and container images: shown in comments and unit
 # descriptions, passed to docker; never start with '-' (an option to docker).
 VERSION_RE = r"^[A-Za-z0-9][A-Za-z0-9._+:~-]{0,127}$"
-IMAGE_RE = r"^[A-Za-z0-9][A-Za-z0-9._/:@+-]{0,254}$"
+# Image references by docker's grammar (distribution/reference regexp.go): an
+# optional registry host[:port]/, lower-case path components, an optional :tag,
+# an optional @sha256:<64 hex> digest (pinned: every node runs the same bits).
+_IMG_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_IMG_HOST = r"[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?(?:\.[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?)*(?::[0-9]+)?"
+IMAGE_RE = (rf"^(?:{_IMG_HOST}/)?{_IMG_COMPONENT}(?:/{_IMG_COMPONENT})*"
+            r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(?:@sha256:[0-9a-f]{64})?$")
 # Debian package names (policy 5.6.1) and kernel releases (`uname -r`): they
 # appear in printed remedies that an operator may paste into a shell.
 PACKAGE_RE = r"^[a-z0-9][a-z0-9+.-]{0,127}$"
@@ -57,7 +63,7 @@ PATTERN_HINTS = {
     ENV_NAME_RE: "a shell variable name: letters, digits and '_'",
     SAFE_PATH_RE: "an absolute path of letters, digits and . _ @ + = / -",
     VERSION_RE: "letters, digits and . _ + : ~ -; starts with a letter or digit",
-    IMAGE_RE: "an image reference such as registry:5000/org/image:tag@sha256:...",
+    IMAGE_RE: "an image reference: [registry[:port]/]name[:tag][@sha256:<64 hex digits>], name in lower case",
     PACKAGE_RE: "a Debian package name (lower case letters, digits, + . -)",
     KERNEL_RE: "a kernel release as `uname -r` prints it",
     METRIC_RE: "a Prometheus metric name",
@@ -135,7 +141,9 @@ class EngineSpec(_Strict):
         description="serving engine: ds41f, tensorfold, vllm, sglang or llamacpp"
     )
     version: str = Field(pattern=VERSION_RE, description="engine release tag, recorded in every benchmark row")
-    image: str | None = Field(None, pattern=IMAGE_RE, description="container image (runtime: docker)")
+    image: str | None = Field(None, pattern=IMAGE_RE, max_length=255,
+                              description="container image (runtime: docker); name@sha256:<digest> pins the "
+                              "exact build (recommended: the image_identity law)")
     binary: str | None = Field(
         None,
         description="engine executable for runtime: native; the engine's usual command when unset",

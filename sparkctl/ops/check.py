@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
 from sparkctl.facts import probes
+from sparkctl.facts.engine import EngineProbe
 from sparkctl.model.inventory import Inventory
 from sparkctl.model.layout import bind
 from sparkctl.model.profiles import Resolved
@@ -21,6 +22,7 @@ from sparkctl.ops import weights
 from sparkctl.ops.hub import local_dir_of
 from sparkctl.ops.localstate import cluster_dir, hw_change_path, read_json, write_json
 from sparkctl.plan import laws
+from sparkctl.plan.laws.images import engine_target
 from sparkctl.transport.ssh import CommandResult, Transport
 
 Progress = Callable[[str], None]
@@ -133,7 +135,8 @@ def run_check(
         scripts = {
             n: probes.remote_command(probes.build_script(
                 inv.node(n), weights_path=p.model.weights_path, endpoint_port=p.serve.port if n in heads else None,
-                weights=weights.probe_paths(inv, n, local_dir_of(p.model.weights_path, p.model.local_dir))))
+                weights=weights.probe_paths(inv, n, local_dir_of(p.model.weights_path, p.model.local_dir)),
+                engine=EngineProbe(*engine_target(p))))
             for n in nodes
         }
         results = transport.run_all(scripts)

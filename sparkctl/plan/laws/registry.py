@@ -10,6 +10,7 @@ from __future__ import annotations
 from sparkctl.plan.laws.base import FAIL, Context, Law, Verdict
 from sparkctl.plan.laws.fabric import check_ac_cycle, check_fabric
 from sparkctl.plan.laws.hardware import check_pcie_link
+from sparkctl.plan.laws.images import check_engine_present, check_image_identity
 from sparkctl.plan.laws.host import (
     check_clock,
     check_kernel,
@@ -30,6 +31,8 @@ LAWS: tuple[Law, ...] = (
     Law("ac_cycle", "AC power cycle after a hardware change", check_ac_cycle),
     Law("fabric", "Fabric", check_fabric),
     Law("pcie_link", "CX-7 PCIe link at its maximum", check_pcie_link),
+    Law("engine_present", "Engine image or binary present", check_engine_present),
+    Law("image_identity", "Same image on every node", check_image_identity),
     Law("served_model", "Served model name", check_served_model),
     Law("weights", "Weights and disk", check_weights),
 )
