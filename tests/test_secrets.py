@@ -322,6 +322,7 @@ SUDO_KINDS = {
     "put": r"put /.*",  # /etc, /opt, /var/lib are root's
     "log-rotate": r"f=.*engine\.log.*",
     "daemon-reload": r"systemctl daemon-reload",
+    "disable-engine": r"if \[ -e .*sparkctl-engine\.service \] && .*systemctl disable sparkctl-engine\.service .*",
     "start": r"systemctl start sparkctl-engine|sh .*run-detached\.sh' start",
     "authorize-supervisor": r"f=.*/etc/sparkctl/authorized_keys.*",
     "start-supervisor": r"mkdir -p .*/var/log/sparkctl && : > .*supervisor\.jsonl.*",

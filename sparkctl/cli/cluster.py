@@ -156,12 +156,13 @@ def _up_summary(result: Any) -> None:
 @click.option("--reset-clocks", is_flag=True, help="down: also reset the GPU clock lock")
 @click.option("--assume-fresh", is_flag=True, help="read nothing from the nodes: plan for a cluster where nothing "
               "runs and no record exists (touches no host)")
+@click.option("--persist", is_flag=True, help="up: as `up --persist` (--set serve.persist=true)")
 @with_transport_options
 @json_option
 @pass_ctx
 def plan_cmd(c: Ctx, action: str, profile: str | None, sets: tuple[str, ...], waive: tuple[str, ...],
-             reason: str | None, supervise: bool, reset_clocks: bool, assume_fresh: bool, connect_timeout_s: float,
-             command_timeout_s: float, deadline_s: float, as_json: bool) -> None:
+             reason: str | None, supervise: bool, reset_clocks: bool, assume_fresh: bool, persist: bool,
+             connect_timeout_s: float, command_timeout_s: float, deadline_s: float, as_json: bool) -> None:
     """The exact steps `up|down|switch PROFILE` (or `fabric apply [PROFILE]`) would run now, every command and file.
 
     It reads the run record on the head, which engines run and whether the
@@ -173,6 +174,8 @@ def plan_cmd(c: Ctx, action: str, profile: str | None, sets: tuple[str, ...], wa
 
     if action in ("up", "switch") and not profile:
         raise click.UsageError(f"plan {action} needs a PROFILE")
+    if persist:
+        sets = (*sets, "serve.persist=true")
     res = c.resolve(profile, sets) if action != "down" and profile else None
     inv = c.inventory()
     if action == "fabric":  # reads nothing from the hosts
@@ -220,14 +223,18 @@ def plan_cmd(c: Ctx, action: str, profile: str | None, sets: tuple[str, ...], wa
 @inventory_option
 @set_option
 @with_waive_options
+@click.option("--persist", is_flag=True, help="enable the engine units so the stack comes back after a reboot "
+              "(the same as --set serve.persist=true)")
 @with_transport_options
 @json_option
 @pass_ctx
-def up_cmd(c: Ctx, profile: str, sets: tuple[str, ...], waive: tuple[str, ...], reason: str | None,
+def up_cmd(c: Ctx, profile: str, sets: tuple[str, ...], waive: tuple[str, ...], reason: str | None, persist: bool,
            connect_timeout_s: float, command_timeout_s: float, deadline_s: float, as_json: bool) -> None:
     """Check, push, start PROFILE's ranks in order and wait until it serves its model name."""
     from sparkctl.ops.executor import up
 
+    if persist:
+        sets = (*sets, "serve.persist=true")
     res = c.resolve(profile, sets)
     inv = c.inventory()
     waivers = parse_waivers(waive, reason)

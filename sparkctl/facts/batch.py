@@ -57,7 +57,7 @@ REGISTRY = Registry((
     system.HOSTNAME, system.KERNEL, system.PAGE_SIZE, system.HELD_PACKAGES, system.BOOT_ID, system.UPTIME,
     system.MEMINFO, system.DISK, services.WEIGHTS, gpu.GPU, gpu.GPU_CLOCKS, system.CLOCK_LOCK,
     net.IBDEV2NETDEV, net.NET_OPERSTATE, net.NET_MTU, net.NET_IPV4, net.NET_ETHTOOL, net.GIDS, pci.PCIE,
-    services.ENGINES, services.PORTS, services.MODELS,
+    services.ENGINES, services.PORTS, services.MODELS, services.ENGINE_UNIT,
     engine_fact.ENGINE,
 ))
 
@@ -306,6 +306,7 @@ def _assemble(node: str, r: _Reader, due: list[tuple[Fact[Any], str]]) -> NodeFa
         listening_ports=r.get(services.PORTS),
         served_models=r.get(services.MODELS),
         engine_found=r.get(engine_fact.ENGINE),
+        engine_unit=r.get(services.ENGINE_UNIT),
         unreadable=r.unreadable,
         not_available=r.not_available,
     )

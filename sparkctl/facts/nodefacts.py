@@ -91,6 +91,17 @@ class WeightsSummary:
 
 
 @dataclass(frozen=True)
+class EngineUnit:
+    """``systemctl show`` of the engine unit: what systemd did with it (the record cannot say)."""
+
+    load_state: str  # loaded | not-found | ...
+    unit_file_state: str  # enabled | disabled | "" (not loaded)
+    active_state: str  # active | failed | activating | inactive
+    result: str  # success | exit-code | signal | start-limit-hit | ...
+    n_restarts: int
+
+
+@dataclass(frozen=True)
 class NodeFacts:
     """Everything one probe batch read on a node. A fact that could not be read
     is None (or absent from its dict) and explained in ``unreadable`` (output
@@ -115,13 +126,14 @@ class NodeFacts:
     engines: list[EngineProc] | None = None
     listening_ports: set[int] | None = None
     served_models: list[str] | None = None
+    # the profile's engine: its image ID (docker) or executable path (native); "" not on the node
+    engine_found: str | None = None
     clock_lock_record: tuple[str, int] | None = None  # (boot_id, cap MHz) written when sparkctl locked the clock
     weights: WeightsSummary | None = None
+    engine_unit: EngineUnit | None = None  # None: no engine unit file on the node
     unreadable: dict[str, str] = field(default_factory=dict)
     not_available: dict[str, str] = field(default_factory=dict)
 
     @property
     def complete(self) -> bool:
         return not self.unreadable and not self.not_available
-    # the profile's engine: its image ID (docker) or executable path (native); "" not on the node
-    engine_found: str | None = None

@@ -13,7 +13,7 @@ import json
 import re
 from typing import Any
 
-from sparkctl.facts.nodefacts import EngineProc, WeightsSummary
+from sparkctl.facts.nodefacts import EngineProc, EngineUnit, WeightsSummary
 from sparkctl.facts.registry import (
     NOT_FOUND,
     ExitCode,
@@ -28,6 +28,7 @@ from sparkctl.facts.registry import (
 
 MARKER_PREFIX = "@@sparkctl:"
 from sparkctl.model.engines import ENGINE_PATTERN, ENGINE_REGEX  # noqa: E402,F401 - one definition, re-exported
+from sparkctl.model.paths import UNIT, under  # noqa: E402
 
 # How long the node may take to answer /v1/models; the brief: curl -m 3.
 MODELS_TIMEOUT_S = 3
@@ -117,6 +118,31 @@ def parse_weights_summary(text: str) -> WeightsSummary:
                           n_hub_differ=count("n_hub_differ"), **hub)
 
 
+UNIT_PROPS = ("LoadState", "UnitFileState", "ActiveState", "Result", "NRestarts")
+UNIT_TOOL = "systemctl show"
+
+
+def parse_engine_unit(text: str) -> EngineUnit:
+    """``systemctl show -p LoadState,UnitFileState,ActiveState,Result,NRestarts``: KEY=VALUE lines.
+
+    systemd prints the properties asked for, in its own order; a unit it does
+    not know still answers (LoadState=not-found, Result=success, NRestarts=0).
+    """
+    what = "engine unit"
+    props: dict[str, str] = {}
+    for line in lines(text):
+        key, eq, value = line.partition("=")
+        if not eq or not re.fullmatch(r"[A-Za-z]+", key):
+            raise ProbeParseError(what, f"unexpected line {line.strip()[:50]!r}", UNIT_TOOL)
+        props[key] = value.strip()
+    missing = [k for k in ("LoadState", "ActiveState", "Result", "NRestarts") if k not in props]
+    if missing:
+        raise ProbeParseError(what, f"no {', '.join(missing)}", UNIT_TOOL)
+    return EngineUnit(load_state=props["LoadState"], unit_file_state=props.get("UnitFileState", ""),
+                      active_state=props["ActiveState"], result=props["Result"],
+                      n_restarts=int_in(what, props["NRestarts"], 0, None, UNIT_TOOL))
+
+
 def parse_models(text: str) -> list[str]:
     """``GET /v1/models``: the ids of the OpenAI ``data`` array (vLLM, SGLang,
     llama.cpp, which adds an Ollama-style ``models`` array, used only when
@@ -185,3 +211,16 @@ def _weights(ctx: ScriptContext, _: str) -> str:
 WEIGHTS = Fact("weights", "the weights (sparkctl's hash cache)", _weights, parse_weights_summary, core=False,
                when=lambda c: c.weights is not None,
                exit_codes=(NOT_FOUND, ExitCode(3, "absent", "no weights agent", value=WeightsSummary("no-agent"))))
+
+
+def _engine_unit(ctx: ScriptContext, _: str) -> str:
+    unit = under(ctx.node.prefix, UNIT)
+    return (f"[ -e {q(unit)} ] || exit 3; have systemctl || exit 127; "
+            f"systemctl show -p {','.join(UNIT_PROPS)} sparkctl-engine.service")
+
+
+# exit 3: no engine unit on the node (never rendered there, or a detached supervisor):
+# nothing for systemd to report. ``status`` reads Result=start-limit-hit from it: a
+# persisted rank that failed StartLimitBurst= times stays down (systemd.unit(5)).
+ENGINE_UNIT = Fact("engine_unit", "the engine unit (systemctl show)", _engine_unit, parse_engine_unit, core=False,
+                   exit_codes=(NOT_FOUND, ExitCode(3, "absent", "no engine unit", value=None)))

@@ -323,6 +323,38 @@ class ServeSpec(_Strict):
     tokens_metric: str | None = Field(
         None, pattern=METRIC_RE, description="Prometheus counter of generated tokens; the engine's usual name when unset"
     )
+    persist: bool = Field(
+        False, description="enable the engine units (and the clock-cap unit) so the stack comes back after a reboot; "
+        "`up --persist` sets it"
+    )
+    restart_burst: int = Field(
+        3, ge=1, le=20, description="persist: a rank started this many times within restart_interval_s stays down "
+        "(the unit's StartLimitBurst=)"
+    )
+    restart_interval_s: int = Field(
+        1800, ge=10, le=86400, description="persist: the window of restart_burst (the unit's StartLimitIntervalSec=)"
+    )
+    restart_delay_s: int = Field(
+        15, ge=1, le=600, description="persist: the pause before a failed rank restarts (the unit's RestartSec=)"
+    )
+    bind: Literal["fabric", "management", "all"] = Field(
+        "all", description="what address the head's endpoint listens on: its fabric address, its management "
+        "address (the inventory's host), or all (0.0.0.0)"
+    )
+    api_key_env: str | None = Field(
+        None, pattern=ENV_NAME_RE, description="name of the operator's environment variable holding the endpoint's "
+        "API key: the engine requires it (Authorization: Bearer), readiness, status and bench send it; never printed"
+    )
+
+    @model_validator(mode="after")
+    def _restart_window(self) -> "ServeSpec":
+        # Restart pauses alone must not outlast the window, or the limit never trips and a
+        # failing rank restarts forever (systemd.unit(5), StartLimitIntervalSec=).
+        if self.persist and self.restart_burst * self.restart_delay_s >= self.restart_interval_s:
+            raise ValueError(f"restart_interval_s ({self.restart_interval_s}) must exceed restart_burst x "
+                             f"restart_delay_s ({self.restart_burst} x {self.restart_delay_s}): otherwise the "
+                             "restart limit never trips and a failing rank restarts forever")
+        return self
 
 
 class ThinkingSpec(_Strict):

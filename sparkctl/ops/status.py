@@ -52,10 +52,20 @@ def cluster_status(inv: Inventory, transport: Transport) -> dict[str, Any]:
                 "clock_lock": (f.clock_lock_record[1] if f.clock_lock_record and f.clock_lock_record[0] == f.boot_id
                                else None),
                 "served_models": f.served_models,
+                # what systemd did with the engine unit (the record cannot be updated by systemd)
+                "unit": ({"enabled": f.engine_unit.unit_file_state, "active": f.engine_unit.active_state,
+                          "result": f.engine_unit.result, "restarts": f.engine_unit.n_restarts}
+                         if f.engine_unit else None),
             })
             if nr:
                 row.update({"rank": nr.rank, "replica": nr.replica, "engine": rec.engine if rec else None})
-                if rec and rec.state == "serving" and not f.engines:
+                u = f.engine_unit
+                if u and u.result == "start-limit-hit":
+                    # systemd.unit(5): started StartLimitBurst= times within StartLimitIntervalSec=, so it stays down
+                    drift.append(f"{n}: rank {nr.rank} stays down: its engine unit failed {u.n_restarts + 1} starts "
+                                 "and hit its start limit (Result=start-limit-hit; journalctl -u sparkctl-engine, "
+                                 "engine.log); fix it, then `sparkctl up`")
+                elif rec and rec.state == "serving" and not f.engines:
                     drift.append(f"{n}: rank {nr.rank} is not running")
                 if rec and rec.clock_cap_mhz and row["clock_lock"] != rec.clock_cap_mhz:
                     drift.append(f"{n}: clock lock {row['clock_lock'] or 'lost'} (record: 0,{rec.clock_cap_mhz} MHz)")

@@ -18,6 +18,7 @@ Rules the plans encode:
 from __future__ import annotations
 
 import json
+import posixpath
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -25,7 +26,7 @@ from dataclasses import dataclass, field, replace
 from sparkctl.model import clocklock
 from sparkctl.model.engines import ENGINE_REGEX
 from sparkctl.model.inventory import Inventory
-from sparkctl.model.paths import DETACHED, ENGINE_LOG, RECORD, UNIT, under
+from sparkctl.model.paths import CLOCK_UNIT, DETACHED, ENGINE_LOG, RECORD, UNIT, under
 from sparkctl.model.profiles import Resolved
 from sparkctl.model.record import NodeRecord, RunRecord
 from sparkctl.plan import contracts
@@ -79,9 +80,16 @@ def stop_command(inv: Inventory, node: str, ports: Sequence[int], timeout_s: int
                               ports=" ".join(str(int(p)) for p in ports) or "0")
 
 
-def start_command(inv: Inventory, node: str, supervisor: str) -> str:
+ENGINE_UNIT = posixpath.basename(UNIT)
+CLOCK_CAP_UNIT = posixpath.basename(CLOCK_UNIT)
+
+
+def start_command(inv: Inventory, node: str, supervisor: str, persist: bool = False) -> str:
     if supervisor == "systemd":
-        return "systemctl start sparkctl-engine"
+        # A persisted unit carries a start limit that counts the operator's starts too: a
+        # few `up`s in a row would hit it. reset-failed resets the counter (systemctl(1)).
+        return (f"systemctl reset-failed {ENGINE_UNIT} 2>/dev/null; " if persist else "") + \
+            "systemctl start sparkctl-engine"
     return f"sh {shlex.quote(under(inv.node(node).prefix, DETACHED))} start"
 
 
@@ -165,7 +173,8 @@ def _bring_up(res: Resolved, inv: Inventory, rendering: Rendering, restart: Sequ
         group = tuple(r for r in group if r.node in restart)
         if not group:
             continue
-        cmds = {r.node: start_command(inv, r.node, res.for_node(r.node).supervisor) for r in group}
+        cmds = {r.node: start_command(inv, r.node, res.for_node(r.node).supervisor,
+                                      res.for_node(r.node).serve.persist) for r in group}
         who = ", ".join(f"{r.node} (rank {r.rank}{' head' if r.is_head else ''})" for r in group)
         steps.append(Step(f"{prefix}start-{i}", "start", "run", tuple(cmds), f"start {who}",
                           changes=f"{res.name} ranks running", commands=cmds, sudo=_fan(inv, cmds), on_fail=on_fail))
@@ -188,6 +197,47 @@ def _bring_up(res: Resolved, inv: Inventory, rendering: Rendering, restart: Sequ
                 "tail_on_failure": {n: tail_command(inv, n, 15) for n in lay.nodes}},
         on_fail=on_fail))
     return steps
+
+
+def _persist_step(res: Resolved, inv: Inventory, nodes: Sequence[str], prefix: str, on_fail: str) -> list[Step]:
+    """serve.persist: enable the engine unit (and the clock-cap unit) on every systemd rank.
+
+    After the stack serves, so a start that failed enables nothing. At boot
+    systemd starts the units in After= order on each node (the clock cap before
+    the engine); across nodes nothing orders them, and nothing needs to: the
+    head waits at its rendezvous for the ranks that come later and a worker
+    retries its connect until the head listens (torch.distributed's TCPStore:
+    the client retries until its timeout, torch/csrc/distributed/c10d/socket.cpp;
+    the simulated engines do the same, sparkctl_sim/engines/rendezvous.py).
+    A rank that keeps failing stops after serve.restart_burst starts (the unit's
+    start limit) and ``status`` reports it.
+    """
+    cmds: dict[str, str] = {}
+    for n in nodes:
+        p = res.for_node(n)
+        if p.serve.persist and p.supervisor == "systemd":
+            units = [ENGINE_UNIT] + ([CLOCK_CAP_UNIT] if p.laws.clock_cap_mhz is not None else [])
+            cmds[n] = "systemctl enable " + " ".join(units)
+    if not cmds:
+        return []
+    return [Step(f"{prefix}persist", "persist", "run", tuple(cmds),
+                 "enable the engine unit" + (" and the clock-cap unit" if res.profile.laws.clock_cap_mhz is not None
+                                             else "") + " so the stack comes back after a reboot (serve.persist)",
+                 changes="units enabled in multi-user.target", commands=cmds, sudo=_fan(inv, cmds),
+                 on_fail=on_fail)]
+
+
+def disable_command(inv: Inventory, node: str) -> str:
+    """Nothing sparkctl stopped comes back at boot (a no-op where the unit was never enabled)."""
+    unit = shlex.quote(under(inv.node(node).prefix, UNIT))
+    return (f"if [ -e {unit} ] && command -v systemctl >/dev/null 2>&1; then "
+            f"systemctl disable {ENGINE_UNIT} >/dev/null 2>&1 || true; fi; true")
+
+
+def _disable_step(inv: Inventory, sid: str, phase: str, nodes: Sequence[str]) -> Step:
+    cmds = {n: disable_command(inv, n) for n in nodes}
+    return Step(sid, phase, "run", tuple(nodes), "disable the engine unit: nothing stopped here comes back at boot",
+                changes="engine unit disabled", commands=cmds, sudo=_fan(inv, cmds), on_fail="continue")
 
 
 def _page_cache_step(res: Resolved, inv: Inventory, nodes: Sequence[str]) -> list[Step]:
@@ -263,12 +313,15 @@ def plan_up(res: Resolved, inv: Inventory, rendering: Rendering, facts: UpFacts,
                             "rendezvous)", failure_branch))
     steps.extend(_page_cache_step(res, inv, restart))
     steps.extend(_bring_up(res, inv, rendering, restart, "", failure_branch))
+    steps.extend(_persist_step(res, inv, restart, "", failure_branch))
     serving = replace(starting, state="serving", note="")
     steps.append(_record_step(inv.node(head).prefix, "record", "record", head, serving, f"record {res.name} serving",
                               on_fail=failure_branch))
     failed = replace(starting, state="failed")
     stop_nodes = list(dict.fromkeys([*lay.nodes, *stale]))
+    persisted = [n for n in stop_nodes if n in lay.nodes and res.for_node(n).serve.persist]
     stop_branch = (
+        *([_disable_step(inv, "disable-started", "rollback", persisted)] if persisted else []),
         _stop_step(inv, "stop-started", "rollback", stop_nodes, ports, p.serve.stop_timeout_s,
                    "stop what this run started", "continue"),
         _record_step(inv.node(head).prefix, "record-failed", "rollback", head, failed, "record that nothing serves",
@@ -293,6 +346,8 @@ def plan_down(inv: Inventory, record: RunRecord | None, *, reset_clocks: bool = 
         steps.append(_record_step(inv.node(head).prefix, "record-stopping", "stop", head, record.with_state("stopping", started_at,
                                                                                      "down in progress"),
                                   "record that the stack is stopping", on_fail="continue"))
+    # Disabled before the stop: a reboot in between must not bring the stack back.
+    steps.append(_disable_step(inv, "disable", "stop", nodes))
     steps.append(_stop_step(inv, "stop", "stop", nodes, ports, timeout_s, "stop every sparkctl engine and verify: "
                             "no engine process, ports closed", "continue"))
     if record and record.state != "stopped":
