@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import shlex
-import subprocess
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -26,10 +24,7 @@ from sparkctl.errors import LifecycleError, Ref, SparkctlError
 from sparkctl.model.inventory import Inventory
 from sparkctl.model.paths import (
     LOCK_DIR,
-    NODE_AUTHORIZED_KEYS,
     SUPERVISOR_EVENTS,
-    SUPERVISOR_KEY,
-    SUPERVISOR_KNOWN_HOSTS,
     SUPERVISOR_LOG,
     SUPERVISOR_PID,
     SUPERVISOR_PLAN,
@@ -37,9 +32,23 @@ from sparkctl.model.paths import (
 )
 from sparkctl.model.profiles import Resolved
 from sparkctl.model.resources import Roots
-from sparkctl.ops.executor import Progress, TransportBackend, _check_fn, plan_for, run_plan
-from sparkctl.ops.localstate import cluster_dir
-from sparkctl.ops.lock import ClusterLock, head_node, node_path, node_sudo, now_iso, read_record, write_record
+from sparkctl.ops.executor import (
+    Progress,
+    TransportBackend,
+    _check_fn,
+    plan_for,
+    run_plan,
+)
+from sparkctl.ops.lock import (
+    ClusterLock,
+    head_node,
+    node_path,
+    node_sudo,
+    now_iso,
+    read_record,
+    write_record,
+)
+from sparkctl.ops.nodessh import fabric_address_from, provision, ssh_argv  # noqa: F401 - re-exported
 from sparkctl.plan import laws
 from sparkctl.plan.steps import Plan
 from sparkctl.transport.ssh import Transport
@@ -65,91 +74,12 @@ class SupervisedSwitch:
 
 
 
-def fabric_address_from(inv: Inventory, head: str, peer: str) -> str:
-    """The address the head reaches ``peer`` at over the fabric: a shared link, else the peer's own."""
-    link = inv.link_between(head, peer)
-    if link is not None:
-        return link.end(peer).address
-    addr = inv.primary_address(peer)
-    if not addr:
-        raise LifecycleError(f"{peer} has no fabric address the supervisor on {head} could reach", Ref(node=peer),
-                             hint="a supervised switch needs a cabled fabric between the head and every peer")
-    return addr
-
-
-def _known_hosts_name(addr: str, port: int) -> str:
-    return addr if port == 22 else f"[{addr}]:{port}"
-
-
 def _provision_supervisor_ssh(inv: Inventory, transport: Transport, head: str, say: Progress) -> dict[str, str]:
-    """The supervisor's key pair, authorized on every peer; the head's known_hosts for the fabric.
-
-    The key pair is generated once on the operator's side. Host keys come from the
-    operator's own verified connections (no trust-on-first-use from the head).
-    Returns peer -> fabric address.
-    """
-
-    local = cluster_dir(inv) / "id_supervisor"
-    local.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    if not local.exists() or not local.with_suffix(".pub").exists():
-        local.unlink(missing_ok=True)
-        local.with_suffix(".pub").unlink(missing_ok=True)
-        r = subprocess.run(["ssh-keygen", "-q", "-N", "", "-t", "ed25519", "-C", f"sparkctl-supervisor@{inv.name}",
-                            "-f", str(local)], capture_output=True, text=True, check=False)
-        if r.returncode != 0:
-            raise LifecycleError(f"ssh-keygen failed: {r.stderr.strip()}", hint="is OpenSSH's ssh-keygen installed?")
-    os.chmod(local, 0o600)
-    pub = local.with_suffix(".pub").read_text().strip()
-    fetch = getattr(transport, "fetch_host_key", None)
-    if fetch is None:
-        raise LifecycleError("a supervised switch needs the SSH transport (to read the peers' host keys)")
-    peers = [n for n in inv.names if n != head]
-    addrs = {n: fabric_address_from(inv, head, n) for n in peers}
-    head_addrs = sorted({e.address for e in inv.endpoints(head)})
-    # restrict: no forwarding or pty; from=: only the head's fabric addresses may use the key.
-    opts = "restrict" + (f',from="{",".join(head_addrs)}"' if head_addrs else "")
-    line = f"{opts} {pub}"
-    known: list[str] = []
-    for n in peers:
-        try:
-            ktype, _fp, blob = fetch(n)
-        except Exception as exc:  # noqa: BLE001 - a transport error names the node
-            raise LifecycleError(f"cannot read the host key of {n}: {exc}", Ref(node=n)) from None
-        known.append(f"{_known_hosts_name(addrs[n], inv.node(n).ssh_port)} {ktype} {blob}")
-    q = shlex.quote
-    add = ("f={f}; mkdir -p \"$(dirname \"$f\")\"; touch \"$f\"; chmod 600 \"$f\"; "
-           "grep -qxF {line} \"$f\" || printf '%s\\n' {line} >> \"$f\"")
-    for sudo in (True, False):
-        cmds = {n: add.format(f=q(node_path(inv, n, NODE_AUTHORIZED_KEYS)), line=q(line)) for n in peers if node_sudo(inv, n) == sudo}
-        if cmds:
-            transport.run_all(cmds, sudo=sudo).raise_for("authorizing the supervisor's key")
-    # On a real host sshd reads the ssh user's ~/.ssh/authorized_keys; a simulated node
-    # (SPARKCTL_SIM_NODE in its session) reads the file above, and its ~ is the host's.
-    user = {n: ("[ -n \"${SPARKCTL_SIM_NODE:-}\" ] && exit 0; "
-                + add.format(f="\"$HOME/.ssh/authorized_keys\"", line=q(line)).replace("mkdir -p", "mkdir -m 700 -p"))
-            for n in peers}
-    if user:
-        transport.run_all(user).raise_for("authorizing the supervisor's key in ~/.ssh/authorized_keys")
-    hs = node_sudo(inv, head)
-    for path, data, mode in ((SUPERVISOR_KEY, local.read_bytes(), 0o600),
-                             (SUPERVISOR_KNOWN_HOSTS, ("\n".join(known) + "\n").encode(), 0o644)):
-        r = transport.put(head, node_path(inv, head, path), data, mode, sudo=hs)
-        if not r.ok:
-            raise LifecycleError(f"cannot write {path} on {head}: {r.error or r.stderr.strip()}", Ref(node=head))
-    say("*", "supervisor-ssh", f"supervisor key authorized on {', '.join(peers) or 'no peers'}; "
+    """The supervisor's key, authorized on every peer for the head (sparkctl.ops.nodessh, shared with image sync)."""
+    addrs = provision(inv, transport, head, [n for n in inv.names if n != head])
+    say("*", "supervisor-ssh", f"supervisor key authorized on {', '.join(addrs) or 'no peers'}; "
                                f"fabric host keys for {head} from verified connections")
     return addrs
-
-
-
-def ssh_argv(inv: Inventory, head: str, peer: str, addr: str) -> list[str]:
-    n = inv.node(peer)
-    # no -n: a put sends the file's bytes on stdin (the runner gives other commands /dev/null)
-    return ["ssh", "-F", "/dev/null", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
-            "-o", f"UserKnownHostsFile={node_path(inv, head, SUPERVISOR_KNOWN_HOSTS)}",
-            "-o", "GlobalKnownHostsFile=/dev/null", "-o", "IdentitiesOnly=yes", "-o", "ConnectTimeout=10",
-            "-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3",
-            "-i", node_path(inv, head, SUPERVISOR_KEY), "-p", str(n.ssh_port), f"{n.ssh_user}@{addr}"]
 
 
 def split_plan(plan: Plan) -> tuple[Plan, Plan]:

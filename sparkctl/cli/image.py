@@ -1,0 +1,68 @@
+"""The ``image`` command group: the profile's container image on every node."""
+
+from __future__ import annotations
+
+import click
+
+from sparkctl.cli.base import (
+    Ctx,
+    NodeProgress,
+    cli,
+    emit_json,
+    escape,
+    inventory_option,
+    json_option,
+    make_transport,
+    out,
+    pass_ctx,
+    set_option,
+    with_transport_options,
+)
+
+
+@cli.group("image")
+def image_group() -> None:
+    """The engine's container image on every node (the image_identity law)."""
+
+
+@image_group.command("sync")
+@click.argument("profile")
+@click.option("--from", "from_node", default=None, help="the node whose image the others get "
+              "(default: the build most nodes have, on a tie the first node's)")
+@inventory_option
+@set_option
+@click.option("--dry-run", is_flag=True, help="read the image IDs, print the plan, change nothing")
+@with_transport_options
+@json_option
+@pass_ctx
+def image_sync_cmd(c: Ctx, profile: str, from_node: str | None, sets: tuple[str, ...], dry_run: bool,
+                   connect_timeout_s: float, command_timeout_s: float, deadline_s: float, as_json: bool) -> None:
+    """Copy PROFILE's image from one node to the others over the fabric, verified by image ID.
+
+    Runs `docker save IMAGE | ssh <fabric address> docker load` on the source
+    node (streamed, no temporary file), as the community copies locally built
+    images (eugr/spark-vllm-docker build-and-copy.sh).
+    """
+    from sparkctl.ops import image
+    from sparkctl.plan.steps import describe
+
+    inv = c.inventory()
+    res = c.resolve(profile, sets)
+    with make_transport(inv, connect_timeout_s, command_timeout_s, deadline_s) as tr:
+        if dry_run:
+            plan, *_ = image.plan(res, inv, tr, from_node)
+            if as_json:
+                emit_json(plan.to_dict())
+            else:
+                for line in describe(plan):
+                    out.print(escape(line), markup=False)
+            return
+        result = image.sync(res, inv, tr, from_node, progress=NodeProgress(quiet=as_json))
+    if as_json:
+        emit_json({"profile": result.profile, "image": result.image, "source": result.source,
+                   "image_id": result.image_id, "copied": list(result.copied)})
+    elif result.copied:
+        out.print(f"{result.image} ({result.image_id[:19]}) copied from {result.source} to "
+                  f"{', '.join(result.copied)}, verified by image ID", markup=False)
+    else:
+        out.print(f"every node already has {result.image} as {result.image_id[:19]}", markup=False)

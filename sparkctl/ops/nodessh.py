@@ -1,0 +1,123 @@
+"""Node-to-node ssh over the fabric: one key, authorized on the peers for one source node.
+
+What this module owns: the one mechanism by which a node reaches its peers by
+ssh over the fabric (the supervised switch's runner on the head, ``image sync``'s
+``docker save | ssh <fabric address> docker load`` from the source node):
+
+* the key pair, generated once on the operator's side (``id_supervisor`` in the
+  cluster's local state) and put on the source node (``SUPERVISOR_KEY``, 0600);
+* its public half authorized on each peer (sparkctl's authorized_keys, and the
+  login user's ``~/.ssh/authorized_keys`` on a real host) with ``restrict`` and
+  ``from=`` the source's fabric addresses: no forwarding, no pty, and only from
+  the fabric;
+* the peers' host keys, from the operator's own verified connections (no trust
+  on first use from the node), in the source's known_hosts
+  (``SUPERVISOR_KNOWN_HOSTS``), and :func:`ssh_argv`, the exact ssh command line.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+from collections.abc import Sequence
+
+from sparkctl.errors import LifecycleError, Ref
+from sparkctl.model.inventory import Inventory
+from sparkctl.model.paths import (
+    NODE_AUTHORIZED_KEYS,
+    SUPERVISOR_KEY,
+    SUPERVISOR_KNOWN_HOSTS,
+)
+from sparkctl.ops.localstate import cluster_dir
+from sparkctl.ops.lock import node_path, node_sudo
+from sparkctl.transport.ssh import Transport
+
+
+def fabric_address_from(inv: Inventory, src: str, peer: str) -> str:
+    """The address ``src`` reaches ``peer`` at over the fabric: a shared link, else the peer's own."""
+    link = inv.link_between(src, peer)
+    if link is not None:
+        return link.end(peer).address
+    addr = inv.primary_address(peer)
+    if not addr:
+        raise LifecycleError(f"{peer} has no fabric address {src} could reach", Ref(node=peer),
+                             hint="node-to-node ssh (supervised switch, image sync) needs a cabled fabric "
+                                  "between them: sparkctl fabric apply")
+    return addr
+
+
+def _known_hosts_name(addr: str, port: int) -> str:
+    return addr if port == 22 else f"[{addr}]:{port}"
+
+
+def local_key(inv: Inventory) -> tuple[bytes, str]:
+    """(private key bytes, public key line) of the cluster's node-to-node key, made once here."""
+    local = cluster_dir(inv) / "id_supervisor"
+    local.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    if not local.exists() or not local.with_suffix(".pub").exists():
+        local.unlink(missing_ok=True)
+        local.with_suffix(".pub").unlink(missing_ok=True)
+        r = subprocess.run(["ssh-keygen", "-q", "-N", "", "-t", "ed25519", "-C", f"sparkctl-supervisor@{inv.name}",
+                            "-f", str(local)], capture_output=True, text=True, check=False)
+        if r.returncode != 0:
+            raise LifecycleError(f"ssh-keygen failed: {r.stderr.strip()}", hint="is OpenSSH's ssh-keygen installed?")
+    os.chmod(local, 0o600)
+    return local.read_bytes(), local.with_suffix(".pub").read_text().strip()
+
+
+def provision(inv: Inventory, transport: Transport, src: str, peers: Sequence[str]) -> dict[str, str]:
+    """Authorize the key on ``peers`` for ``src``, and put the key and the peers' host keys on ``src``.
+
+    Returns peer -> the fabric address ``src`` reaches it at. Idempotent (a line
+    already in a file is not added again).
+    """
+    key, pub = local_key(inv)
+    fetch = getattr(transport, "fetch_host_key", None)
+    if fetch is None:
+        raise LifecycleError("node-to-node ssh needs the SSH transport (to read the peers' host keys)")
+    addrs = {n: fabric_address_from(inv, src, n) for n in peers}
+    src_addrs = sorted({e.address for e in inv.endpoints(src)})
+    # restrict: no forwarding or pty; from=: only the source's fabric addresses may use the key.
+    opts = "restrict" + (f',from="{",".join(src_addrs)}"' if src_addrs else "")
+    line = f"{opts} {pub}"
+    known: list[str] = []
+    for n in peers:
+        try:
+            ktype, _fp, blob = fetch(n)
+        except Exception as exc:  # noqa: BLE001 - a transport error names the node
+            raise LifecycleError(f"cannot read the host key of {n}: {exc}", Ref(node=n)) from None
+        known.append(f"{_known_hosts_name(addrs[n], inv.node(n).ssh_port)} {ktype} {blob}")
+    q = shlex.quote
+    add = ("f={f}; mkdir -p \"$(dirname \"$f\")\"; touch \"$f\"; chmod 600 \"$f\"; "
+           "grep -qxF {line} \"$f\" || printf '%s\\n' {line} >> \"$f\"")
+    for sudo in (True, False):
+        cmds = {n: add.format(f=q(node_path(inv, n, NODE_AUTHORIZED_KEYS)), line=q(line)) for n in peers
+                if node_sudo(inv, n) == sudo}
+        if cmds:
+            transport.run_all(cmds, sudo=sudo).raise_for("authorizing the node-to-node key")
+    # On a real host sshd reads the ssh user's ~/.ssh/authorized_keys; a simulated node
+    # (SPARKCTL_SIM_NODE in its session) reads the file above, and its ~ is the host's.
+    user = {n: ("[ -n \"${SPARKCTL_SIM_NODE:-}\" ] && exit 0; "
+                + add.format(f="\"$HOME/.ssh/authorized_keys\"", line=q(line)).replace("mkdir -p", "mkdir -m 700 -p"))
+            for n in peers}
+    if user:
+        transport.run_all(user).raise_for("authorizing the node-to-node key in ~/.ssh/authorized_keys")
+    ss = node_sudo(inv, src)
+    for path, data, mode in ((SUPERVISOR_KEY, key, 0o600),
+                             (SUPERVISOR_KNOWN_HOSTS, ("\n".join(known) + "\n").encode(), 0o644)):
+        r = transport.put(src, node_path(inv, src, path), data, mode, sudo=ss)
+        if not r.ok:
+            raise LifecycleError(f"cannot write {path} on {src}: {r.error or r.stderr.strip()}", Ref(node=src))
+    return addrs
+
+
+def ssh_argv(inv: Inventory, src: str, peer: str, addr: str) -> list[str]:
+    """The ssh command line ``src`` runs to reach ``peer`` at ``addr`` (batch mode, the key, strict host keys)."""
+    n = inv.node(peer)
+    # no -n: a put or a docker load reads its bytes from stdin
+    return ["ssh", "-F", "/dev/null", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
+            "-o", f"UserKnownHostsFile={node_path(inv, src, SUPERVISOR_KNOWN_HOSTS)}",
+            "-o", "GlobalKnownHostsFile=/dev/null", "-o", "IdentitiesOnly=yes", "-o", "ConnectTimeout=10",
+            "-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3",
+            "-i", node_path(inv, src, SUPERVISOR_KEY), "-p", str(n.ssh_port), f"{n.ssh_user}@{addr}"]
