@@ -128,6 +128,8 @@ class NodeFacts:
     served_models: list[str] | None = None
     # the profile's engine: its image ID (docker) or executable path (native); "" not on the node
     engine_found: str | None = None
+    # the NCCL the engine loads (torch.cuda.nccl.version()); () none found; None not read
+    nccl_version: tuple[int, ...] | None = None
     clock_lock_record: tuple[str, int] | None = None  # (boot_id, cap MHz) written when sparkctl locked the clock
     weights: WeightsSummary | None = None
     engine_unit: EngineUnit | None = None  # None: no engine unit file on the node

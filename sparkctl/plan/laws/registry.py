@@ -19,6 +19,7 @@ from sparkctl.plan.laws.host import (
     remedy_clock,
     remedy_kernel,
 )
+from sparkctl.plan.laws.nccl import check_nccl_version
 from sparkctl.plan.laws.memory import check_page_cache, remedy_page_cache
 from sparkctl.plan.laws.serving import check_served_model, check_weights
 
@@ -33,6 +34,7 @@ LAWS: tuple[Law, ...] = (
     Law("pcie_link", "CX-7 PCIe link at its maximum", check_pcie_link),
     Law("engine_present", "Engine image or binary present", check_engine_present),
     Law("image_identity", "Same image on every node", check_image_identity),
+    Law("nccl_version", "NCCL new enough for the ring", check_nccl_version),
     Law("served_model", "Served model name", check_served_model),
     Law("weights", "Weights and disk", check_weights),
 )

@@ -1,0 +1,54 @@
+"""The nccl_version law: on a ring, the NCCL the engine loads knows subnet-aware routing.
+
+The rendered ring environment (templates/engine.env.j2) sets
+NCCL_IB_SUBNET_AWARE_ROUTING=1; the variable exists from NCCL 2.30.7 (NCCL
+release notes, https://docs.nvidia.com/deeplearning/nccl/release-notes/rel_2-30-7.html;
+issue #13). An older NCCL ignores an unknown NCCL_* variable silently (NCCL reads
+its parameters by name with ncclGetEnv: nothing enumerates or rejects the
+environment), and the ring's collectives time out across non-neighbour subnets.
+Pure: a verdict from the ``nccl`` fact (sparkctl.facts.nccl).
+"""
+
+from __future__ import annotations
+
+from sparkctl.plan.laws.base import FAIL, OK, WARN, Context, Verdict, each
+from sparkctl.plan.laws.images import engine_target
+
+MIN_RING_NCCL = (2, 30, 7)
+LAW = "nccl_version"
+
+
+def _v(t: tuple[int, ...]) -> str:
+    return ".".join(map(str, t))
+
+
+def check_nccl_version(ctx: Context) -> list[Verdict]:
+    p = ctx.profile
+    want = f">= {_v(MIN_RING_NCCL)}"
+    if p.topology.layout != "ring":
+        return [Verdict(LAW, n, OK, f"layout {p.topology.layout}", "any (subnet-aware routing is a ring setting)")
+                for n in ctx.nodes]
+    runtime, _ref, module = engine_target(p)
+    if runtime == "native" and not module:  # a C++ server (llama.cpp): no interpreter to ask
+        return [Verdict(LAW, n, OK, "native executable: not read", want) for n in ctx.nodes]
+    out: list[Verdict] = []
+    for node, f in each(ctx, LAW, "nccl", out):
+        v = getattr(f, "nccl_version", None)
+        if "nccl" in getattr(f, "not_available", {}):
+            out.append(Verdict(LAW, node, WARN, "cannot ask: " + f.not_available["nccl"], want,
+                               "install docker / the engine's interpreter on " + node))
+        elif v is None:
+            out.append(Verdict(LAW, node, WARN, "not read (the image or interpreter is not on the node)", want,
+                               "see engine_present; check again once the image is there"))
+        elif v == ():
+            out.append(Verdict(LAW, node, WARN, "no NCCL found (neither torch nor libnccl.so.2.X.Y)", want,
+                               "cannot confirm the ring's NCCL: check the engine's log for 'NCCL version'"))
+        elif tuple(v) < MIN_RING_NCCL:
+            out.append(Verdict(
+                LAW, node, FAIL, f"NCCL {_v(v)}", want,
+                f"NCCL {_v(v)} ignores NCCL_IB_SUBNET_AWARE_ROUTING silently and the ring's collectives time out: "
+                f"use an image (or environment) whose NCCL is {want}, e.g. `pip install 'nvidia-nccl-cu13>={_v(MIN_RING_NCCL)}'` "
+                "in the image, then `sparkctl image sync`"))
+        else:
+            out.append(Verdict(LAW, node, OK, f"NCCL {_v(v)}", want))
+    return out
