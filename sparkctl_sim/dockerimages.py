@@ -375,9 +375,13 @@ def docker_pull(args: Sequence[str]) -> int:
         raise ShimError("\"docker pull\" requires exactly 1 argument.\nSee 'docker pull --help'.", 1)
     ref = refs[0]
     reg = published()
-    name = ref.split("@")[0] if "@" in ref else normalize(ref)
-    entry = reg.get(name)
-    if entry is None or ("@" in ref and ref.split("@")[1] != entry["digest"]):
+    if "@" in ref:  # by digest: the published tag of that repository with that digest
+        hits = [(k, v) for k, v in reg.items() if repository(k) == repository(ref) and v["digest"] == ref.split("@")[1]]
+        name, entry = hits[0] if hits else (ref, None)
+    else:
+        name = normalize(ref)
+        entry = reg.get(name)
+    if entry is None:
         raise ShimError(pull_error(ref), 1)
     rec = make_image(name, entry.get("variant", ""), entry.get("layer_bytes", DEFAULT_LAYER_BYTES))
     repo = repository(name)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from sparkctl_sim import procshims
+from sparkctl_sim import dockerimages, procshims
 
 ENGINE_FLAGS = ["--network", "host", "--ipc", "host", "--device", "/dev/infiniband",
                 "--ulimit", "memlock=-1"]
@@ -72,6 +72,8 @@ def sim(tmp_path: Path) -> Iterator[Sim]:
     env["PATH"] = f"{bin_dir}:{env.get('PATH', os.defpath)}"
     env[procshims.RUN_DIR_ENV] = str(tmp_path / "run")
     env[procshims.UNIT_DIR_ENV] = str(tmp_path / "units")
+    # SIMULATION: the image the tests run is in this node's store (as if built here)
+    dockerimages.Images(dockerimages.store_dir(tmp_path / "run")).add(dockerimages.make_image("img", layer_bytes=1024))
     sim = Sim(tmp_path, env)
     seen: set[int] = set()
     try:
