@@ -246,6 +246,10 @@ def _container_env(spec: RunSpec, image_env: dict[str, str]) -> dict[str, str]:
         elif name in host_env:
             pairs.append((name, host_env[name]))
     env.update(pairs)
+    # the simulated image's site-packages: a torch that answers torch.cuda.nccl.version()
+    # from the image's NCCL_VERSION (sparkctl_sim/containerpy/torch)
+    stub = str(Path(__file__).resolve().parent / "containerpy")
+    env["PYTHONPATH"] = stub + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     return env
 
 
@@ -324,7 +328,10 @@ def _resolve_exec(argv0: str, env: dict[str, str]) -> str | None:
 
 def docker_run(args: Sequence[str]) -> int:
     spec = parse_docker_run(args)
-    gaps = multinode_engine_gaps(spec)
+    # A one-shot container with no network (sparkctl's nccl fact asks the image's torch
+    # for its NCCL) cannot be a multi-node engine: the engine heuristic does not apply.
+    one_shot = spec.rm and not spec.detach and spec.network == "none"
+    gaps = [] if one_shot else multinode_engine_gaps(spec)
     if gaps:
         raise _daemon_error(
             f"sparkctl sim refuses to start image {spec.image!r}: a multi-node engine "

@@ -34,6 +34,7 @@ import asyncio
 import contextlib
 import os
 import random
+import re
 import signal
 import sys
 import time
@@ -55,6 +56,33 @@ from sparkctl_sim.engines.rendezvous import (
 
 STATE_TTL_S = 0.5
 NCCL_VERSION = "2.28.9+cuda13.0"
+# The NCCL an image carries: its NCCL_VERSION environment variable (NVIDIA's CUDA and
+# NGC framework images set ENV NCCL_VERSION; the simulated image store writes it in
+# the image config, sparkctl_sim/dockerimages.py), else this default. 2.30.7 is a
+# version seen on Sparks (docs/reference/spark-facts.md §6: "2.30.7+cuda13.0").
+DEFAULT_IMAGE_NCCL = "2.30.7"
+# NCCL_IB_SUBNET_AWARE_ROUTING exists from NCCL 2.30.7 (release notes,
+# https://docs.nvidia.com/deeplearning/nccl/release-notes/rel_2-30-7.html). NCCL reads
+# each parameter by name (src/misc/param.cc ncclGetEnv): an older NCCL never looks
+# at the variable, prints nothing about it, and a ring whose non-neighbours sit on
+# other subnets hangs in its first collective until the watchdog times out
+# (issue #13; the simulator makes it a prompt, explicit timeout).
+SUBNET_AWARE_SINCE = (2, 30, 7)
+
+
+def image_nccl(env: Mapping[str, str]) -> str:
+    v = env.get("NCCL_VERSION", "").strip()
+    return v if re.fullmatch(r"\d+\.\d+\.\d+", v) else DEFAULT_IMAGE_NCCL
+
+
+def _ver(v: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in v.split("+")[0].split("."))
+
+
+def subnet_routing_ignored(cfg: "EngineConfig", env: Mapping[str, str]) -> bool:
+    """A ring that relies on NCCL_IB_SUBNET_AWARE_ROUTING with an NCCL that predates it."""
+    return (cfg.world_size >= 3 and bool(env.get("NCCL_IB_SUBNET_AWARE_ROUTING"))
+            and _ver(image_nccl(env)) < SUBNET_AWARE_SINCE)
 
 
 def _env_float(env: Mapping[str, str], name: str, default: float) -> float:
@@ -208,15 +236,19 @@ def _nccl_init(cfg: EngineConfig, log: EngineLog, env: Mapping[str, str], devs: 
     """The NCCL lines a healthy communicator init prints (docs/reference/spark-facts.md §6.1)."""
     ifnames = env.get("NCCL_SOCKET_IFNAME", "")
     oob_if = ifnames.split(",")[0].lstrip("=^") if ifnames else "eth0"
+    version = image_nccl(env) + "+cuda13.0"
+    ignored = subnet_routing_ignored(cfg, env)
     if cfg.engine == "sglang":
-        log.info("sglang is using nccl==" + NCCL_VERSION.split("+")[0], src="tp")
+        log.info("sglang is using nccl==" + version.split("+")[0], src="tp")
     log.nccl(f"Bootstrap: Using {oob_if}:{host_ip}<0>")
     if ifnames:
         log.nccl(f"NCCL_SOCKET_IFNAME set by environment to {ifnames}")
     log.nccl("cudaDriverVersion 13000")
-    log.nccl(f"NCCL version {NCCL_VERSION}")
+    log.nccl(f"NCCL version {version}")
     for var in ("NCCL_IB_HCA", "NCCL_ALGO", "NCCL_IB_MERGE_NICS", "NCCL_IB_SUBNET_AWARE_ROUTING",
                 "NCCL_NET_PLUGIN", "NCCL_IGNORE_CPU_AFFINITY", "NCCL_CUMEM_ENABLE"):
+        if var == "NCCL_IB_SUBNET_AWARE_ROUTING" and ignored:
+            continue  # an NCCL older than 2.30.7 does not know it: silence
         if env.get(var):
             log.nccl(f"{var} set by environment to {env[var]}")
     gid = env.get("NCCL_IB_GID_INDEX")
@@ -365,6 +397,8 @@ class _Run:
                     await worker.join()
                     await worker.wait_go()
                 _nccl_init(cfg, log, self.env, self.devs, self.host_ip or str(cfg.master_addr))
+                if subnet_routing_ignored(cfg, self.env):
+                    return self._collective_timeout()
             t0 = time.monotonic()
             await asyncio.sleep(self.load_s / self.speedup)
             _loaded(cfg, log, self.load_s)
@@ -397,6 +431,14 @@ class _Run:
                 await head.close()
             if worker is not None:
                 await worker.close()
+
+    def _collective_timeout(self) -> int:
+        """The first collective across a subnet the old NCCL cannot route: torch's NCCL watchdog text
+        (torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp: "Watchdog caught collective operation timeout")."""
+        self.log.error("[Rank %d] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=1, "
+                       "OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600000 milliseconds "
+                       "before timing out. NCCL version %s" % (self.cfg.rank, image_nccl(self.env)))
+        return 1
 
     def _fatal_lost(self, why: str) -> int:
         self.log.nccl(f"socketProgress: Connection closed by remote peer {why}", warn=True)
