@@ -16,6 +16,7 @@ from typing import Any
 
 from sparkctl.errors import ConfigError, LifecycleError, Ref
 from sparkctl.facts import probes
+from sparkctl.facts.batch import frame
 from sparkctl.facts.engine import ENGINE, EngineProbe
 from sparkctl.facts.registry import ScriptContext
 from sparkctl.model.inventory import Inventory
@@ -41,7 +42,7 @@ class ImageSyncResult:
 def read_ids(inv: Inventory, transport: Transport, image: str, nodes: tuple[str, ...]) -> dict[str, str]:
     """node -> image ID ("" when the node does not have it); a node that cannot tell is an error."""
     probe = EngineProbe("docker", image)
-    scripts = {n: probes.remote_command(probes.frame([("engine", ENGINE.command(ScriptContext(inv.node(n),
+    scripts = {n: probes.remote_command(frame([("engine", ENGINE.command(ScriptContext(inv.node(n),
                                                                                               engine=probe), ""))]))
                for n in nodes}
     out: dict[str, str] = {}
