@@ -270,4 +270,7 @@ class NodeProgress:
 
 def secrets_from_env(res: Resolved) -> dict[str, str]:
     names = {n for node in [None, *res.node_layers] for n in (res.for_node(node) if node else res.profile).engine.secret_env}
+    # the endpoint's API key (serve.api_key_env): a secret like the others
+    names |= {k for node in [None, *res.node_layers]
+              if (k := (res.for_node(node) if node else res.profile).serve.api_key_env)}
     return {n: os.environ[n] for n in names if n in os.environ}

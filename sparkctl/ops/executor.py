@@ -101,8 +101,10 @@ class TransportBackend:
     sleep = staticmethod(time.sleep)
 
     @staticmethod
-    def probe(url: str, served_name: str, metric: str | None, smoke: bool) -> tuple[bool, str]:
-        return readiness.probe_endpoint(url, served_name, metric, smoke=smoke)
+    def probe(url: str, served_name: str, metric: str | None, smoke: bool,
+              api_key: Mapping[str, str] | None = None) -> tuple[bool, str]:
+        key = readiness.api_key_from_env(api_key) if api_key else None
+        return readiness.probe_endpoint(url, served_name, metric, smoke=smoke, api_key=key)
 
     def run_all(self, commands: Mapping[str, str], sudo: Mapping[str, bool], timeout_s: float | None
                 ) -> dict[str, dict[str, Any]]:

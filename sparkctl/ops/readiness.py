@@ -6,7 +6,20 @@ same probe in the standard library for the head.
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
+
 import httpx
+
+
+def api_key_from_env(spec: Mapping[str, str]) -> str | None:
+    """The endpoint's key from the operator's environment (the ready step names the variable, never the key)."""
+    return os.environ.get(spec.get("env", "")) or None
+
+
+def auth_headers(api_key: str | None) -> dict[str, str]:
+    """What vLLM's AuthenticationMiddleware (and SGLang's, llama-server's) checks: a Bearer token."""
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
 def metric_value(text: str, name: str) -> float | None:
     total = None
@@ -22,10 +35,12 @@ def metric_value(text: str, name: str) -> float | None:
 
 
 def probe_endpoint(url: str, served_name: str, tokens_metric: str | None, timeout_s: float = 5.0,
-                   smoke: bool = True) -> tuple[bool, str]:
-    """One readiness probe: /v1/models lists the name, a 1-token completion, the counter advances."""
+                   smoke: bool = True, api_key: str | None = None) -> tuple[bool, str]:
+    """One readiness probe: /v1/models lists the name, a 1-token completion, the counter advances.
+
+    ``api_key``: sent as ``Authorization: Bearer``; never in a returned detail."""
     try:
-        with httpx.Client(timeout=timeout_s, trust_env=False) as c:
+        with httpx.Client(timeout=timeout_s, trust_env=False, headers=auth_headers(api_key)) as c:
             models = [m.get("id") for m in c.get(f"{url}/v1/models").json().get("data", [])]
             if served_name not in models:
                 return False, f"/v1/models lists {models or 'nothing'}, not {served_name!r}"
@@ -49,6 +64,7 @@ def probe_endpoint(url: str, served_name: str, tokens_metric: str | None, timeou
                     return False, f"generated-token counter {tokens_metric} did not advance"
             return True, "serving"
     except (httpx.HTTPError, ValueError, KeyError, AttributeError) as exc:
-        return False, f"{type(exc).__name__}: {str(exc)[:120] or 'no answer'}"
+        detail = str(exc)[:120].replace(api_key, "***") if api_key else str(exc)[:120]
+        return False, f"{type(exc).__name__}: {detail or 'no answer'}"
 
 

@@ -26,12 +26,12 @@ from dataclasses import dataclass, field, replace
 from sparkctl.model import clocklock
 from sparkctl.model.engines import ENGINE_REGEX
 from sparkctl.model.inventory import Inventory
-from sparkctl.model.paths import CLOCK_UNIT, DETACHED, ENGINE_LOG, RECORD, UNIT, under
+from sparkctl.model.paths import CLOCK_UNIT, DETACHED, ENGINE_LOG, ENV_FILE, RECORD, UNIT, under
 from sparkctl.model.profiles import Resolved
 from sparkctl.model.record import NodeRecord, RunRecord
 from sparkctl.plan import contracts
 from sparkctl.plan.laws.memory import FRACTION_ENGINES, drop_caches_if_short_command
-from sparkctl.plan.render import Rendering
+from sparkctl.plan.render import API_KEY_VAR, Rendering
 from sparkctl.plan.steps import FileRef, Plan, Step
 
 # Phases of `up` that change no stack: a failure there leaves the previous one serving.
@@ -194,7 +194,11 @@ def _bring_up(res: Resolved, inv: Inventory, rendering: Rendering, restart: Sequ
                 "smoke": bool(p.serve.smoke_request), "deadline_s": float(p.serve.ready_timeout_s),
                 "alive": {n: ALIVE_COMMAND for n in lay.nodes},
                 "tail": {n: tail_command(inv, n, 1) for n in lay.nodes},
-                "tail_on_failure": {n: tail_command(inv, n, 15) for n in lay.nodes}},
+                "tail_on_failure": {n: tail_command(inv, n, 15) for n in lay.nodes},
+                # serve.api_key_env: where the probe finds the key (the operator's variable; on the
+                # head, the 0600 env file), never the key itself: plans are printed
+                **({"api_key": {"env": p.serve.api_key_env, "var": API_KEY_VAR,
+                                "file": under(inv.node(head).prefix, ENV_FILE)}} if p.serve.api_key_env else {})},
         on_fail=on_fail))
     return steps
 

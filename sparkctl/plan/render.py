@@ -67,6 +67,33 @@ TOKENS_METRIC = {
 }
 
 
+# The endpoint's API key (serve.api_key_env): always SPARKCTL_API_KEY in the 0600 env file;
+# engines that read a variable get it under their own name, so the key is never on a
+# command line: vLLM 0.11.2 reads VLLM_API_KEY (vllm/entrypoints/openai/api_server.py,
+# build_app: `args.api_key or [envs.VLLM_API_KEY]`), llama-server LLAMA_API_KEY
+# (common/arg.cpp: --api-key ... .set_env("LLAMA_API_KEY")). SGLang 0.5.4 has only the
+# flag (server_args.py --api-key), and so do the simulator's ds41f and tensorfold:
+# launch.sh passes `--api-key "$SPARKCTL_API_KEY"`, expanded at exec, never rendered.
+API_KEY_VAR = "SPARKCTL_API_KEY"
+API_KEY_ENGINE_ENV = {"vllm": "VLLM_API_KEY", "llamacpp": "LLAMA_API_KEY"}
+
+
+def api_key_flag(p: Profile) -> str | None:
+    """The flag launch.sh adds for the key, or None (no key, or the engine reads a variable)."""
+    if not p.serve.api_key_env or p.engine.name in API_KEY_ENGINE_ENV:
+        return None
+    return "--api-key"
+
+
+def bind_host(p: Profile, r: Rank, node_host: str) -> str:
+    """The address the engine's --host gets (serve.bind)."""
+    if p.serve.bind == "fabric" and r.world_size > 1:
+        return r.host_ip
+    if p.serve.bind in ("fabric", "management"):
+        return node_host
+    return "0.0.0.0"
+
+
 @dataclass(frozen=True)
 class RenderedFile:
     path: str  # absolute, prefix applied
@@ -135,29 +162,29 @@ def env_value_ok(v: str) -> bool:
     return "\n" not in v and "\x00" not in v and "\r" not in v
 
 
-def engine_argv(p: Profile, r: Rank, weights: str) -> list[str]:
-    """The engine's command line for one rank (docs/engines.md)."""
+def engine_argv(p: Profile, r: Rank, weights: str, host: str = "0.0.0.0") -> list[str]:
+    """The engine's command line for one rank (docs/engines.md); ``host`` from serve.bind (bind_host)."""
     e, m, law = p.engine, p.model, p.laws
     n, port = r.world_size, r.http_port
     util = f"{law.gpu_memory_utilization:g}"
     if e.name == "ds41f":
         argv = ["serve", "--model", weights, "--served-model-name", m.served_name, "--tp", str(n),
                 "--nnodes", str(n), "--node-rank", str(r.rank), "--master-addr", r.master_addr,
-                "--master-port", str(r.master_port), "--host", "0.0.0.0", "--port", str(port),
+                "--master-port", str(r.master_port), "--host", host, "--port", str(port),
                 "--max-model-len", str(m.context_len_tokens), "--gpu-memory-utilization", util]
         if law.memory_saver:
             argv.append("--memory-saver")
     elif e.name == "tensorfold":
         argv = ["serve", "--weights", weights, "--name", m.served_name, "--tp", str(n), "--world", str(n),
                 "--rank", str(r.rank), "--rendezvous", f"{r.master_addr}:{r.master_port}",
-                "--listen", f"0.0.0.0:{port}", "--ctx", str(m.context_len_tokens), "--mem-fraction", util]
+                "--listen", f"{host}:{port}", "--ctx", str(m.context_len_tokens), "--mem-fraction", util]
     elif e.name == "vllm":
         argv = ["serve", weights, "--served-model-name", m.served_name, "--tensor-parallel-size", str(n),
                 "--nnodes", str(n), "--node-rank", str(r.rank), "--master-addr", r.master_addr,
                 "--master-port", str(r.master_port)]
         if r.rank > 0:
             argv.append("--headless")
-        argv += ["--distributed-executor-backend", "mp", "--host", "0.0.0.0", "--port", str(port),
+        argv += ["--distributed-executor-backend", "mp", "--host", host, "--port", str(port),
                  "--max-model-len", str(m.context_len_tokens), "--gpu-memory-utilization", util]
     elif e.name == "sglang":
         # --tp-size, not the abbreviation --tp that argparse happens to accept today.
@@ -166,18 +193,18 @@ def engine_argv(p: Profile, r: Rank, weights: str) -> list[str]:
         # readiness waits for sglang:generation_tokens_total there.
         argv = ["--model-path", weights, "--served-model-name", m.served_name, "--tp-size", str(n),
                 "--nnodes", str(n), "--node-rank", str(r.rank), "--dist-init-addr",
-                f"{r.master_addr}:{r.master_port}", "--host", "0.0.0.0", "--port", str(port),
+                f"{r.master_addr}:{r.master_port}", "--host", host, "--port", str(port),
                 "--context-length", str(m.context_len_tokens), "--mem-fraction-static", util, "--enable-metrics"]
     else:  # llamacpp: llama-server, or llama-cpp-python's server (its flags differ)
         binary = e.binary or DEFAULT_BINARY["llamacpp"]
         if "llama_cpp.server" in binary:
-            argv = ["--model", weights, "--model_alias", m.served_name, "--host", "0.0.0.0",
+            argv = ["--model", weights, "--model_alias", m.served_name, "--host", host,
                     "--port", str(port), "--n_ctx", str(m.context_len_tokens)]
         else:
             # --kv-unified: one KV buffer shared by all slots, so each request may use the whole
             # --ctx-size; without it llama-server gives every slot ctx-size / parallel tokens
             # (common/arg.cpp "-kvu, --kv-unified"; issue #12: 131072 / 8 = 16384 per slot).
-            argv = ["--model", weights, "--alias", m.served_name, "--host", "0.0.0.0", "--port", str(port),
+            argv = ["--model", weights, "--alias", m.served_name, "--host", host, "--port", str(port),
                     "--ctx-size", str(m.context_len_tokens), "--kv-unified"]
     return argv + list(e.args)
 
@@ -188,7 +215,8 @@ def engine_warnings(res: Resolved, inv: Inventory) -> tuple[str, ...]:
     argvs: dict[str, list[str]] = {}
     for r in layout.ranks:
         p = res.for_node(r.node)
-        argvs[r.node] = engine_argv(p, r, under(inv.node(r.node).prefix, p.model.weights_path))
+        argvs[r.node] = engine_argv(p, r, under(inv.node(r.node).prefix, p.model.weights_path),
+                                    bind_host(p, r, inv.node(r.node).host))
     head = res.for_node(layout.ranks[0].node).engine
     return contracts.warnings(head.name, head.version, argvs)
 
@@ -228,13 +256,27 @@ def render(
             if not env_value_ok(secrets[name]):
                 raise RenderError(f"secret {name} contains a newline", Ref(key=name))
             secret_values[name] = secrets[name] if reveal_secrets else MASK
+        key_env = p.serve.api_key_env
+        if key_env:
+            key = secrets.get(key_env)
+            if not key:
+                raise RenderError(f"the endpoint's API key variable {key_env} is not set in your environment",
+                                  _ref(res, "serve.api_key_env", r.node),
+                                  hint=f"export {key_env}=... before running (it is never printed)")
+            if not env_value_ok(key):
+                raise RenderError(f"secret {key_env} contains a newline", Ref(key=key_env))
+            shown = key if reveal_secrets else MASK
+            secret_values[API_KEY_VAR] = shown
+            if p.engine.name in API_KEY_ENGINE_ENV:
+                secret_values[API_KEY_ENGINE_ENV[p.engine.name]] = shown
         weights = under(node.prefix, p.model.weights_path)
         binary = shlex.split(p.engine.binary or DEFAULT_BINARY[p.engine.name])
         ring = layout.layout == "ring"
         ctx = dict(
             version=__version__, profile=res.name, profile_digest=res.digest(), p=p, r=r, node=node, inv=inv,
             layout=layout, ring=ring, pair=layout.layout == "pair", multi=r.world_size > 1,
-            binary=binary, argv=engine_argv(p, r, weights), weights=weights,
+            binary=binary, argv=engine_argv(p, r, weights, bind_host(p, r, node.host)), weights=weights,
+            api_key_flag=api_key_flag(p), api_key_var=API_KEY_VAR,
             weights_dir=posixpath.dirname(weights.rstrip('/')) or '/', secrets=secret_values,
             paths=dict(
                 env=under(node.prefix, ENV_FILE), launch=under(node.prefix, LAUNCH),

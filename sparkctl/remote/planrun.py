@@ -100,7 +100,8 @@ def _ready(step: dict, backend: Any, state: dict) -> str:
     while True:
         elapsed = backend.monotonic() - t0
         for node, url in list(pending.items()):
-            ok, detail = backend.probe(url, p["served_name"], p.get("metric"), bool(p.get("smoke", True)))
+            key = {"api_key": p["api_key"]} if p.get("api_key") else {}  # names where the key is, never the key
+            ok, detail = backend.probe(url, p["served_name"], p.get("metric"), bool(p.get("smoke", True)), **key)
             if ok:
                 backend.emit(node, step["phase"], f"{p['served_name']} serving after {elapsed:.1f} s")
                 del pending[node]
@@ -256,18 +257,43 @@ def _atomic_write(path: str, data: bytes, mode: int) -> None:
         raise
 
 
-def _probe(url: str, served_name: str, metric: str | None, smoke: bool) -> tuple[bool, str]:
+def _api_key(spec: dict | None) -> str | None:
+    """The endpoint's key on the head: the runner's environment, else the 0600 env file rendered for
+    the engine (``VAR='value'`` lines quoted for sh; the runner reads it as root)."""
+    if not spec:
+        return None
+    if os.environ.get(spec.get("env", "")):
+        return os.environ[spec["env"]]
+    import shlex
+
+    try:
+        with open(spec["file"], encoding="utf-8") as fh:
+            for line in fh:
+                name, eq, value = line.rstrip("\n").partition("=")
+                if eq and name == spec["var"]:
+                    words = shlex.split(value)
+                    return words[0] if words else None
+    except (OSError, KeyError, ValueError):
+        return None
+    return None
+
+
+def _probe(url: str, served_name: str, metric: str | None, smoke: bool,
+           api_key: dict | None = None) -> tuple[bool, str]:
     """The readiness probe of ``sparkctl.ops.readiness.probe_endpoint``, in the standard library."""
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    key = _api_key(api_key)
+    auth = {"Authorization": f"Bearer {key}"} if key else {}
     try:
-        with opener.open(f"{url}/v1/models", timeout=5) as r:
+        with opener.open(urllib.request.Request(f"{url}/v1/models", headers=auth), timeout=5) as r:
             models = [m.get("id") for m in json.loads(r.read()).get("data", [])]
         if served_name not in models:
             return False, f"/v1/models lists {models or 'nothing'}, not {served_name!r}"
         if not smoke:
             return True, "model listed"
         body = json.dumps({"model": served_name, "prompt": "ping", "max_tokens": 1, "temperature": 0}).encode()
-        req = urllib.request.Request(f"{url}/v1/completions", data=body, headers={"Content-Type": "application/json"})
+        req = urllib.request.Request(f"{url}/v1/completions", data=body,
+                                     headers={"Content-Type": "application/json", **auth})
         with opener.open(req, timeout=30) as r:
             answer = json.loads(r.read())
         usage = answer.get("usage") or {}

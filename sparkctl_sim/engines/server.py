@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import time
 import uuid
 from collections import Counter
@@ -533,6 +534,38 @@ async def access_log(request: web.Request, handler: Callable[[web.Request], Any]
             engine.log.info(line, src="http")
 
 
+def api_keys(engine: Engine) -> tuple[str, ...]:
+    """The keys the engine accepts: its --api-key flag, else (vLLM) VLLM_API_KEY.
+
+    vLLM 0.11.2 vllm/entrypoints/openai/api_server.py build_app: ``args.api_key or
+    [envs.VLLM_API_KEY]``; llama-server reads LLAMA_API_KEY (common/arg.cpp, set_env).
+    """
+    raw = engine.cfg.extra.get("contract_api_key")
+    keys = [raw] if isinstance(raw, str) else [k for k in (raw or []) if isinstance(k, str)]
+    if not keys and engine.cfg.engine == "vllm":
+        keys = [os.environ.get("VLLM_API_KEY", "")]
+    return tuple(k for k in keys if k)
+
+
+def auth_middleware(keys: tuple[str, ...]) -> Callable[..., Any]:
+    """vLLM's AuthenticationMiddleware (vllm/entrypoints/openai/api_server.py, 0.11.2): a request
+    under /v1 without ``Authorization: Bearer <key>`` is answered 401 {"error": "Unauthorized"};
+    OPTIONS and everything outside /v1 (/health, /metrics) pass. SIMULATION: the same rule for
+    every simulated engine, and the other engines' /metrics is protected too (stricter than
+    vLLM; SGLang's middleware exempts only its health routes)."""
+    wanted = {f"Bearer {k}" for k in keys}
+
+    @web.middleware
+    async def authenticate(request: web.Request, handler: Callable[[web.Request], Any]) -> web.StreamResponse:
+        engine = request.app[ENGINE_KEY]
+        open_path = request.path == "/health" or (engine.cfg.engine == "vllm" and not request.path.startswith("/v1"))
+        if request.method == "OPTIONS" or open_path or request.headers.get("Authorization", "") in wanted:
+            return await handler(request)
+        return web.json_response({"error": "Unauthorized"}, status=401)
+
+    return authenticate
+
+
 ROUTES = (
     ("GET", "/health", health),
     ("GET", "/v1/models", models),
@@ -545,7 +578,9 @@ ROUTES = (
 
 
 def build_app(engine: Engine) -> web.Application:
-    app = web.Application(middlewares=[access_log], client_max_size=64 * 1024 * 1024)
+    keys = api_keys(engine)
+    app = web.Application(middlewares=[access_log, *([auth_middleware(keys)] if keys else [])],
+                          client_max_size=64 * 1024 * 1024)
     app[ENGINE_KEY] = engine
     c = contract(engine.cfg.engine)
     for method, path, fn in ROUTES:
