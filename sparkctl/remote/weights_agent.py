@@ -20,7 +20,10 @@ Subcommands (every one prints JSON lines on stdout; the last is ``done`` or
 ``fetch``, ``manifest``, ``serve`` and ``pull`` take ``--log FILE`` to run
 detached: the job double-forks, writes its events to FILE, and the command
 returns at once with ``{"event": "started", "pid": ...}`` (``serve`` waits for
-``listening`` and returns that event, which carries the port). A job that
+``listening`` and returns that event, which carries the port); with
+``--linger-s S`` it then also waits up to S seconds for the job's end and
+prints its events and a ``tail`` event, as ``tail`` does (one command for a
+job that ends at once). A job that
 outlives one SSH channel is what lets a multi-hour download survive a dropped
 connection; ``tail`` is how sparkctl watches it.
 
@@ -34,7 +37,12 @@ SHA-256, so verification costs little beyond the transfer. The size (and the
 SHA-256 when known) is checked before the atomic rename to PATH; a mismatch
 deletes the partial file and nothing appears at PATH. A server that ignores
 ``Range`` (200 instead of 206) gets one plain stream instead, restarted from
-zero when interrupted.
+zero when interrupted. The N connections are a budget of the whole job, not
+of one file (:class:`Slots`, :func:`each_file`): the next file starts once the
+previous one has every chunk on a connection, so a repository of many files
+keeps N ranges in flight and a file's hash tail, fsync and rename overlap the
+next file's transfer. Each chunk's SHA-256 is hashed from the receive buffer
+too and kept in the hash cache, so a manifest after the fetch reads nothing.
 
 How a pull from a peer works: the manifest carries, besides each file's
 SHA-256, the SHA-256 of every chunk (``chunk_bytes``, 32 MiB by default; one
