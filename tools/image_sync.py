@@ -1,0 +1,126 @@
+#!/usr/bin/env python3
+"""Measure `sparkctl image sync` (the whole command) against a plain `docker save | ssh docker load`.
+
+Runs on a private SIMULATED pair (`sparkctl sim up --nodes 2 --ready --no-images`
+under a temporary SPARKCTL_SIM_DIR) while holding the host's locks as
+tools/check_scaling.py does (/tmp/sparkctl-e2e.lock, then
+/run/sparkctl-sim/e2e-tests.lock: do not wrap this script in `flock`). The image
+(--size-mib) is loaded on spark-a; each repeat removes it from spark-b, then
+times, in alternating order:
+
+* sparkctl: `sparkctl image sync tensorfold-tp2` (a new process: interpreter,
+  imports, reading both image IDs, authorizing the key, the copy, the verify);
+* plain: from the operator's side, `ssh spark-a 'docker save IMG | ssh
+  <spark-b's fabric address> docker load'`: the same bytes over the same
+  simulated link with the same node-to-node key, nothing else.
+
+Prints every run, the medians, throughput, and plain/sparkctl (target >= 0.9).
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+E2E_LOCK = Path("/tmp/sparkctl-e2e.lock")
+SIM_TESTS_LOCK = Path("/run/sparkctl-sim/e2e-tests.lock")
+PROFILE = "tensorfold-tp2"
+IMAGE = "ghcr.io/tensorfold/tensorfold-spark:zig-2026.10"
+
+
+@contextmanager
+def e2e_lock() -> Iterator[None]:
+    SIM_TESTS_LOCK.parent.mkdir(parents=True, exist_ok=True)
+    with open(E2E_LOCK, "a") as first, open(SIM_TESTS_LOCK, "a") as second:
+        fcntl.flock(first, fcntl.LOCK_EX)
+        fcntl.flock(second, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(second, fcntl.LOCK_UN)
+            fcntl.flock(first, fcntl.LOCK_UN)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--size-mib", type=float, default=512.0, help="the image's layer size")
+    ap.add_argument("--repeats", type=int, default=3)
+    args = ap.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="image-sync-"))
+    env = {**os.environ, "SPARKCTL_SIM_DIR": str(tmp / "sim"), "XDG_STATE_HOME": str(tmp / "state")}
+    env.pop("SPARKCTL_INVENTORY", None)
+    inv = ["-i", str(tmp / "sim" / "inventory.yaml")]
+
+    def sparkctl(*argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        r = subprocess.run([sys.executable, "-m", "sparkctl.cli.main", *argv], env=env, cwd=tmp,
+                           capture_output=True, text=True, timeout=1800)
+        if check and r.returncode != 0:
+            sys.exit(f"sparkctl {' '.join(argv)} failed:\n{r.stdout}\n{r.stderr}")
+        return r
+
+    with e2e_lock():
+        sparkctl("sim", "up", "--nodes", "2", "--ready", "--no-images")
+        try:
+            from sparkctl.model.inventory import load_inventory
+            from sparkctl.ops.nodessh import fabric_address_from, ssh_argv
+            from sparkctl_sim import cluster
+
+            root = tmp / "sim"
+            inventory = load_inventory(root / "inventory.yaml")
+            sparkctl("sim", "image", "load", "spark-a", IMAGE, "--size-mib", f"{args.size_mib:g}")
+            remote = ssh_argv(inventory, "spark-a", "spark-b", fabric_address_from(inventory, "spark-a", "spark-b"))
+            plain_cmd = f"docker save {shlex.quote(IMAGE)} | {shlex.join(remote)} 'docker load'"
+
+            def ssh(node: str, command: str) -> subprocess.CompletedProcess[str]:
+                return subprocess.run([*cluster.ssh_argv(root, node), command], capture_output=True, text=True,
+                                      timeout=1800, env=env)
+
+            def clear_b() -> None:
+                ssh("spark-b", f"docker rmi {shlex.quote(IMAGE)} >/dev/null 2>&1; true")
+
+            def run_sparkctl() -> float:
+                t0 = time.perf_counter()
+                r = sparkctl(*inv, "image", "sync", PROFILE)
+                took = time.perf_counter() - t0
+                assert "copied from spark-a to spark-b" in r.stdout, r.stdout
+                return took
+
+            def run_plain() -> float:
+                t0 = time.perf_counter()
+                r = ssh("spark-a", plain_cmd)
+                took = time.perf_counter() - t0
+                assert r.returncode == 0 and "Loaded image" in r.stdout, r.stderr
+                return took
+
+            clear_b()
+            run_sparkctl()  # warm-up: authorizes the key the plain copy uses too, fills the page cache
+            times: dict[str, list[float]] = {"sparkctl": [], "plain": []}
+            for rep in range(args.repeats):
+                order = ("sparkctl", "plain") if rep % 2 == 0 else ("plain", "sparkctl")
+                for which in order:
+                    clear_b()
+                    took = run_sparkctl() if which == "sparkctl" else run_plain()
+                    times[which].append(took)
+                    print(f"repeat {rep + 1} {which:<8} {took:7.2f} s", flush=True)
+            mb = args.size_mib * (1 << 20) / 1e6
+            med = {k: statistics.median(v) for k, v in times.items()}
+            for k, v in med.items():
+                print(f"median {k:<8} {v:7.2f} s  {mb / v:8.1f} MB/s")
+            print(f"ratio plain/sparkctl = {med['plain'] / med['sparkctl']:.3f} (target >= 0.9), "
+                  f"image {args.size_mib:g} MiB, {args.repeats} repeats")
+        finally:
+            sparkctl("sim", "down", check=False)
+
+
+if __name__ == "__main__":
+    main()
