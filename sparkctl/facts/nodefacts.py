@@ -130,6 +130,7 @@ class NodeFacts:
     engine_found: str | None = None
     # the NCCL the engine loads (torch.cuda.nccl.version()); () none found; None not read
     nccl_version: tuple[int, ...] | None = None
+    watchdog: object | None = None  # sparkctl.facts.watchdog.WatchdogFacts: earlyoom's state and arguments
     clock_lock_record: tuple[str, int] | None = None  # (boot_id, cap MHz) written when sparkctl locked the clock
     weights: WeightsSummary | None = None
     engine_unit: EngineUnit | None = None  # None: no engine unit file on the node

@@ -28,6 +28,8 @@ SYSCTL = "/etc/sysctl.d/60-sparkctl-forward.conf"
 FORWARD_UNIT = f"{UNIT_DIR}/sparkctl-fabric-forward.service"  # DOCKER-USER accept for the fabric
 NETPLAN_DIR = "/etc/netplan"
 SYSCTL_DIR = "/etc/sysctl.d"
+# Debian's earlyoom package: its unit reads EARLYOOM_ARGS from here (EnvironmentFile=-/etc/default/earlyoom)
+EARLYOOM_DEFAULT = "/etc/default/earlyoom"
 
 # state
 RECORD = f"{STATE_DIR}/record.json"

@@ -1,0 +1,66 @@
+"""The memory watchdog's fact: is earlyoom installed, enabled, running, and with which arguments.
+
+What this module owns: the :class:`~sparkctl.facts.registry.Fact` ``watchdog``
+and its pure parser. The command: POSIX ``command -v earlyoom``, ``systemctl
+is-enabled`` / ``is-active earlyoom`` (systemctl(1): they print the state, e.g.
+``enabled``/``disabled``/``not-found``, ``active``/``inactive``/``failed``, and exit
+non-zero when not enabled/active: the printed word is what counts), and the
+``EARLYOOM_ARGS=`` line of Debian's /etc/default/earlyoom. It must not run anything.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sparkctl.facts.registry import NOT_FOUND, Fact, ProbeParseError, ScriptContext, q
+from sparkctl.model import paths
+
+
+@dataclass(frozen=True)
+class WatchdogFacts:
+    installed: bool
+    enabled: str  # systemctl is-enabled's word ("" when it printed nothing)
+    active: str  # systemctl is-active's word
+    args: tuple[str, ...] | None  # EARLYOOM_ARGS split as systemd splits it; None: no file or no line
+
+
+def parse_args_line(text: str) -> tuple[str, ...] | None:
+    """EARLYOOM_ARGS of a /etc/default/earlyoom text, split as systemd splits it; None when absent."""
+    value = None
+    for raw in text.splitlines():
+        line = raw.strip()
+        if line.startswith("EARLYOOM_ARGS="):
+            value = line.partition("=")[2]
+    if value is None:
+        return None
+    if len(value) >= 2 and value[0] == value[-1] and value[0] in "\"'":
+        value = value[1:-1]
+    return tuple(value.split())
+
+
+def parse_watchdog(text: str) -> WatchdogFacts:
+    got: dict[str, str] = {}
+    args_line = ""
+    for line in text.splitlines():
+        key, eq, value = line.partition("=")
+        if key in ("installed", "enabled", "active") and eq:
+            got[key] = value.strip()
+        elif key == "EARLYOOM_ARGS":
+            args_line = line
+    if "installed" not in got:
+        raise ProbeParseError("watchdog", "no installed= line", "systemctl is-active earlyoom")
+    return WatchdogFacts(got["installed"] == "yes", got.get("enabled", ""), got.get("active", ""),
+                         parse_args_line(args_line) if args_line else None)
+
+
+def _command(ctx: ScriptContext, _item: str) -> str:
+    conf = q(paths.under(ctx.node.prefix, paths.EARLYOOM_DEFAULT))
+    return ("have systemctl || exit 127; "
+            "if command -v earlyoom >/dev/null 2>&1; then echo installed=yes; else echo installed=no; fi; "
+            'echo "enabled=$(systemctl is-enabled earlyoom 2>/dev/null)"; '
+            'echo "active=$(systemctl is-active earlyoom 2>/dev/null)"; '
+            f"[ -r {conf} ] && grep '^EARLYOOM_ARGS=' {conf} | tail -n 1; exit 0")
+
+
+WATCHDOG = Fact("watchdog", "earlyoom (systemctl is-active/is-enabled, /etc/default/earlyoom)",
+                _command, parse_watchdog, exit_codes=(NOT_FOUND,), core=False)

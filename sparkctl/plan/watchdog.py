@@ -1,0 +1,54 @@
+"""The memory watchdog sparkctl configures on every node: earlyoom's arguments and file. Pure.
+
+GB10 memory is unified and an over-commit livelocks the box with no OOM kill
+(docs/reference/spark-facts.md; the field report's UVM law), so a userspace
+watchdog must kill the engine before the kernel is starved. earlyoom (Debian and
+Ubuntu package ``earlyoom``; rfjakob/earlyoom README and ``earlyoom -h``, v1.7):
+
+* ``-M SIZE[,KILL_SIZE]``: SIGTERM the chosen process once MemAvailable is below
+  SIZE KiB, SIGKILL below KILL_SIZE;
+* ``-s PERCENT``: free swap minimum; "both memory and swap must be below minimum
+  for earlyoom to act", so ``-s 100,100`` makes memory alone decide;
+* ``--prefer REGEX`` / ``--avoid REGEX``: matched against the process name
+  (``/proc/PID/comm``, at most 15 characters), not the command line;
+* ``-r INTERVAL``: the memory report interval (Debian's default file: 3600).
+
+Debian's unit runs ``ExecStart=/usr/bin/earlyoom $EARLYOOM_ARGS`` with
+``EnvironmentFile=-/etc/default/earlyoom``: systemd splits the unquoted variable
+at whitespace and does not interpret quotes in it, so every argument here is a
+single word without quotes or spaces.
+"""
+
+from __future__ import annotations
+
+from sparkctl.model.schema import LawsSpec
+
+# The engines' process names (comm): vLLM renames its workers (VLLM::EngineCore,
+# VLLM::Worker), SGLang's are python3, llama.cpp's is llama-server.
+PREFER = "^(python3?|python3[.][0-9]+|VLLM::.*|vllm|sglang.*|llama-server|ds41f|tensorfold)$"
+# What must survive: the way in (sshd), init and the container runtime, earlyoom itself.
+AVOID = "^(sshd|systemd|systemd-.*|init|dockerd|containerd.*|earlyoom|sudo)$"
+REPORT_INTERVAL_S = 60
+KIB_PER_GIB = 1024 * 1024
+
+
+def thresholds_kib(law: LawsSpec) -> tuple[int, int]:
+    """(SIGTERM, SIGKILL) MemAvailable in KiB: half and a quarter of the profile's floor.
+
+    ``laws.min_free_gib`` is what the memory_guard law keeps free while serving
+    (10-15 GiB advised); the watchdog acts only well below it, when the floor is
+    already lost and the livelock is near."""
+    term = int(law.min_free_gib * KIB_PER_GIB / 2)
+    return term, term // 2
+
+
+def earlyoom_args(law: LawsSpec) -> tuple[str, ...]:
+    term, kill = thresholds_kib(law)
+    return ("-M", f"{term},{kill}", "-s", "100,100", "-r", str(REPORT_INTERVAL_S), "--prefer", PREFER, "--avoid", AVOID)
+
+
+def render_default(law: LawsSpec) -> str:
+    """The text of /etc/default/earlyoom (sparkctl.model.paths.EARLYOOM_DEFAULT)."""
+    return ("# Written by sparkctl from the profile's memory limits (laws.min_free_gib): the engine\n"
+            "# is killed first, sshd never. See sparkctl/plan/watchdog.py.\n"
+            f'EARLYOOM_ARGS="{" ".join(earlyoom_args(law))}"\n')

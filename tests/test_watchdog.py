@@ -1,0 +1,69 @@
+"""The memory watchdog: earlyoom's arguments from the profile, the watchdog fact, the memory_watchdog law."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from sparkctl.facts import watchdog as wf
+from sparkctl.facts.registry import ScriptContext
+from sparkctl.model.schema import LawsSpec
+from sparkctl.plan import laws, watchdog
+
+from test_laws import DS, INV, ctx, healthy
+
+FIX = Path(__file__).resolve().parent / "fixtures" / "spark"
+
+
+def test_arguments_follow_the_profiles_floor_and_round_trip_the_file() -> None:
+    a = watchdog.earlyoom_args(LawsSpec(min_free_gib=12))
+    assert a[:2] == ("-M", f"{6 * 1024 * 1024},{3 * 1024 * 1024}")
+    assert watchdog.earlyoom_args(LawsSpec(min_free_gib=16))[1] == f"{8 * 1024 * 1024},{4 * 1024 * 1024}"
+    assert "sshd" in a[a.index("--avoid") + 1] and "llama-server" in a[a.index("--prefer") + 1]
+    assert all(" " not in w and "'" not in w and '"' not in w for w in a)  # systemd splits $EARLYOOM_ARGS at spaces
+    assert wf.parse_args_line(watchdog.render_default(LawsSpec())) == watchdog.earlyoom_args(LawsSpec())
+
+
+@pytest.mark.skipif(shutil.which("earlyoom") is None, reason="Debian's earlyoom not installed (Makefile APT_PACKAGES)")
+def test_the_real_earlyoom_accepts_the_arguments() -> None:
+    # --dryrun kills nothing; it prints its settings then loops: the timeout ends it
+    try:
+        out = subprocess.run(["earlyoom", "--dryrun", *watchdog.earlyoom_args(LawsSpec())],
+                             capture_output=True, text=True, timeout=3)
+        text = out.stdout + out.stderr
+    except subprocess.TimeoutExpired as exc:
+        text = (exc.stdout or b"").decode() + (exc.stderr or b"").decode()
+    assert "Preferring to kill process names that match regex" in text
+    assert "Will avoid killing process names that match regex '^(sshd|" in text
+
+
+def test_fact_parser_on_the_fixtures() -> None:
+    d = wf.parse_watchdog((FIX / "watchdog-earlyoom-debian-default-constructed.txt").read_text())
+    assert d == wf.WatchdogFacts(True, "enabled", "active", ("-r", "3600"))
+    a = wf.parse_watchdog((FIX / "watchdog-earlyoom-absent-constructed.txt").read_text())
+    assert not a.installed and a.args is None
+
+
+def test_fact_command_reads_the_file_under_the_prefix() -> None:
+    node = replace(INV.nodes[0], prefix="/srv/sim/a b")
+    cmd = wf.WATCHDOG.command(ScriptContext(node), "")
+    assert "'/srv/sim/a b/etc/default/earlyoom'" in cmd and "systemctl is-active earlyoom" in cmd
+
+
+def judged(w: wf.WatchdogFacts | None) -> set[str]:
+    facts = {n: replace(healthy(n), watchdog=w) for n in INV.names}
+    return {v.status for v in laws.judge(ctx(facts=facts)) if v.law == "memory_watchdog"}
+
+
+def test_law_ok_only_with_sparkctls_arguments_enabled_and_running() -> None:
+    want = watchdog.earlyoom_args(DS.laws)
+    assert judged(wf.WatchdogFacts(True, "enabled", "active", want)) == {"ok"}
+    assert judged(wf.WatchdogFacts(True, "enabled", "active", ("-r", "3600"))) == {"warn"}
+    assert judged(wf.WatchdogFacts(True, "disabled", "active", want)) == {"warn"}
+    assert judged(wf.WatchdogFacts(True, "enabled", "failed", want)) == {"warn"}
+    assert judged(wf.WatchdogFacts(False, "", "inactive", None)) == {"warn"}
+    assert judged(None) == {"warn"}
