@@ -19,7 +19,16 @@ from __future__ import annotations
 
 import re
 
-from sparkctl.facts.registry import NOT_FOUND, ExitCode, Fact, ProbeParseError, ScriptContext, one_line, q
+from sparkctl.facts.registry import (
+    NOT_FOUND,
+    ExitCode,
+    Fact,
+    ProbeParseError,
+    ScriptContext,
+    one_line,
+    q,
+)
+from sparkctl.model.paths import NCCL_CACHE_DIR, under
 
 NO_IMAGE_RC = 3
 NO_NCCL_RC = 4
@@ -45,13 +54,20 @@ def _command(ctx: ScriptContext, _item: str) -> str:
     assert e is not None
     if e.runtime == "docker":
         img = q(e.ref)
-        run = f"docker run --rm --network none --entrypoint"
+        run = "docker run --rm --network none --entrypoint"
+        # An image ID never changes its NCCL: the answer is kept per image ID on the node, so
+        # only the first check after a new image pays for a container start (seconds on a Spark).
+        cache = q(under(ctx.node.prefix, NCCL_CACHE_DIR))
+        keep = (f'mkdir -p {cache} 2>/dev/null && printf "%s\\n" "$a" > {cache}/"$id.tmp" 2>/dev/null && '
+                f'mv -f {cache}/"$id.tmp" {cache}/"$id" 2>/dev/null; echo "$a"; exit 0; ')
         return ("have docker || exit 127; "
-                f"docker image inspect {img} >/dev/null 2>&1 || exit {NO_IMAGE_RC}; "
+                f"id=$(docker image inspect --format '{{{{.Id}}}}' {img} 2>/dev/null) || exit {NO_IMAGE_RC}; "
+                'id=${id#sha256:}; '
+                f'[ -s {cache}/"$id" ] && {{ cat {cache}/"$id"; exit 0; }}; '
                 f"v=$({run} python3 {img} -c {q(TORCH_CALL)} 2>/dev/null) && [ -n \"$v\" ] && "
-                '{ echo "torch $v"; exit 0; }; '
+                '{ a="torch $v"; ' + keep + '}; '
                 f"v=$({run} sh {img} -c {q(LIB_FIND)} 2>/dev/null) && [ -n \"$v\" ] && "
-                '{ echo "lib $v"; exit 0; }; '
+                '{ a="lib $v"; ' + keep + '}; '
                 f"exit {NO_NCCL_RC}")
     py = q(e.ref)
     return (f"command -v {py} >/dev/null || exit 127; "

@@ -48,6 +48,9 @@ SUPERVISOR_KEY = f"{STATE_DIR}/id_supervisor"
 SUPERVISOR_KNOWN_HOSTS = f"{STATE_DIR}/known_hosts"
 NODE_AUTHORIZED_KEYS = f"{ETC_DIR}/authorized_keys"
 
+# facts kept per image ID (an image's NCCL never changes): sparkctl.facts.nccl
+NCCL_CACHE_DIR = f"{STATE_DIR}/nccl-by-image"
+
 # weights
 WEIGHTS_AGENT = f"{OPT_DIR}/weights_agent.py"
 WEIGHTS_JOBS = f"{OPT_DIR}/weights"

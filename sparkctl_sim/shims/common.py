@@ -30,7 +30,7 @@ TOOLS = (
 )
 
 # RoCE device -> (netdev, PCI function). Order is ibdev2netdev's on spark-5c2d
-# (spark-facts.md §2.1); ls(1) in a UTF-8 locale lists /sys/class/infiniband the
+# (docs/reference/spark-facts.md §2.1); ls(1) in a UTF-8 locale lists /sys/class/infiniband the
 # same way.
 ROCE_DEVICES: tuple[tuple[str, str, str], ...] = (
     ("rocep1s0f0", "enp1s0f0np0", "0000:01:00.0"),

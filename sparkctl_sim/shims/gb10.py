@@ -1,6 +1,6 @@
 """The GB10 clock/power model that ``nvidia-smi`` reports (idle/boost clocks,
 power under a clock cap, throttle reasons), from readings on real Sparks
-(/work/shared/reference/spark-facts.md §1)."""
+(docs/reference/spark-facts.md §1)."""
 
 from __future__ import annotations
 

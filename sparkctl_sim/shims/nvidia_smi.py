@@ -1,6 +1,6 @@
 """``nvidia-smi`` as a GB10 prints it: the default table, ``--query-gpu`` and
 ``--query-compute-apps`` CSV, ``-q`` sections, ``-lgc``/``-rgc`` clock locks
-(formats: spark-facts.md §1; verbatim captures in tests/fixtures/spark/)."""
+(formats: docs/reference/spark-facts.md §1; verbatim captures in tests/fixtures/spark/)."""
 
 from __future__ import annotations
 
