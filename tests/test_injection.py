@@ -440,13 +440,20 @@ def command_texts(calls: list[Call], files: dict[tuple[str, str], tuple[bytes, i
 
 # --------------------------------------------------------------------------- the rendered files
 
-def _gid_sysfs(sysfs: Path, devs: set[str]) -> None:
-    for dev in devs:
-        port = sysfs / "class/infiniband" / dev / "ports/1"
-        (port / "gid_attrs/types").mkdir(parents=True, exist_ok=True)
-        (port / "gids").mkdir(parents=True, exist_ok=True)
-        (port / "gid_attrs/types/3").write_text("RoCE v2\n")
-        (port / "gids/3").write_text("0000:0000:0000:0000:0000:ffff:0a14:0001\n")
+def _gid_sysfs(sysfs: Path, rendering: Any, inv: Any) -> None:
+    """Each node's fabric GIDs, as the launch script looks them up (its own address per device).
+
+    The nodes of a case share one sysfs root, so node k's GIDs sit at index 3 + k on every device:
+    within a node one index for every device, as NCCL needs."""
+    for k, r in enumerate(rendering.layout.ranks):
+        for dev in r.hca:
+            addr = next(lk.end(r.node).address for lk in inv.node_links(r.node) if lk.end(r.node).rdma == dev)
+            o = [int(x) for x in addr.split(".")]
+            port = sysfs / "class/infiniband" / dev / "ports/1"
+            (port / "gid_attrs/types").mkdir(parents=True, exist_ok=True)
+            (port / "gids").mkdir(parents=True, exist_ok=True)
+            (port / f"gid_attrs/types/{3 + k}").write_text("RoCE v2\n")
+            (port / f"gids/{3 + k}").write_text("0000:0000:0000:0000:0000:ffff:%02x%02x:%02x%02x\n" % tuple(o))
 
 
 def unit_directives(text: str) -> list[str]:
@@ -470,7 +477,7 @@ def unit_exec_texts(text: str) -> list[str]:
 def files_texts(ld: Loaded, case: Path) -> tuple[list[tuple[str, bytes | None]], dict[str, Any]]:
     """Write every node's files in place (under its prefix); the shell texts they contain; structure facts."""
     rendering = render(ld.res, ld.inv, ld.roots, ld.secrets, reveal_secrets=True)
-    _gid_sysfs(case / "sysfs", {d for r in rendering.layout.ranks for d in r.hca})
+    _gid_sysfs(case / "sysfs", rendering, ld.inv)
     texts: list[tuple[str, bytes | None]] = []
     facts: dict[str, Any] = {"units": {}, "netplan": {}, "env_files": []}
     for node, nf in rendering.files.items():
