@@ -45,7 +45,7 @@ in that tree):
 Not modelled: KV space shared by concurrent requests under ``--kv-unified``
 (each request may use the whole window here), GPU memory bookkeeping, the
 web UI, tokenize/embedding routes. Run: ``python3 -m
-sparkctl_sim.engines.llamaserver ARGS`` (the ``llama-server`` wrapper of
+sparkctl_sim.engines.llamaserver [llama-server] ARGS`` (the ``llama-server`` wrapper of
 :mod:`sparkctl_sim.engines.install`).
 """
 
@@ -440,6 +440,8 @@ async def serve(cfg: LlamaConfig, env: Mapping[str, str], log: Log) -> int:
 
 def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == ["llama-server"]:  # the program name the wrapper keeps visible (install.py)
+        args = args[1:]
     env = dict(os.environ if env is None else env)
     log = Log()
     if any(a in ("-h", "--help", "--usage") for a in args):
