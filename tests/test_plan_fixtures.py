@@ -102,9 +102,12 @@ def test_the_fixtures_say_what_the_issue_asks() -> None:
     fresh = plan_case("fresh-up")
     assert [s["phase"] for s in fresh["steps"]][:4] == ["check", "clock", "record-start", "stop-stale"]
     assert all(s["on_fail"] == "abort" for s in fresh["steps"][:3])  # nothing stopped yet: nothing to undo
-    assert all(s["on_fail"] == "stop" for s in fresh["steps"][3:] if s["kind"] != "run" or s["phase"] != "push")
+    # from the first stop on, a failure stops what this run started; only housekeeping may fail and go on
+    soft = {s["id"] for s in fresh["steps"][3:] if s["on_fail"] == "continue"}
+    assert soft <= {"logs", "drop-caches"}, soft
+    assert all(s["on_fail"] == "stop" for s in fresh["steps"][3:] if s["id"] not in soft)
     sw = plan_case("switch-rollback")
-    assert {s["on_fail"] for s in sw["steps"][3:]} <= {"rollback", "continue"}
+    assert {s["on_fail"] for s in sw["steps"][3:] if s["id"] not in soft} == {"rollback"}
     back = sw["branches"]["rollback"]
     assert back[-1]["params"]["record"]["profile"] == "ds41f-tp4-ring"
     inv, roots = _inventory("inventory.yaml"), _roots()
@@ -118,5 +121,7 @@ def test_the_fixtures_say_what_the_issue_asks() -> None:
     assert [s["phase"] for s in sup["operator"]["steps"]] == ["check", "clock"]
     assert sup["head"]["steps"] == sw["steps"][2:] and sup["head"]["branches"] == sw["branches"]
     down = plan_case("down")
-    assert _steps(down)[1] == ("stop", ("spark-a", "spark-b", "spark-c", "spark-d"))
-    assert [s["id"] for s in down["steps"]] == ["record-stopping", "stop", "record", "leaks", "reset-clocks"]
+    assert [s["id"] for s in down["steps"]] == ["record-stopping", "disable", "stop", "record", "leaks",
+                                                "reset-clocks"]  # nothing may come back at boot once down ran
+    assert next(s["nodes"] for s in down["steps"] if s["id"] == "stop") == ["spark-a", "spark-b", "spark-c",
+                                                                           "spark-d"]  # the head first

@@ -382,7 +382,7 @@ def plan_switch(res: Resolved, inv: Inventory, rendering: Rendering, facts: UpFa
     ports = sorted({res.profile.serve.port, res.profile.serve.master_port, prev.port})
     back = [_stop_step(inv, "rollback-stop", "rollback", list(inv.names), ports, res.profile.serve.stop_timeout_s,
                        f"stop what {res.name} started", "stop")]
-    back += [replace(s, phase="rollback", on_fail="stop")
+    back += [replace(s, phase="rollback", on_fail="continue" if s.on_fail == "continue" else "stop")
              for s in _bring_up(prev_res, inv, prev_rendering, list(prev_rendering.layout.nodes), "rollback-", "stop")]
     restored = replace(prev, state="serving", updated_at=started_at, note="rolled back")
     back.append(_record_step(inv.node(head).prefix, "rollback-record", "rollback", head, restored,
