@@ -79,8 +79,8 @@ def check_fabric(ctx: Context) -> list[Verdict]:
         if not ok:
             out.append(Verdict("fabric", src, FAIL, f"{dst} unreachable", "reachable through the relay",
                                "run `sparkctl fabric apply`: the relays need IP forwarding (net.ipv4.ip_forward=1), "
-                               "the routes, and a DOCKER-USER rule accepting the fabric subnets (Docker's FORWARD DROP policy looks exactly like "
-                               "a dead cable)", f"-> {dst}"))
+                               "the routes, and a DOCKER-USER rule accepting the fabric subnets (Docker's FORWARD "
+                               "DROP policy looks exactly like a dead cable)", f"-> {dst}"))
     return out
 
 
