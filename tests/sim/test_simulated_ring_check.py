@@ -69,7 +69,7 @@ def test_check_on_a_healthy_simulated_ring_fails_only_page_size_then_passes_waiv
 
 
 FAULTS = [
-    ("kernel 1031", ["sim", "set", "spark-b", "kernel_release=6.17.0-1031-nvidia"], "kernel_pin", "spark-b", "denied",
+    ("kernel 1031", ["sim", "set", "spark-b", "kernel_release=6.17.0-1031-nvidia"], "kernel_pin", "spark-b", "known bad",
      ["sim", "set", "spark-b", "kernel_release=6.17.0-1029-nvidia"]),
     ("meta-packages not held", ["sim", "set", "spark-c", "held_packages=[]"], "kernel_pin", "spark-c", "apt-mark hold",
      ["sim", "set", "spark-c", "held_packages=[linux-nvidia-hwe-24.04, linux-image-nvidia-hwe-24.04]"]),

@@ -50,7 +50,7 @@ def check_kernel(ctx: Context) -> list[Verdict]:
             e = book.bad[k]
             out.append(Verdict("kernel_pin", node, FAIL, k, f"not {k}",
                                f"{k} is known bad: {e.reason}{_seen(e)}. Boot {pin or 'a known-good kernel'} on "
-                               f"{node} and hold the kernel meta-packages (`sparkctl check --explain kernel_pin`)"))
+                               f"{node} and hold the kernel meta-packages (docs/LAWS.md, kernel_pin)"))
             continue
         if state == "unknown":
             out.append(Verdict("kernel_pin", node, FAIL, k, good,
