@@ -20,7 +20,6 @@ Prints every run, the medians, throughput, and plain/sparkctl (target >= 0.9).
 from __future__ import annotations
 
 import argparse
-import fcntl
 import os
 import shlex
 import statistics
@@ -28,27 +27,13 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
-E2E_LOCK = Path("/tmp/sparkctl-e2e.lock")
-SIM_TESTS_LOCK = Path("/run/sparkctl-sim/e2e-tests.lock")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from check_scaling import e2e_lock  # noqa: E402  (the same two host locks, taken in the same order)
+
 PROFILE = "tensorfold-tp2"
 IMAGE = "ghcr.io/tensorfold/tensorfold-spark:zig-2026.10"
-
-
-@contextmanager
-def e2e_lock() -> Iterator[None]:
-    SIM_TESTS_LOCK.parent.mkdir(parents=True, exist_ok=True)
-    with open(E2E_LOCK, "a") as first, open(SIM_TESTS_LOCK, "a") as second:
-        fcntl.flock(first, fcntl.LOCK_EX)
-        fcntl.flock(second, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(second, fcntl.LOCK_UN)
-            fcntl.flock(first, fcntl.LOCK_UN)
 
 
 def main() -> None:
