@@ -12,6 +12,7 @@ ended. Never half-up: the plan's failure branches stop what a run started (and
 from __future__ import annotations
 
 import json
+import shlex
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -20,13 +21,17 @@ from typing import Any
 from sparkctl.errors import CheckFailed, Interrupted, LifecycleError, Ref, SparkctlError
 from sparkctl.facts import probes
 from sparkctl.model.inventory import Inventory
-from sparkctl.model.paths import RECORD
 from sparkctl.model.profiles import Resolved, resolve
 from sparkctl.model.record import RunRecord
 from sparkctl.model.resources import Roots
 from sparkctl.ops import readiness
 from sparkctl.ops.localstate import cluster_dir, write_json
-from sparkctl.ops.lock import ClusterLock, head_node, node_path, node_sudo, now_iso, read_record
+from sparkctl.ops.lock import (
+    ClusterLock,
+    node_sudo,
+    now_iso,
+    read_record,
+)
 from sparkctl.plan import laws, planner
 from sparkctl.plan.render import Rendering, render
 from sparkctl.plan.steps import Plan
@@ -129,7 +134,7 @@ class TransportBackend:
         blob = json.dumps(data, indent=2, sort_keys=True).encode() + b"\n"
         r = self.transport.put(node, path, blob, 0o644, sudo=node_sudo(self.inv, node))
         if not r.ok and data.get("state") != "serving":
-            self.transport.run(node, f"rm -f {_q(path)}", sudo=node_sudo(self.inv, node))
+            self.transport.run(node, f"rm -f {shlex.quote(path)}", sudo=node_sudo(self.inv, node))
         return _res(r)
 
     def leaks(self, results: Mapping[str, Mapping[str, Any]]) -> dict[str, float]:
@@ -151,12 +156,6 @@ class TransportBackend:
             raise LifecycleError("this plan has a check step but no check was given")
         self.check_report = self._check(params)
         return "laws hold"
-
-
-def _q(s: str) -> str:
-    import shlex
-
-    return shlex.quote(s)
 
 
 # --------------------------------------------------------------------------- gather, plan
@@ -383,8 +382,3 @@ def switch(res: Resolved, inv: Inventory, transport: Transport, roots: Roots, *,
         raise exc.in_phase(op, "lock") if exc.phase is None and not guard.held else exc from None
     finally:
         guard.release()
-
-
-def record_path(inv: Inventory) -> str:
-    head = head_node(inv)
-    return node_path(inv, head, RECORD)

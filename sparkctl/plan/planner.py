@@ -17,7 +17,6 @@ Rules the plans encode:
 
 from __future__ import annotations
 
-import json
 import posixpath
 import shlex
 from collections.abc import Mapping, Sequence
@@ -26,16 +25,21 @@ from dataclasses import dataclass, field, replace
 from sparkctl.model import clocklock
 from sparkctl.model.engines import ENGINE_REGEX
 from sparkctl.model.inventory import Inventory
-from sparkctl.model.paths import CLOCK_UNIT, DETACHED, ENGINE_LOG, ENV_FILE, RECORD, UNIT, under
+from sparkctl.model.paths import (
+    CLOCK_UNIT,
+    DETACHED,
+    ENGINE_LOG,
+    ENV_FILE,
+    RECORD,
+    UNIT,
+    under,
+)
 from sparkctl.model.profiles import Resolved
 from sparkctl.model.record import NodeRecord, RunRecord
 from sparkctl.plan import contracts
 from sparkctl.plan.laws.memory import FRACTION_ENGINES, drop_caches_if_short_command
 from sparkctl.plan.render import API_KEY_VAR, Rendering
 from sparkctl.plan.steps import FileRef, Plan, Step
-
-# Phases of `up` that change no stack: a failure there leaves the previous one serving.
-UNCHANGED_PHASES = ("lock", "plan", "check", "clock", "record-start")
 
 STOP_SCRIPT = """\
 set -u
@@ -389,7 +393,3 @@ def plan_switch(res: Resolved, inv: Inventory, rendering: Rendering, facts: UpFa
                              f"record {prev_res.name} serving again", on_fail="stop"))
     return replace(base, branches={"rollback": tuple(back), **base.branches},
                    reads=(*base.reads, f"{prev.profile}'s profile and files (the way back)"))
-
-
-def plan_json(plan: Plan) -> str:
-    return json.dumps(plan.to_dict(), indent=2, sort_keys=True)
