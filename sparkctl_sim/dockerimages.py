@@ -41,6 +41,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import sys
 import tarfile
 from collections.abc import Iterator, Sequence
@@ -405,10 +406,32 @@ def publish(root: Path, ref: str, variant: str = "", layer_bytes: int = DEFAULT_
     return digest
 
 
+# plain X.Y.Z: what the simulated torch and engine parse (sparkctl_sim/engines/runtime.py image_nccl)
+NCCL_VERSION_RE = re.compile(r"\d+\.\d+\.\d+")
+
+
+def nccl_config(nccl: str | None) -> dict[str, Any] | None:
+    """The image config of a build whose NCCL is ``nccl`` (None: the image sets no NCCL_VERSION).
+
+    NVIDIA's CUDA and NGC images record their NCCL as ``ENV NCCL_VERSION=2.X.Y``
+    (gitlab.com/nvidia/container-images/cuda ``dist/12.0.0/ubuntu2204/runtime/Dockerfile``:
+    ``ENV NCCL_VERSION 2.16.2-1``, the package revision after the dash); the simulated container's torch
+    (sparkctl_sim/containerpy/torch) and the simulated engine
+    (sparkctl_sim/engines/runtime.py ``image_nccl``) read it from there. A different
+    NCCL is a different config, hence a different image ID (moby image/image.go).
+    """
+    if nccl is None:
+        return None
+    if not NCCL_VERSION_RE.fullmatch(nccl):
+        raise ValueError(f"not an NCCL version: {nccl!r} (want X.Y.Z, e.g. 2.28.9)")
+    return {"Env": [f"NCCL_VERSION={nccl}"]}
+
+
 def load_on_node(root: Path, node: str, ref: str, variant: str = "",
-                 layer_bytes: int = DEFAULT_LAYER_BYTES) -> dict[str, Any]:
-    """Stand-in for "the operator built it on this node" (`sparkctl sim image load`)."""
-    return Images(root / "nodes" / node / "docker-images").add(make_image(ref, variant, layer_bytes))
+                 layer_bytes: int = DEFAULT_LAYER_BYTES, nccl: str | None = None) -> dict[str, Any]:
+    """Stand-in for "the operator built it on this node" (`sparkctl sim image load [--nccl V]`)."""
+    rec = make_image(ref, variant, layer_bytes, config=nccl_config(nccl))
+    return Images(root / "nodes" / node / "docker-images").add(rec)
 
 
 def docker_tag(args: Sequence[str]) -> int:

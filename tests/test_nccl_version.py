@@ -71,3 +71,11 @@ def test_a_pair_does_not_need_subnet_aware_routing() -> None:
     pair = resolve("vllm-tp2-fallback", Roots.make(env={})).profile
     assert pair.topology.layout != "ring"
     assert {v.status for v in verdicts(ctx(profile=pair, facts=ring_facts((2, 28, 9)))).values()} == {"ok"}
+
+
+def test_a_waiver_marks_the_old_nccl_waived_and_only_the_old_one() -> None:
+    facts = ring_facts((2, 30, 7))
+    facts["spark-c"] = replace(facts["spark-c"], nccl_version=(2, 28, 9))
+    v = verdicts(ctx(facts=facts, waivers={"nccl_version": laws.Waiver("nccl_version", "testing the hang")}))
+    assert v["spark-c"].status == "waived" and "testing the hang" in v["spark-c"].fix
+    assert all(v[n].status == "ok" for n in INV.names if n != "spark-c")

@@ -11,7 +11,7 @@ Pure: a verdict from the ``nccl`` fact (sparkctl.facts.nccl).
 
 from __future__ import annotations
 
-from sparkctl.plan.laws.base import FAIL, OK, WARN, Context, Verdict, each
+from sparkctl.plan.laws.base import FAIL, OK, WAIVED, WARN, Context, Verdict, each
 from sparkctl.plan.laws.images import engine_target
 
 MIN_RING_NCCL = (2, 30, 7)
@@ -43,6 +43,9 @@ def check_nccl_version(ctx: Context) -> list[Verdict]:
         elif v == ():
             out.append(Verdict(LAW, node, WARN, "no NCCL found (neither torch nor libnccl.so.2.X.Y)", want,
                                "cannot confirm the ring's NCCL: check the engine's log for 'NCCL version'"))
+        elif tuple(v) < MIN_RING_NCCL and LAW in ctx.waivers:
+            out.append(Verdict(LAW, node, WAIVED, f"NCCL {_v(v)}", want,
+                               f"waived: {ctx.waivers[LAW].reason} (expect the ring's first collective to time out)"))
         elif tuple(v) < MIN_RING_NCCL:
             out.append(Verdict(
                 LAW, node, FAIL, f"NCCL {_v(v)}", want,

@@ -1,0 +1,118 @@
+"""End-to-end on the SIMULATED 4-node ring: an engine image whose NCCL predates 2.30.7.
+
+The rendered ring environment sets NCCL_IB_SUBNET_AWARE_ROUTING=1, which an NCCL
+older than 2.30.7 ignores silently (issue #13). Every node gets such a build of the
+ds41f image (`sparkctl sim image load all --nccl 2.28.9`: another image ID, ENV
+NCCL_VERSION=2.28.9; the same on every node, so image_identity stays green). Then:
+`check` fails nccl_version naming the version, 2.30.7 and the fix; `up` refuses in
+phase check; with the law waived the ring's first collective times out (the
+simulated runtime's watchdog line) and `up` fails at readiness naming the rank; a
+good build loaded on one node and `image sync --from` it makes the law green again.
+The per-image-ID NCCL cache on the nodes never hides a change: a new image ID is
+read afresh.
+
+Simulated: the image store, the container's torch (its NCCL from the image's
+NCCL_VERSION), the engine. Real: ssh, the nccl fact's command and cache, the laws,
+the plan, the executor and `image sync` over the fabric.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from sparkctl.model.paths import NCCL_CACHE_DIR
+
+pytestmark = [pytest.mark.e2e, pytest.mark.needs_root]
+
+PROFILE = "ds41f-tp4-ring"
+IMAGE = "ghcr.io/ds41f/ds41f-spark:1029"
+OLD = "spark-c"
+PAGE = ("--waive", "page_size", "--reason", "stock 4 KiB kernel, as in the field report")
+
+
+def check(sim, *args: str) -> tuple[int, list[dict]]:
+    r = sim.sparkctl("-i", str(sim.inventory), "check", PROFILE, "--json", "--bandwidth", "0", *args)
+    assert r.stdout, r.stderr
+    return r.returncode, [v for v in json.loads(r.stdout)["verdicts"] if v["law"] == "nccl_version"]
+
+
+def image_id(sim, node: str) -> str:
+    r = sim.ssh(node, f"docker image inspect --format '{{{{.Id}}}}' {IMAGE}")
+    assert r.returncode == 0, r.stderr
+    return r.stdout.strip()
+
+
+def cache(sim, node: str) -> dict[str, str]:
+    """The node's NCCL answers by image ID (sparkctl.facts.nccl)."""
+    r = sim.ssh(node, f"cd {NCCL_CACHE_DIR} && for f in *; do printf '%s %s\\n' \"$f\" \"$(cat \"$f\")\"; done")
+    assert r.returncode == 0, r.stderr
+    return dict(line.split(" ", 1) for line in r.stdout.splitlines() if " " in line)
+
+
+@pytest.fixture(scope="module")
+def ring(sim_ring):
+    r = sim_ring.sparkctl("-i", str(sim_ring.inventory), "check", PROFILE, "--fix", "--bandwidth", "0", *PAGE)
+    assert r.returncode == 0, r.stdout + r.stderr  # the clock lock applied; everything else green
+    return sim_ring
+
+
+def test_simulated_old_nccl_image_fails_check_and_the_cache_does_not_hide_it(ring) -> None:
+    code, vs = check(ring, *PAGE)
+    assert code == 0 and {v["status"] for v in vs} == {"ok"} and len(vs) == 4, vs
+    assert all(v["observed"] == "NCCL 2.30.7" for v in vs), vs
+    good = image_id(ring, OLD)
+    assert cache(ring, OLD) == {good.removeprefix("sha256:"): "torch 2.30.7"}  # the first check filled it
+
+    r = ring.sparkctl("sim", "image", "load", "all", IMAGE, "--nccl", "2.28.9")
+    assert r.returncode == 0 and r.stdout.count("(NCCL 2.28.9)") == 4, r.stdout + r.stderr
+    old = image_id(ring, OLD)
+    assert old != good  # a different build: a different image ID under the same tag
+
+    code, vs = check(ring, *PAGE)
+    assert code == 4
+    assert {v["node"] for v in vs if v["status"] == "fail"} == {"spark-a", "spark-b", "spark-c", "spark-d"}, vs
+    v = next(v for v in vs if v["node"] == OLD)
+    assert v["observed"] == "NCCL 2.28.9" and "2.30.7" in v["expected"], v
+    assert "NCCL_IB_SUBNET_AWARE_ROUTING" in v["fix"] and "sparkctl image sync" in v["fix"], v
+    # the new image ID was read afresh, not answered from the good image's cache entry
+    assert cache(ring, OLD) == {good.removeprefix("sha256:"): "torch 2.30.7",
+                                old.removeprefix("sha256:"): "torch 2.28.9"}
+
+
+def test_simulated_up_refuses_the_old_nccl_in_phase_check(ring) -> None:
+    r = ring.sparkctl("-i", str(ring.inventory), "up", PROFILE, *PAGE, timeout=300)
+    assert r.returncode == 4, r.stdout + r.stderr
+    assert "failed in phase check" in r.stderr and "first: nccl_version on spark-a: NCCL 2.28.9" in r.stderr, r.stderr
+    assert "2.30.7" in r.stderr, r.stderr
+    assert ring.ssh(OLD, "docker ps -q").stdout.strip() == ""  # nothing was started
+
+
+def test_simulated_waived_old_nccl_times_out_the_first_collective_and_up_fails_at_readiness(ring) -> None:
+    r = ring.sparkctl("-i", str(ring.inventory), "up", PROFILE, "--waive", "page_size", "--waive", "nccl_version",
+                      "--reason", "SIMULATED: what the law prevents", timeout=400)
+    try:
+        assert r.returncode == 5, r.stdout + r.stderr
+        err = r.stderr
+        assert "phase ready" in err, err
+        assert re.search(r"rank on spark-[a-d](, spark-[a-d])* exited before the endpoint was ready", err), err
+        assert re.search(r"\[Rank \d\] Watchdog caught collective operation timeout", err), err
+        assert "NCCL version 2.28.9" in err, err
+    finally:
+        ring.sparkctl("-i", str(ring.inventory), "down", timeout=300)
+
+
+def test_simulated_a_good_build_synced_from_one_node_makes_nccl_version_green(ring) -> None:
+    r = ring.sparkctl("sim", "image", "load", "spark-a", IMAGE, "--nccl", "2.30.7")
+    assert r.returncode == 0, r.stdout + r.stderr
+    good = image_id(ring, "spark-a")
+    r = ring.sparkctl("-i", str(ring.inventory), "image", "sync", PROFILE, "--from", "spark-a", timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "spark-b" in r.stdout and OLD in r.stdout and "spark-d" in r.stdout, r.stdout
+    assert {image_id(ring, n) for n in ("spark-b", OLD, "spark-d")} == {good}
+    code, vs = check(ring, *PAGE)
+    assert code == 0 and {v["status"] for v in vs} == {"ok"}, vs
+    assert {v["observed"] for v in vs} == {"NCCL 2.30.7"}
+    assert cache(ring, OLD)[good.removeprefix("sha256:")] == "torch 2.30.7"  # a third ID, read afresh
