@@ -38,6 +38,7 @@ from sparkctl_sim.clusterroot import (
     PRIVATE_DIRS,
     SESSION_BASE_PATH,
     SPARKCTL_PATHS,
+    HOST_PACKAGE_FILES,
     SSHD,
     SSHD_START_TIMEOUT_S,
     TCP_PROBE_TIMEOUT_S,
@@ -101,6 +102,11 @@ def _prepare_node(p: SimPaths, spec: ClusterSpec, node: SimNode, rootless: bool)
             st["links"].setdefault(ifname, {"speed_mbps": 200000, "stale": False, "cabled": True})
         for ifname, entry in st["links"].items():
             entry["cabled"] = ifname in cabled
+    if not spec.fresh:  # pre-configured: as `fabric apply` leaves it, earlyoom installed and enabled
+        from sparkctl_sim import debpkg
+
+        units = nd.private("/etc/systemd/system")
+        debpkg.preinstall(str(nd.state), str(nd.fs), str(units), str(units) if rootless else "/etc/systemd/system")
     if not (nd.dir / "meminfo").exists() or not (nd.dir / "boot_id").exists():
         nodestate.save(nd.state, nodestate.load(nd.state))
     nd.home_rc.write_text(
@@ -484,6 +490,10 @@ def _boot_script(p: SimPaths, node: SimNode, user: str) -> str:
         upper = q(str(nd.private(target)))
         lines.append(f'if [ -d {q(target)} ] && [ ! -e {upper} ] && [ ! -L {upper} ] && '
                      f'[ "$(findmnt -n -o FSTYPE --target {q(target)})" = overlay ]; then rm -rf {q(target)}; fi')
+    for target in HOST_PACKAGE_FILES:
+        upper = q(str(nd.private(target)))
+        lines.append(f"if {{ [ -e {q(target)} ] || [ -L {q(target)} ]; }} && [ ! -e {upper} ] && [ ! -L {upper} ]; "
+                     f"then rm -f {q(target)}; fi")
     for target in BIND_DIRS:
         lines.append(f"mount --bind {q(str(nd.private(target)))} {q(target)}")
     home_rc = Path(pwd.getpwnam(user).pw_dir) / ".bashrc"

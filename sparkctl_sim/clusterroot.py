@@ -43,6 +43,11 @@ OVERLAY_DIRS = ("/etc", "/opt", "/var/lib", "/var/log")
 # this machine has them (an older sim made them, or sparkctl runs here), so a node never
 # starts with them unless sparkctl created them on that node.
 SPARKCTL_PATHS = ("/etc/sparkctl", "/opt/sparkctl", "/var/lib/sparkctl", "/var/log/sparkctl")
+# Files of packages this machine has and a fresh DGX OS node has not (Debian's earlyoom:
+# the Makefile installs it here for the tests' real-tool checks): hidden at a node's first
+# boot like SPARKCTL_PATHS; the node's own (simulated) apt-get puts them back.
+HOST_PACKAGE_FILES = ("/etc/default/earlyoom", "/etc/init.d/earlyoom",
+                      "/etc/systemd/system/multi-user.target.wants/earlyoom.service")
 # The operator's model store (written from this machine by `sim up` and the weights tests):
 # a plain bind mount, which stays coherent with writes from outside (an overlay does not).
 BIND_DIRS = ("/srv/models",)

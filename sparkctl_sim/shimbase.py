@@ -23,7 +23,8 @@ SHIMMED_TOOLS_ENV = "SPARKCTL_SIM_SHIMMED_TOOLS"
 SERVICE_PASSENV_ENV = "SPARKCTL_SIM_SERVICE_PASSENV"
 PREFIX_ENV = "SPARKCTL_SIM_PREFIX"  # the node's root: "/" when namespaced, a directory rootless
 
-DEFAULT_SHIMMED_TOOLS = ("nvidia-smi", "docker", "systemctl")
+# earlyoom: Debian's unit runs /usr/bin/earlyoom; a node's is the stand-in (sparkctl_sim.earlyoomsim)
+DEFAULT_SHIMMED_TOOLS = ("nvidia-smi", "docker", "systemctl", "earlyoom")
 DEFAULT_SERVICE_PASSENV = (
     "PATH", "HOME", "PYTHONPATH", "LANG", "LC_ALL", "TZ", "PYENV_ROOT", "PYENV_VERSION",
 )

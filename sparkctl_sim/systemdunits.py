@@ -251,7 +251,11 @@ _IGNORED_KEYS = {
     "Service": {"Group", "KillMode", "TimeoutStartSec", "TimeoutSec", "SuccessExitStatus",
                 "LimitNOFILE", "LimitCORE", "LimitSTACK", "Nice", "SyslogIdentifier",
                 "PIDFile", "NotifyAccess", "OOMScoreAdjust", "SendSIGKILL", "UMask",
-                "StandardInput", "Delegate", "CPUAffinity"},
+                "StandardInput", "Delegate", "CPUAffinity",
+                # Debian's earlyoom.service (sparkctl_sim.debpkg): sandboxing and resource
+                # limits, recorded nowhere: the simulated node has no cgroups or credentials
+                "DynamicUser", "AmbientCapabilities", "ProtectSystem", "ProtectHome", "TasksMax",
+                "MemoryMax"},
     "Install": {"Alias", "Also", "DefaultInstance"},
 }
 _MULTI_EXEC = ("ExecStartPre", "ExecStart", "ExecStartPost", "ExecStop", "ExecStopPost")

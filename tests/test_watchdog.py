@@ -52,6 +52,7 @@ def test_fact_command_reads_the_file_under_the_prefix() -> None:
     node = replace(INV.nodes[0], prefix="/srv/sim/a b")
     cmd = wf.WATCHDOG.command(ScriptContext(node), "")
     assert "'/srv/sim/a b/etc/default/earlyoom'" in cmd and "systemctl is-active earlyoom" in cmd
+    assert "dpkg-query -W -f='${db:Status-Status}' earlyoom" in cmd  # the package, not a binary on PATH
 
 
 def judged(w: wf.WatchdogFacts | None) -> set[str]:
@@ -65,5 +66,5 @@ def test_law_ok_only_with_sparkctls_arguments_enabled_and_running() -> None:
     assert judged(wf.WatchdogFacts(True, "enabled", "active", ("-r", "3600"))) == {"warn"}
     assert judged(wf.WatchdogFacts(True, "disabled", "active", want)) == {"warn"}
     assert judged(wf.WatchdogFacts(True, "enabled", "failed", want)) == {"warn"}
-    assert judged(wf.WatchdogFacts(False, "", "inactive", None)) == {"warn"}
+    assert judged(wf.WatchdogFacts(False, "", "inactive", None)) == {"fail"}  # only fabric apply installs it
     assert judged(None) == {"warn"}

@@ -1,7 +1,10 @@
 """The memory watchdog's fact: is earlyoom installed, enabled, running, and with which arguments.
 
 What this module owns: the :class:`~sparkctl.facts.registry.Fact` ``watchdog``
-and its pure parser. The command: POSIX ``command -v earlyoom``, ``systemctl
+and its pure parser. The command: ``dpkg-query -W -f '${db:Status-Status}' earlyoom``
+(dpkg-query(1): prints ``installed`` for an installed package, exit 1 and "no packages
+found matching" for one dpkg never knew; the package, not a binary on PATH, because a
+binary copied by hand has no unit and no /etc/default file), ``systemctl
 is-enabled`` / ``is-active earlyoom`` (systemctl(1): they print the state, e.g.
 ``enabled``/``disabled``/``not-found``, ``active``/``inactive``/``failed``, and exit
 non-zero when not enabled/active: the printed word is what counts), and the
@@ -56,11 +59,12 @@ def parse_watchdog(text: str) -> WatchdogFacts:
 def _command(ctx: ScriptContext, _item: str) -> str:
     conf = q(paths.under(ctx.node.prefix, paths.EARLYOOM_DEFAULT))
     return ("have systemctl || exit 127; "
-            "if command -v earlyoom >/dev/null 2>&1; then echo installed=yes; else echo installed=no; fi; "
+            "if [ \"$(dpkg-query -W -f='${db:Status-Status}' earlyoom 2>/dev/null)\" = installed ]; "
+            "then echo installed=yes; else echo installed=no; fi; "
             'echo "enabled=$(systemctl is-enabled earlyoom 2>/dev/null)"; '
             'echo "active=$(systemctl is-active earlyoom 2>/dev/null)"; '
             f"[ -r {conf} ] && grep '^EARLYOOM_ARGS=' {conf} | tail -n 1; exit 0")
 
 
-WATCHDOG = Fact("watchdog", "earlyoom (systemctl is-active/is-enabled, /etc/default/earlyoom)",
+WATCHDOG = Fact("watchdog", "earlyoom (dpkg-query, systemctl is-active/is-enabled, /etc/default/earlyoom)",
                 _command, parse_watchdog, exit_codes=(NOT_FOUND,), core=False)

@@ -34,7 +34,8 @@ def plan_apply(inv: Inventory, roots: Roots, res: Resolved | None = None,
     """The plan and the files of ``fabric apply`` (reads nothing from the hosts)."""
     rendering = render(res, inv, roots, secrets or {}) if res is not None else None
     files = fabricplan.render_fabric(inv, roots, rendering)
-    return fabricplan.plan_fabric_apply(inv, files, res.name if res is not None else None), files
+    return (fabricplan.plan_fabric_apply(inv, files, res.name if res is not None else None,
+                                         res.profile.laws if res is not None else None), files)
 
 
 def _run(plan: Plan, inv: Inventory, transport: Transport, progress: Progress | None,

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from sparkctl import __version__
 from sparkctl.model.inventory import Inventory
 from sparkctl.model.paths import (
+    EARLYOOM_DEFAULT,
     FABRIC_BACKUP,
     FORWARD_UNIT,
     NETPLAN,
@@ -34,10 +35,13 @@ from sparkctl.model.paths import (
 )
 from sparkctl.model.resources import Roots
 from sparkctl.plan.render import RenderedFile, Rendering, _env
+from sparkctl.model.schema import LawsSpec
+from sparkctl.plan import watchdog
 from sparkctl.plan.steps import FileRef, Plan, Step
 
 GID_WAIT_S = 30  # mlx5 fills a RoCE v2 GID within a second of the address; 30 s is a dead port
 APPLY_TIMEOUT_S = 120
+APT_TIMEOUT_S = 600  # apt-get install on a fresh box: index refresh not included, a slow mirror
 q = shlex.quote
 
 
@@ -134,6 +138,7 @@ def _backup(inv: Inventory, node: str) -> str:
     n = inv.node(node)
     b = q(under(n.prefix, FABRIC_BACKUP))
     nd, sd = q(under(n.prefix, NETPLAN_DIR)), q(under(n.prefix, SYSCTL_DIR))
+    eo = q(under(n.prefix, EARLYOOM_DEFAULT))
     keys = ["net.ipv4.ip_forward", "net.ipv4.conf.all.rp_filter", "net.ipv4.conf.default.rp_filter",
             *(f"net.ipv4.conf.{ep.netdev}.rp_filter" for ep in inv.endpoints(node))]
     sysctl_file = posixpath.basename(SYSCTL)
@@ -143,7 +148,9 @@ def _backup(inv: Inventory, node: str) -> str:
         f'[ -d {nd} ] && cp -a {nd}/. "$b/netplan/"; [ -d {nd} ] || : > "$b/no-netplan-dir"',
         f'[ -e {sd}/{sysctl_file} ] && cp -a {sd}/{sysctl_file} "$b/sysctl.d/"',
         f'sysctl -e {" ".join(keys)} > "$b/sysctl.values" 2>/dev/null || true',
-        f'for u in {" ".join(posixpath.basename(p) for p in (FORWARD_UNIT,))} sparkctl-clock-cap.service; do',
+        f'[ -e {eo} ] && cp -a {eo} "$b/earlyoom.default"',
+        f'for u in {" ".join(posixpath.basename(p) for p in (FORWARD_UNIT,))} sparkctl-clock-cap.service '
+        f'{watchdog.UNIT}; do',
         '  printf "%s %s\\n" "$u" "$(systemctl is-enabled "$u" 2>/dev/null || true)"; done > "$b/units"',
         ': > "$b/complete"; echo saved',
     ])
@@ -170,28 +177,42 @@ def _fan(inv: Inventory, cmds: Mapping[str, str]) -> dict[str, bool]:
     return {n: inv.node(n).sudo for n in cmds}
 
 
-def plan_fabric_apply(inv: Inventory, fabric: FabricFiles, profile: str | None = None) -> Plan:
-    nodes = tuple(sorted(fabric.files, key=lambda n: [x.name for x in inv.nodes].index(n)))
-    if not nodes:
-        return Plan("fabric apply", profile, (), note="no cabled node: nothing to prepare")
-    backup = {n: _backup(inv, n) for n in nodes}
+def _watchdog(inv: Inventory, node: str, laws: LawsSpec) -> str:
+    return watchdog.install_command() + "\n" + watchdog.configure_command(laws, inv.node(node).prefix)
+
+
+def plan_fabric_apply(inv: Inventory, fabric: FabricFiles, profile: str | None = None,
+                      laws: LawsSpec | None = None) -> Plan:
+    """Every node gets the memory watchdog (law memory_watchdog, from the profile's limits or the
+    defaults); the cabled ones their fabric."""
+    order = [x.name for x in inv.nodes]
+    nodes = tuple(sorted(fabric.files, key=order.index))
+    every = tuple(order)
+    backup = {n: _backup(inv, n) for n in every}
     put = {n: tuple(FileRef(f.path, f.mode, f.sha256) for f in fabric.files[n]) for n in nodes}
     apply = {n: _apply(inv, n, fabric.units.get(n, ())) for n in nodes}
     wait = {n: _gid_wait(inv, n) for n in nodes}
+    guard = {n: _watchdog(inv, n, laws or LawsSpec()) for n in every}
     relays = [n for n in nodes if _relay(inv, n)]
-    steps = (
-        Step("backup", "backup", "run", nodes, "keep the netplan files, sysctl file and values it replaces "
-             "(first apply only)", changes=f"{FABRIC_BACKUP} written", commands=backup, sudo=_fan(inv, backup),
-             timeout_s=30),
-        Step("push", "push", "put", nodes, "push the rendered fabric files", changes="netplan file"
-             + (", sysctl file and DOCKER-USER unit on " + ", ".join(relays) if relays else ""), files=put),
-        Step("apply", "apply", "run", nodes, "flush stale fabric addresses, netplan apply, sysctl -p, enable units",
-             changes="fabric addresses, routes, forwarding, rp_filter, DOCKER-USER rule, enabled units",
-             commands=apply, sudo=_fan(inv, apply), timeout_s=APPLY_TIMEOUT_S),
-        Step("gids", "verify", "run", nodes, "wait for exactly one RoCE v2 IPv4 GID per cabled port",
-             commands=wait, sudo=_fan(inv, wait), timeout_s=GID_WAIT_S + 15),
-    )
-    return Plan("fabric apply", profile, steps)
+    steps = [
+        Step("backup", "backup", "run", every, "keep the netplan files, sysctl file and values, earlyoom's "
+             "file it replaces (first apply only)", changes=f"{FABRIC_BACKUP} written", commands=backup,
+             sudo=_fan(inv, backup), timeout_s=30)]
+    if nodes:
+        steps += [
+            Step("push", "push", "put", nodes, "push the rendered fabric files", changes="netplan file"
+                 + (", sysctl file and DOCKER-USER unit on " + ", ".join(relays) if relays else ""), files=put),
+            Step("apply", "apply", "run", nodes, "flush stale fabric addresses, netplan apply, sysctl -p, enable units",
+                 changes="fabric addresses, routes, forwarding, rp_filter, DOCKER-USER rule, enabled units",
+                 commands=apply, sudo=_fan(inv, apply), timeout_s=APPLY_TIMEOUT_S),
+            Step("gids", "verify", "run", nodes, "wait for exactly one RoCE v2 IPv4 GID per cabled port",
+                 commands=wait, sudo=_fan(inv, wait), timeout_s=GID_WAIT_S + 15)]
+    steps.append(Step("watchdog", "watchdog", "run", every, "install earlyoom if missing (apt-get), write "
+                      f"{EARLYOOM_DEFAULT} from laws.min_free_gib, enable and (re)start it (law memory_watchdog)",
+                      changes="earlyoom installed, configured, enabled", commands=guard, sudo=_fan(inv, guard),
+                      timeout_s=APT_TIMEOUT_S))
+    return Plan("fabric apply", profile, tuple(steps),
+                note="" if nodes else "no cabled node: only the memory watchdog to prepare")
 
 
 def _restore(inv: Inventory, node: str) -> str:
@@ -199,6 +220,7 @@ def _restore(inv: Inventory, node: str) -> str:
     b = q(under(n.prefix, FABRIC_BACKUP))
     nd, sd = q(under(n.prefix, NETPLAN_DIR)), q(under(n.prefix, SYSCTL_DIR))
     ours = " ".join(q(under(n.prefix, p)) for p in (NETPLAN, SYSCTL, FORWARD_UNIT))
+    eo = q(under(n.prefix, EARLYOOM_DEFAULT))
     lines = [
         "set -e",
         f'b={b}; [ -e "$b/complete" ] || {{ echo "no fabric backup on this node ($b): nothing to restore" >&2; exit 3; }}',
@@ -211,6 +233,10 @@ def _restore(inv: Inventory, node: str) -> str:
         f'if [ -e "$b/no-netplan-dir" ]; then rm -rf {nd}; else mkdir -p {nd}; find {nd} -mindepth 1 -delete; '
         f'cp -a "$b/netplan/." {nd}/; fi',
         f'cp -a "$b/sysctl.d/." {sd}/ 2>/dev/null || true',
+        # earlyoom: its file as it was; stopped when it was not enabled before (the package stays)
+        f'if [ -e "$b/earlyoom.default" ]; then cp -a "$b/earlyoom.default" {eo}; fi',
+        f'if grep -qx "{watchdog.UNIT} enabled" "$b/units"; then systemctl try-restart {watchdog.UNIT} || true; '
+        f'else systemctl disable --now {watchdog.UNIT} >/dev/null 2>&1 || true; fi',
     ]
     for ep in inv.endpoints(node):
         lines.append(f"ip -4 addr flush dev {q(ep.netdev)}")
@@ -224,14 +250,12 @@ def _restore(inv: Inventory, node: str) -> str:
 
 
 def plan_fabric_restore(inv: Inventory) -> Plan:
-    nodes = tuple(n.name for n in inv.nodes if inv.node_links(n.name))
-    if not nodes:
-        return Plan("fabric restore", None, (), note="no cabled node: nothing to restore")
+    nodes = tuple(n.name for n in inv.nodes)
     cmds = {n: _restore(inv, n) for n in nodes}
     return Plan("fabric restore", None, (
-        Step("restore", "restore", "run", nodes, "put back the netplan files, sysctl file and values, units",
-             changes="fabric files, addresses, forwarding, DOCKER-USER rule, enabled units", commands=cmds,
-             sudo=_fan(inv, cmds), timeout_s=APPLY_TIMEOUT_S),
+        Step("restore", "restore", "run", nodes, "put back the netplan files, sysctl file and values, earlyoom's "
+             "file, units", changes="fabric files, addresses, forwarding, DOCKER-USER rule, enabled units, "
+             "earlyoom's arguments", commands=cmds, sudo=_fan(inv, cmds), timeout_s=APPLY_TIMEOUT_S),
     ))
 
 

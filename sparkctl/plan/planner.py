@@ -22,7 +22,7 @@ import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from sparkctl.model import clocklock
+from sparkctl.model import clocklock, paths
 from sparkctl.model.engines import ENGINE_REGEX
 from sparkctl.model.inventory import Inventory
 from sparkctl.model.paths import (
@@ -35,10 +35,10 @@ from sparkctl.model.paths import (
     under,
 )
 from sparkctl.model.profiles import Resolved
-from sparkctl.model.record import NodeRecord, RunRecord
-from sparkctl.plan import contracts
+from sparkctl.model.record import NodeRecord, RunRecord, operator_route
+from sparkctl.plan import contracts, watchdog
 from sparkctl.plan.laws.memory import FRACTION_ENGINES, drop_caches_if_short_command
-from sparkctl.plan.render import API_KEY_VAR, Rendering
+from sparkctl.plan.render import API_KEY_VAR, Rendering, bind_host
 from sparkctl.plan.steps import FileRef, Plan, Step
 
 STOP_SCRIPT = """\
@@ -115,8 +115,14 @@ def endpoint_url(inv: Inventory, node: str, port: int) -> str:
     return f"http://{inv.node(node).host}:{port}"
 
 
+def head_listen(res: Resolved, rendering: Rendering, inv: Inventory) -> dict[str, str]:
+    """serve.bind, per head: the address its engine listens on (the rendered --host)."""
+    return {h.node: bind_host(res.for_node(h.node), h, inv.node(h.node).host) for h in rendering.layout.heads()}
+
+
 def record_for(res: Resolved, rendering: Rendering, sets: Sequence[str], state: str, waivers: Mapping[str, str],
-               started_at: str, note: str = "") -> RunRecord:
+               started_at: str, note: str = "", listen: Mapping[str, str] | None = None) -> RunRecord:
+    """``listen``: per head, the address its engine listens on (:func:`head_listen`)."""
     p = res.profile
     nodes = {r.node: NodeRecord(rank=r.rank, replica=r.replica, hash=rendering.node_hash(r.node),
                                 files={k: f.sha256 for k, f in rendering.files[r.node].items()},
@@ -125,7 +131,7 @@ def record_for(res: Resolved, rendering: Rendering, sets: Sequence[str], state: 
                      engine_version=p.engine.version, served_name=p.model.served_name, port=p.serve.port,
                      heads=tuple(h.node for h in rendering.layout.heads()), nodes=nodes, state=state,
                      started_at=started_at, updated_at=started_at, clock_cap_mhz=p.laws.clock_cap_mhz,
-                     waivers=dict(waivers), note=note)
+                     waivers=dict(waivers), note=note, api_key_env=p.serve.api_key_env, listen=dict(listen or {}))
 
 
 # --------------------------------------------------------------------------- steps
@@ -189,11 +195,18 @@ def _bring_up(res: Resolved, inv: Inventory, rendering: Rendering, restart: Sequ
     metric = p.serve.tokens_metric or contracts.readiness_metric(p.engine.name, p.engine.version,
                                                                  rendering.argv.get(head, ()))
     heads = [h.node for h in lay.heads()]
+    listen = head_listen(res, rendering, inv)
+    routes = {h: operator_route(h, inv.node(h).host, listen.get(h), p.serve.port) for h in heads}
     steps.append(Step(
         f"{prefix}ready", "ready", "ready", tuple(heads),
         f"wait up to {p.serve.ready_timeout_s} s: /v1/models lists {p.model.served_name!r}"
         + (f", a 1-token completion, {metric} advances" if p.serve.smoke_request else ""),
-        params={"profile": res.name, "endpoints": {h: endpoint_url(inv, h, p.serve.port) for h in heads},
+        # serve.bind: the address each head's engine listens on; "via" names the head whose SSH
+        # connection the operator's probe goes through when only the head reaches that address
+        # (its fabric link). The supervised runner runs on the head and asks the address itself.
+        params={"profile": res.name, "endpoints": {h: r.url for h, r in routes.items()},
+                **({"via": {h: r.via for h, r in routes.items() if r.via}} if any(r.via for r in routes.values())
+                   else {}),
                 "served_name": p.model.served_name, "metric": metric if p.serve.smoke_request else None,
                 "smoke": bool(p.serve.smoke_request), "deadline_s": float(p.serve.ready_timeout_s),
                 "alive": {n: ALIVE_COMMAND for n in lay.nodes},
@@ -269,6 +282,21 @@ def _page_cache_step(res: Resolved, inv: Inventory, nodes: Sequence[str]) -> lis
                  commands=cmds, sudo=_fan(inv, cmds), on_fail="continue")]
 
 
+def _watchdog_step(res: Resolved, inv: Inventory, nodes: Sequence[str], on_fail: str) -> list[Step]:
+    """Law memory_watchdog: earlyoom with this profile's limits on every node that starts a rank.
+
+    Writes /etc/default/earlyoom only when its text differs, then (re)starts earlyoom when
+    the file changed or it does not run: an engine never starts unguarded. The package
+    itself is `fabric apply`'s (the check before this refuses a node without it)."""
+    if not nodes:
+        return []
+    cmds = {n: watchdog.configure_command(res.for_node(n).laws, inv.node(n).prefix) for n in nodes}
+    return [Step("watchdog", "watchdog", "run", tuple(nodes),
+                 "earlyoom with this profile's limits (laws.min_free_gib), enabled and running (law memory_watchdog)",
+                 changes=f"{paths.EARLYOOM_DEFAULT} where it differed, earlyoom restarted there",
+                 commands=cmds, sudo=_fan(inv, cmds), on_fail=on_fail)]
+
+
 def _changed(res: Resolved, rendering: Rendering, facts: UpFacts) -> list[str]:
     lay = rendering.layout
     prev = facts.record
@@ -312,7 +340,8 @@ def plan_up(res: Resolved, inv: Inventory, rendering: Rendering, facts: UpFacts,
         steps.append(Step("clock", "clock", "run", lay.nodes, f"lock the GPU clock at {p.laws.clock_cap_mhz} MHz and "
                           "record it for this boot", changes="GPU clock lock", commands=cmds, sudo=_fan(inv, cmds)))
     starting = record_for(res, rendering, sets, "starting", waivers, started_at,
-                          f"replacing {prev.profile}" if prev and prev.profile != res.name else "")
+                          f"replacing {prev.profile}" if prev and prev.profile != res.name else "",
+                          listen=head_listen(res, rendering, inv))
     # The record changes before the cluster does: if the head cannot take it (a full
     # disk), nothing has been touched yet and the previous record still tells the truth.
     steps.append(_record_step(inv.node(head).prefix, "record-start", "record-start", head, starting, "record that this run starts"))
@@ -320,6 +349,7 @@ def plan_up(res: Resolved, inv: Inventory, rendering: Rendering, facts: UpFacts,
                             "stop every sparkctl engine still running (a new rank must never join an old head's "
                             "rendezvous)", failure_branch))
     steps.extend(_page_cache_step(res, inv, restart))
+    steps.extend(_watchdog_step(res, inv, restart, failure_branch))
     steps.extend(_bring_up(res, inv, rendering, restart, "", failure_branch))
     steps.extend(_persist_step(res, inv, restart, "", failure_branch))
     serving = replace(starting, state="serving", note="")

@@ -21,6 +21,9 @@ single word without quotes or spaces.
 
 from __future__ import annotations
 
+import shlex
+
+from sparkctl.model import paths
 from sparkctl.model.schema import LawsSpec
 
 # The engines' process names (comm): vLLM renames its workers (VLLM::EngineCore,
@@ -52,3 +55,34 @@ def render_default(law: LawsSpec) -> str:
     return ("# Written by sparkctl from the profile's memory limits (laws.min_free_gib): the engine\n"
             "# is killed first, sshd never. See sparkctl/plan/watchdog.py.\n"
             f'EARLYOOM_ARGS="{" ".join(earlyoom_args(law))}"\n')
+
+
+UNIT = "earlyoom.service"
+PACKAGE = "earlyoom"
+# dpkg-query(1): ${db:Status-Status} is "installed" for an installed package; it prints
+# nothing and exits 1 for one dpkg never knew (sparkctl.facts.watchdog reads the same).
+INSTALLED_TEST = "[ \"$(dpkg-query -W -f='${db:Status-Status}' earlyoom 2>/dev/null)\" = installed ]"
+
+
+def install_command() -> str:
+    """Install Debian's earlyoom when dpkg does not have it (root). Its maintainer scripts
+    enable and start the unit with Debian's arguments; :func:`configure_command` sets ours."""
+    return (f"if ! {INSTALLED_TEST}; then DEBIAN_FRONTEND=noninteractive "
+            f"apt-get install -y -qq --no-install-recommends {PACKAGE}; fi")
+
+
+def configure_command(law: LawsSpec, prefix: str) -> str:
+    """Write /etc/default/earlyoom when its text differs (atomically), enable the unit and
+    restart it when the file changed or it does not run. Prints ``configured`` or ``kept``."""
+    conf = shlex.quote(paths.under(prefix, paths.EARLYOOM_DEFAULT))
+    text = shlex.quote(render_default(law))
+    return "\n".join([
+        "set -e",
+        f"{INSTALLED_TEST} || {{ echo 'earlyoom is not installed: run sparkctl fabric apply' >&2; exit 3; }}",
+        f"f={conf}",
+        f'if printf %s {text} | cmp -s - "$f"; then changed=0; else',
+        f'  printf %s {text} > "$f.sparkctl-tmp"; chmod 644 "$f.sparkctl-tmp"; mv -f "$f.sparkctl-tmp" "$f"; changed=1; fi',
+        f"systemctl enable {UNIT} >/dev/null 2>&1",
+        f'if [ "$changed" = 1 ] || ! systemctl is-active --quiet {UNIT}; then systemctl restart {UNIT}; '
+        "echo configured; else echo kept; fi",
+    ])

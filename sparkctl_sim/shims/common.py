@@ -27,6 +27,9 @@ TOOLS = (
     "apt-mark",
     "ib_write_bw",
     "ps",
+    "apt-get",
+    "dpkg-query",
+    "earlyoom",
 )
 
 # RoCE device -> (netdev, PCI function). Order is ibdev2netdev's on spark-5c2d

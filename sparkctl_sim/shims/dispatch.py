@@ -207,6 +207,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     tool, args = argv[0], argv[1:]
     if tool == "ps":
         return ps_this_node(args)
+    if tool in ("apt-get", "dpkg-query"):  # the node's package database (sparkctl_sim.debpkg)
+        from sparkctl_sim import debpkg
+
+        return debpkg.main(tool, args)
+    if tool == "earlyoom":  # Debian's earlyoom, acting on this node only (sparkctl_sim.earlyoomsim)
+        from sparkctl_sim import earlyoomsim
+
+        return earlyoomsim.main(args)
     path = os.environ.get(STATE_ENV)
     if not path:
         sys.stderr.write(f"{tool}: {STATE_ENV} is not set (simulated node state file)\n")

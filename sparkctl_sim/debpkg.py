@@ -1,0 +1,224 @@
+"""A simulated node's Debian packages: ``apt-get install`` and ``dpkg-query -W`` for what sparkctl installs.
+
+SIMULATION ONLY. A fresh DGX OS node (Ubuntu 24.04) has no earlyoom; sparkctl's
+``fabric apply`` installs it. The simulated nodes share this machine's /usr,
+where the test image may have Debian's earlyoom installed, so the node's
+package database is its state file (``packages``), not /var/lib/dpkg:
+
+* ``dpkg-query -W [-f FORMAT] PKG...`` answers from that database only, with
+  dpkg-query's own texts (dpkg-query(1); "dpkg-query: no packages found matching
+  X", exit 1). ``${db:Status-Status}``, ``${Status}``, ``${Package}`` and
+  ``${Version}`` are the fields it knows. Stricter than a real node: every
+  package of the base image is unknown here.
+* ``apt-get install [-y] [-q...] [--no-install-recommends] PKG...`` needs root
+  (the dpkg frontend lock, as apt-get says it) and knows one package, earlyoom:
+  it writes what Debian's package installs (the unit, the conffile
+  /etc/default/earlyoom with Debian's own ``EARLYOOM_ARGS="-r 3600"``, kept when
+  present, as dpkg keeps a conffile) and does what its maintainer scripts do:
+  ``deb-systemd-helper enable`` and start (dh_installsystemd's default for a
+  unit with [Install]). Any other package: "E: Unable to locate package X", exit 100.
+  The unit goes to the node's unit directory ($SPARKCTL_SIM_UNIT_DIR, the only
+  one the simulated systemctl reads), where a real node has it under
+  /lib/systemd/system; ``/usr/bin/earlyoom`` resolves to the node's stand-in
+  (:mod:`sparkctl_sim.earlyoomsim`), never to this machine's binary, which
+  would watch this machine's processes.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from sparkctl_sim import nodestate
+
+STATE_ENV = "SPARKCTL_SIM_STATE"
+UNIT_DIR_ENV = "SPARKCTL_SIM_UNIT_DIR"
+PREFIX_ENV = "SPARKCTL_SIM_PREFIX"
+
+# Ubuntu 24.04 (noble) arm64: earlyoom 1.7-1 (packages.ubuntu.com/noble/earlyoom).
+# The unit and the conffile are Debian's earlyoom 1.7 files as `dpkg -L earlyoom` lists
+# them (/lib/systemd/system/earlyoom.service, /etc/default/earlyoom), verbatim.
+EARLYOOM_VERSION = "1.7-1"
+EARLYOOM_UNIT = """[Unit]
+Description=Early OOM Daemon
+Documentation=man:earlyoom(1) https://github.com/rfjakob/earlyoom
+
+[Service]
+EnvironmentFile=-/etc/default/earlyoom
+ExecStart=/usr/bin/earlyoom $EARLYOOM_ARGS
+# Run as an unprivileged user with random user id
+DynamicUser=true
+# Allow killing processes and calling mlockall()
+AmbientCapabilities=CAP_KILL CAP_IPC_LOCK
+# We don't need write access anywhere
+ProtectSystem=strict
+# We don't need /home at all, make it inaccessible
+ProtectHome=true
+# earlyoom never exits on it's own, so have systemd
+# restart it should it get killed for some reason.
+Restart=always
+# set memory limits and max tasks number
+TasksMax=10
+MemoryMax=50M
+
+[Install]
+WantedBy=multi-user.target
+"""
+EARLYOOM_DEFAULT = """# Default settings for earlyoom. This file is sourced by /bin/sh from
+# /etc/init.d/earlyoom or by systemd from earlyoom.service.
+
+# Options to pass to earlyoom
+EARLYOOM_ARGS="-r 3600"
+
+# Examples:
+
+# Print memory report every second instead of every minute
+# EARLYOOM_ARGS="-r 1"
+
+# Available minimum memory 5%
+# EARLYOOM_ARGS="-m 5"
+
+# Available minimum memory 15% and free minimum swap 5%
+# EARLYOOM_ARGS="-m 15 -s 5"
+
+# Avoid killing processes whose name matches this regexp
+# EARLYOOM_ARGS="--avoid '(^|/)(init|X|sshd|firefox)$'"
+
+# See more at `earlyoom -h'
+"""
+KNOWN = {"earlyoom": EARLYOOM_VERSION}
+
+
+def installed(state: dict[str, object]) -> dict[str, str]:
+    pk = state.get("packages")
+    return dict(pk) if isinstance(pk, dict) else {}
+
+
+def lay_down(name: str, root: str, unit_dir: str) -> list[str]:
+    """Write the package's files under the node's root; the unit names to enable. No state."""
+    if name != "earlyoom":
+        return []
+    conf = Path(root, "etc/default/earlyoom")
+    conf.parent.mkdir(parents=True, exist_ok=True)
+    if not conf.exists():  # a conffile the admin has is kept (dpkg's conffile handling)
+        conf.write_text(EARLYOOM_DEFAULT)
+    Path(unit_dir).mkdir(parents=True, exist_ok=True)
+    Path(unit_dir, "earlyoom.service").write_text(EARLYOOM_UNIT)
+    return ["earlyoom.service"]
+
+
+def _format(fmt: str, name: str, version: str | None) -> str:
+    fields = {"Package": name, "Version": version or "",
+              "db:Status-Status": "installed" if version else "not-installed",
+              "Status": "install ok installed" if version else "unknown ok not-installed"}
+    out = re.sub(r"\$\{([^}]+)\}", lambda m: fields.get(m.group(1), ""), fmt)
+    return out.replace("\\n", "\n").replace("\\t", "\t")
+
+
+def dpkg_query(args: Sequence[str], state: dict[str, object]) -> tuple[str, str, int]:
+    fmt, names, show = "${Package}\t${Version}\n", [], False
+    it = iter(args)
+    for a in it:
+        if a in ("-W", "--show"):
+            show = True
+        elif a in ("-f", "--showformat"):
+            fmt = next(it, "")
+        elif a.startswith("--showformat="):
+            fmt = a.partition("=")[2]
+        elif a.startswith("-f") and len(a) > 2:
+            fmt = a[2:]
+        elif a.startswith("-"):
+            return "", f"dpkg-query: error: unknown option {a}\n(not simulated)\n", 2
+        else:
+            names.append(a)
+    if not show:
+        return "", "dpkg-query: only -W is simulated\n", 2
+    have = installed(state)
+    out, err, rc = [], [], 0
+    for n in names:
+        if n not in have:
+            err.append(f"dpkg-query: no packages found matching {n}\n")
+            rc = 1
+        else:
+            out.append(_format(fmt, n, have[n]))
+    return "".join(out), "".join(err), rc
+
+
+def apt_get(args: Sequence[str], state_path: str, *, euid: int, root: str, unit_dir: str) -> int:
+    words = [a for a in args if not a.startswith("-")]
+    if not words:
+        print("E: No operation specified", file=sys.stderr)
+        return 100
+    op, pkgs = words[0], words[1:]
+    if op != "install":
+        print(f"E: simulated apt-get: only install is simulated (got {op})", file=sys.stderr)
+        return 100
+    if euid != 0:
+        print("E: Could not open lock file /var/lib/dpkg/lock-frontend - open (13: Permission denied)\n"
+              "E: Unable to acquire the dpkg frontend lock (/var/lib/dpkg/lock-frontend), are you root?",
+              file=sys.stderr)
+        return 100
+    for p in pkgs:
+        if p not in KNOWN:
+            print(f"E: Unable to locate package {p}", file=sys.stderr)
+            return 100
+    new: list[str] = []
+    with nodestate.edit(state_path) as s:
+        have = installed(s)
+        for p in pkgs:
+            if p in have:
+                print(f"{p} is already the newest version ({have[p]}).")
+            else:
+                have[p] = KNOWN[p]
+                new.append(p)
+        s["packages"] = have
+    for p in new:
+        print(f"Setting up {p} ({KNOWN[p]}) ...")
+        for unit in lay_down(p, root, unit_dir):
+            # the maintainer scripts: deb-systemd-helper enable, then deb-systemd-invoke start
+            subprocess.run(["systemctl", "enable", unit], check=False, capture_output=True)
+            r = subprocess.run(["systemctl", "start", unit], check=False, capture_output=True, text=True)
+            if r.returncode != 0:
+                print(f"{p}: starting {unit} failed: {r.stderr.strip()}", file=sys.stderr)
+    return 0
+
+
+def preinstall(state_path: str, root: str, unit_dir: str, seen_unit_dir: str, name: str = "earlyoom") -> None:
+    """A pre-configured node (``sim up --ready``): the package installed and enabled, before its boot.
+
+    ``root``/``unit_dir`` are where this machine writes the node's files; ``seen_unit_dir`` is
+    the unit directory as the node sees it (the enable link's target, as `systemctl enable`
+    makes it)."""
+    with nodestate.edit(state_path) as s:
+        have = installed(s)
+        if name in have:
+            return
+        have[name] = KNOWN[name]
+        s["packages"] = have
+    for unit in lay_down(name, root, unit_dir):
+        wants = Path(unit_dir, "multi-user.target.wants")
+        wants.mkdir(parents=True, exist_ok=True)
+        link = wants / unit
+        if not link.is_symlink():
+            link.symlink_to(Path(seen_unit_dir, unit))
+
+
+def main(tool: str, args: Sequence[str]) -> int:
+    path = os.environ.get(STATE_ENV, "")
+    if not path:
+        print(f"{tool}: {STATE_ENV} is not set (simulated node state file)", file=sys.stderr)
+        return 127
+    if tool == "dpkg-query":
+        out, err, rc = dpkg_query(args, nodestate.load(path))
+        sys.stdout.write(out)
+        sys.stderr.write(err)
+        return rc
+    unit_dir = os.environ.get(UNIT_DIR_ENV, "")
+    if not unit_dir:
+        print(f"apt-get: {UNIT_DIR_ENV} is not set", file=sys.stderr)
+        return 100
+    return apt_get(args, path, euid=os.geteuid(), root=os.environ.get(PREFIX_ENV) or "/", unit_dir=unit_dir)
