@@ -1,11 +1,13 @@
 """``sparkctl image sync``: read each node's image ID, plan the copy, authorize the source, run the plan.
 
 The stages of every operation: gather (the ``engine`` fact on every node:
-``docker image inspect --format '{{.Id}}'``), plan (:mod:`sparkctl.plan.imageplan`,
+``docker image inspect --format '{{.Id}}'``, and in the same round trip whether
+the node-to-node key a previous run provisioned is still in place:
+:func:`sparkctl.ops.nodessh.verify_command`), plan (:mod:`sparkctl.plan.imageplan`,
 pure; ``--dry-run`` stops here), execute (the source's ssh key authorized on the
 receivers by :mod:`sparkctl.ops.nodessh`, the same mechanism as the supervised
-switch; then the plan through :func:`sparkctl.ops.executor.run_plan` under the
-cluster lock).
+switch, unless the gather vouched for it; then the plan through
+:func:`sparkctl.ops.executor.run_plan` under the cluster lock).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import Any
 
 from sparkctl.errors import ConfigError, LifecycleError, Ref
 from sparkctl.facts import probes
-from sparkctl.facts.batch import frame
+from sparkctl.facts.batch import frame, split_batch
 from sparkctl.facts.engine import ENGINE, EngineProbe
 from sparkctl.facts.registry import ScriptContext
 from sparkctl.model.inventory import Inventory
@@ -41,11 +43,18 @@ class ImageSyncResult:
 
 def read_ids(inv: Inventory, transport: Transport, image: str, nodes: tuple[str, ...]) -> dict[str, str]:
     """node -> image ID ("" when the node does not have it); a node that cannot tell is an error."""
+    return read_nodes(inv, transport, image, nodes)[0]
+
+
+def read_nodes(inv: Inventory, transport: Transport, image: str, nodes: tuple[str, ...]
+               ) -> tuple[dict[str, str], dict[str, str]]:
+    """(node -> image ID, node -> what it says of the node-to-node grant), one round trip per node."""
     probe = EngineProbe("docker", image)
-    scripts = {n: probes.remote_command(frame([("engine", ENGINE.command(ScriptContext(inv.node(n),
-                                                                                              engine=probe), ""))]))
-               for n in nodes}
+    scripts = {n: probes.remote_command(frame([
+        ("engine", ENGINE.command(ScriptContext(inv.node(n), engine=probe), "")),
+        ("nodessh", nodessh.verify_command(inv, n))])) for n in nodes}
     out: dict[str, str] = {}
+    grants: dict[str, str] = {}
     for n, r in transport.run_all(scripts).items():
         if r.error:
             raise LifecycleError(f"{n} did not answer: {r.error}", Ref(node=n))
@@ -54,7 +63,9 @@ def read_ids(inv: Inventory, transport: Transport, image: str, nodes: tuple[str,
             why = f.unreadable.get("engine") or f.not_available.get("engine") or "no answer"
             raise LifecycleError(f"cannot read the image ID of {image} on {n}: {why}", Ref(node=n))
         out[n] = f.engine_found
-    return out
+        sec = split_batch(r.stdout)[1].get("nodessh")
+        grants[n] = sec.text if sec is not None else ""
+    return out, grants
 
 
 def choose_source(ids: dict[str, str], nodes: tuple[str, ...], from_node: str | None, image: str) -> str:
@@ -77,39 +88,54 @@ def choose_source(ids: dict[str, str], nodes: tuple[str, ...], from_node: str | 
 def plan(res: Resolved, inv: Inventory, transport: Transport, from_node: str | None = None
          ) -> tuple[Plan, str, str, tuple[str, ...]]:
     """(plan, source, image ID, targets) after reading every node's image ID; changes nothing."""
+    the_plan, source, image_id, targets, _kept = _plan(res, inv, transport, from_node)
+    return the_plan, source, image_id, targets
+
+
+def _plan(res: Resolved, inv: Inventory, transport: Transport, from_node: str | None
+          ) -> tuple[Plan, str, str, tuple[str, ...], bool]:
+    """:func:`plan`, and whether the source's node-to-node grant to the targets is still in place."""
     p = res.profile
     if p.runtime != "docker" or not p.engine.image:
         raise ConfigError(f"profile {res.name} runs a native engine: there is no image to sync",
                           Ref(key="runtime"))
     image = p.engine.image
     nodes = tuple(inv.names)
-    ids = read_ids(inv, transport, image, nodes)
+    ids, grants = read_nodes(inv, transport, image, nodes)
     source = choose_source(ids, nodes, from_node, image)
     targets = tuple(n for n in nodes if n != source and ids[n] != ids[source])
+    kept = bool(targets) and nodessh.still_provisioned(inv, source, targets, grants)
     if "@sha256:" in image and targets:
         raise LifecycleError(f"{image} is digest-pinned: docker load does not restore repository digests, so a "
                              "copy would not answer to that reference", hint=f"docker pull {image} on "
                              + ", ".join(targets))
     ssh = {t: nodessh.ssh_argv(inv, source, t, nodessh.fabric_address_from(inv, source, t)) for t in targets}
     reads = [f"image ID of {image} on every node: " + ", ".join(f"{n} {ids[n][7:19] or 'missing'}" for n in nodes)]
+    if targets:
+        reads.append(f"{source}'s node-to-node key on {', '.join(targets)}: " + (
+            "in place as provisioned (kept)" if kept else "to be authorized before the copy"))
     return (plan_image_sync(res.name, image, source, ids[source], targets, ssh, node_sudo(inv, source), reads),
-            source, ids[source], targets)
+            source, ids[source], targets, kept)
 
 
 def sync(res: Resolved, inv: Inventory, transport: Transport, from_node: str | None = None, *,
          progress: Progress | None = None) -> ImageSyncResult:
     say = progress or (lambda *_: None)
-    the_plan, source, image_id, targets = plan(res, inv, transport, from_node)
+    the_plan, source, image_id, targets, kept = _plan(res, inv, transport, from_node)
     image = res.profile.engine.image or ""
     if the_plan.noop:
         return ImageSyncResult(res.name, image, source, image_id, ())
     guard = ClusterLock(inv, transport, the_plan.op)
     guard.acquire()
     try:
-        nodessh.provision(inv, transport, source, targets)
-        say("*", "ssh", f"{source}'s node-to-node key authorized on {', '.join(targets)} (fabric addresses only)")
+        if kept:
+            say("*", "ssh", f"{source}'s node-to-node key verified in place on {', '.join(targets)} (kept)")
+        else:
+            nodessh.provision(inv, transport, source, targets)
+            say("*", "ssh", f"{source}'s node-to-node key authorized on {', '.join(targets)} (fabric addresses only)")
         state = run_plan(the_plan, TransportBackend(inv, transport, say))
         if state.get("failed") is not None:
+            nodessh.forget(inv, source)  # whatever went wrong, the next run provisions afresh
             _raise_failure(state, the_plan.op)
         return ImageSyncResult(res.name, image, source, image_id, targets, tuple(state["outcomes"]))
     finally:

@@ -12,15 +12,27 @@ ssh over the fabric (the supervised switch's runner on the head, ``image sync``'
   the fabric;
 * the peers' host keys, from the operator's own verified connections (no trust
   on first use from the node), in the source's known_hosts
-  (``SUPERVISOR_KNOWN_HOSTS``), and :func:`ssh_argv`, the exact ssh command line.
+  (``SUPERVISOR_KNOWN_HOSTS``), and :func:`ssh_argv`, the exact ssh command line;
+* what was provisioned, remembered on the operator's side (``node-ssh.json`` in
+  the cluster's local state, 0600: the public authorized line, the SHA-256 of
+  the key and known_hosts put on each source, the peers): :func:`verify_command`
+  asks every node, inside a read the caller makes anyway, whether its files are
+  still exactly that, and :func:`still_provisioned` judges the answers, so a
+  repeated ``image sync`` verifies the grant instead of re-provisioning it
+  (reading the peers' host keys costs one SSH handshake per peer). Anything
+  missing, changed or unreadable means provisioning again, as on the first run;
+  :func:`forget` drops the memory of a source (a copy that failed).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import shlex
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 from sparkctl.errors import LifecycleError, Ref
 from sparkctl.model.inventory import Inventory
@@ -29,7 +41,7 @@ from sparkctl.model.paths import (
     SUPERVISOR_KEY,
     SUPERVISOR_KNOWN_HOSTS,
 )
-from sparkctl.ops.localstate import cluster_dir
+from sparkctl.ops.localstate import cluster_dir, write_json
 from sparkctl.ops.lock import node_path, node_sudo
 from sparkctl.transport.ssh import Transport
 
@@ -66,6 +78,81 @@ def local_key(inv: Inventory) -> tuple[bytes, str]:
     return local.read_bytes(), local.with_suffix(".pub").read_text().strip()
 
 
+def grant_line(inv: Inventory, src: str, pub: str) -> str:
+    """The authorized_keys line for ``src``'s key on its peers."""
+    src_addrs = sorted({e.address for e in inv.endpoints(src)})
+    # restrict: no forwarding or pty; from=: only the source's fabric addresses may use the key.
+    opts = "restrict" + (f',from="{",".join(src_addrs)}"' if src_addrs else "")
+    return f"{opts} {pub}"
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _stamp_path(inv: Inventory) -> Path:
+    return cluster_dir(inv) / "node-ssh.json"
+
+
+def _stamps(inv: Inventory) -> dict[str, dict[str, object]]:
+    try:
+        data = json.loads(_stamp_path(inv).read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def forget(inv: Inventory, src: str) -> None:
+    """Drop what is remembered of ``src``'s grant: the next run provisions it again."""
+    stamps = _stamps(inv)
+    if stamps.pop(src, None) is not None:
+        write_json(_stamp_path(inv), stamps)
+
+
+def verify_command(inv: Inventory, node: str) -> str:
+    """A read-only sh body for ``node``: which remembered sources it authorizes, and its own grant files.
+
+    Prints ``auth SRC`` for each source whose line is in every authorized_keys file
+    provisioning writes on this node, ``key SHA256 MODE`` and ``kh SHA256`` when the
+    node is a remembered source. Files sparkctl owns may be root's (0600): read with
+    ``sudo -n`` when plain reading fails; a file that cannot be read is not vouched for.
+    """
+    q = shlex.quote
+    stamps = _stamps(inv)
+    auth = q(node_path(inv, node, NODE_AUTHORIZED_KEYS))
+    rd = "{{ {c} {f} 2>/dev/null || sudo -n {c} {f} 2>/dev/null; }}"
+    out = []
+    for src, st in sorted(stamps.items()):
+        line = st.get("line")
+        if src == node or not isinstance(line, str) or node not in (st.get("peers") or ()):
+            continue
+        ql = q(line)
+        own = rd.format(c=f"grep -qxF {ql}", f=auth)
+        user = f'{{ [ -n "${{SPARKCTL_SIM_NODE:-}}" ] || grep -qxF {ql} "$HOME/.ssh/authorized_keys"; }}'
+        out.append(f"{own} && {user} && echo auth {q(src)}")
+    if node in stamps:
+        key, kh = q(node_path(inv, node, SUPERVISOR_KEY)), q(node_path(inv, node, SUPERVISOR_KNOWN_HOSTS))
+        out.append(f"k=$({rd.format(c='sha256sum', f=key)}) && echo key \"${{k%% *}}\" \"$(stat -c %a {key})\"")
+        out.append(f"k=$({rd.format(c='sha256sum', f=kh)}) && echo kh \"${{k%% *}}\"")
+    return "; ".join(out + ["true"])
+
+
+def still_provisioned(inv: Inventory, src: str, peers: Sequence[str], answers: Mapping[str, str]) -> bool:
+    """Whether ``src``'s grant to ``peers`` is exactly what was provisioned (``answers``: node -> its
+    :func:`verify_command` output). Pure apart from reading the operator's own key and memory."""
+    st = _stamps(inv).get(src)
+    local = cluster_dir(inv) / "id_supervisor"
+    if not st or not local.exists() or not local.with_suffix(".pub").exists():
+        return False
+    pub = local.with_suffix(".pub").read_text().strip()
+    if st.get("line") != grant_line(inv, src, pub) or not set(peers) <= set(st.get("peers") or ()):  # type: ignore[arg-type]
+        return False
+    if any(f"auth {src}" not in answers.get(p, "").splitlines() for p in peers):
+        return False
+    mine = answers.get(src, "").splitlines()
+    return (f"key {_sha(local.read_bytes())} 600" in mine and f"kh {st.get('known_hosts_sha256')}" in mine)
+
+
 def provision(inv: Inventory, transport: Transport, src: str, peers: Sequence[str]) -> dict[str, str]:
     """Authorize the key on ``peers`` for ``src``, and put the key and the peers' host keys on ``src``.
 
@@ -77,10 +164,7 @@ def provision(inv: Inventory, transport: Transport, src: str, peers: Sequence[st
     if fetch is None:
         raise LifecycleError("node-to-node ssh needs the SSH transport (to read the peers' host keys)")
     addrs = {n: fabric_address_from(inv, src, n) for n in peers}
-    src_addrs = sorted({e.address for e in inv.endpoints(src)})
-    # restrict: no forwarding or pty; from=: only the source's fabric addresses may use the key.
-    opts = "restrict" + (f',from="{",".join(src_addrs)}"' if src_addrs else "")
-    line = f"{opts} {pub}"
+    line = grant_line(inv, src, pub)
     known: list[str] = []
     for n in peers:
         try:
@@ -104,11 +188,15 @@ def provision(inv: Inventory, transport: Transport, src: str, peers: Sequence[st
     if user:
         transport.run_all(user).raise_for("authorizing the node-to-node key in ~/.ssh/authorized_keys")
     ss = node_sudo(inv, src)
-    for path, data, mode in ((SUPERVISOR_KEY, key, 0o600),
-                             (SUPERVISOR_KNOWN_HOSTS, ("\n".join(known) + "\n").encode(), 0o644)):
+    forget(inv, src)  # until the files are all written, nothing is vouched for
+    known_bytes = ("\n".join(known) + "\n").encode()
+    for path, data, mode in ((SUPERVISOR_KEY, key, 0o600), (SUPERVISOR_KNOWN_HOSTS, known_bytes, 0o644)):
         r = transport.put(src, node_path(inv, src, path), data, mode, sudo=ss)
         if not r.ok:
             raise LifecycleError(f"cannot write {path} on {src}: {r.error or r.stderr.strip()}", Ref(node=src))
+    stamps = _stamps(inv)
+    stamps[src] = {"line": line, "peers": sorted(peers), "known_hosts_sha256": _sha(known_bytes)}
+    write_json(_stamp_path(inv), stamps)
     return addrs
 
 

@@ -116,3 +116,27 @@ def test_simulated_a_good_build_synced_from_one_node_makes_nccl_version_green(ri
     assert code == 0 and {v["status"] for v in vs} == {"ok"}, vs
     assert {v["observed"] for v in vs} == {"NCCL 2.30.7"}
     assert cache(ring, OLD)[good.removeprefix("sha256:")] == "torch 2.30.7"  # a third ID, read afresh
+
+
+def test_simulated_image_sync_again_keeps_the_verified_key_and_reprovisions_a_tampered_one(ring) -> None:
+    """A second `image sync` verifies the node-to-node grant the first one left instead of provisioning it
+    again; a grant that is no longer intact (the line removed from a receiver) is provisioned afresh."""
+    from sparkctl.model.paths import NODE_AUTHORIZED_KEYS
+
+    inv = ("-i", str(ring.inventory))
+    good = image_id(ring, "spark-a")
+    assert ring.sparkctl("sim", "image", "load", OLD, IMAGE, "--nccl", "2.28.9").returncode == 0
+    dry = ring.sparkctl(*inv, "image", "sync", PROFILE, "--from", "spark-a", "--dry-run", check=True)
+    assert "in place as provisioned (kept)" in dry.stdout, dry.stdout
+    r = ring.sparkctl(*inv, "image", "sync", PROFILE, "--from", "spark-a", timeout=600, check=True)
+    assert "key verified in place on spark-c (kept)" in r.stderr and "authorized on" not in r.stderr, r.stderr
+    assert image_id(ring, OLD) == good
+
+    assert ring.ssh(OLD, f": > {NODE_AUTHORIZED_KEYS}").returncode == 0  # the grant is gone from spark-c
+    assert ring.sparkctl("sim", "image", "load", OLD, IMAGE, "--nccl", "2.28.9").returncode == 0
+    r = ring.sparkctl(*inv, "image", "sync", PROFILE, "--from", "spark-a", timeout=600, check=True)
+    assert "key authorized on spark-c" in r.stderr and "(kept)" not in r.stderr, r.stderr
+    assert image_id(ring, OLD) == good
+    mode = ring.ssh("spark-a", "stat -c %a /var/lib/sparkctl/id_supervisor; stat -c %a " + NODE_AUTHORIZED_KEYS)
+    assert mode.stdout.split() == ["600"], mode.stdout  # the key 0600 on the source; spark-a has no grant file
+    assert ring.ssh(OLD, "stat -c %a " + NODE_AUTHORIZED_KEYS).stdout.strip() == "600"
