@@ -45,6 +45,8 @@ def config_from_profile(resolved: Any) -> dict[str, Any]:
         "waivers": [],
         "bench": p.bench.model_dump(mode="json"),
         "thinking": p.thinking.model_dump(mode="json"),
+        # the NAME of the operator's variable holding the endpoint's key; never the key
+        "api_key_env": p.serve.api_key_env,
     }
 
 
@@ -54,7 +56,9 @@ def prepare(ctx_obj: Any, profile: str, force: bool, check_fn: CheckFn | None = 
 
     ``ctx_obj`` is the CLI's context object (``resolve(name)``, ``inventory()``).
     The endpoint is the head node of the first replica (``http://HOST:serve.port``,
-    HOST = the inventory's ssh/management address); the model is
+    HOST = the inventory's ssh/management address, or the head's fabric address with
+    serve.bind: fabric, when ``config["endpoint"]["via"]`` names the head to forward
+    through); the model is
     ``model.served_name``. ``telemetry`` is None until a transport-backed
     sampler is wired in.
     """
@@ -65,8 +69,16 @@ def prepare(ctx_obj: Any, profile: str, force: bool, check_fn: CheckFn | None = 
     layout = bind(res, inv)
     head = inv.node(layout.heads()[0].node)
     p = res.profile
-    base_url = f"http://{head.host}:{p.serve.port}"
+    from sparkctl.model.record import operator_route
+    from sparkctl.plan.render import bind_host
+
+    # serve.bind: where the head's engine listens; "via" when only the head reaches it (its
+    # fabric address): the caller opens an SSH forward through the head and benches that.
+    h0 = layout.heads()[0]
+    route = operator_route(head.name, head.host, bind_host(res.for_node(head.name), h0, head.host), p.serve.port)
+    base_url = route.url
     config = config_from_profile(res)
+    config["endpoint"] = {"url": route.url, "via": route.via}
     config["inventory"] = inv.file
     config["nodes"] = list(layout.nodes)
     config["head"] = head.name

@@ -49,6 +49,7 @@ class ContextFit:
     base_url: str
     progress: Callable[[str], None]
     _probe_http: httpx.AsyncClient | None
+    _auth: dict[str, str]  # Authorization: Bearer, when the endpoint wants a key
     _token_scale: wl.TokenScale | None
     _fixed: dict[Any, int]
     _agent_fit: dict[str, AgentFit]
@@ -89,7 +90,7 @@ class ContextFit:
         if self._probe_http is None:
             t = self.opt.timeouts
             self._probe_http = httpx.AsyncClient(timeout=httpx.Timeout(t.read_s, connect=t.connect_s),
-                                                 trust_env=False)
+                                                 trust_env=False, headers=self._auth)
         body = {"model": self.model, "messages": list(messages), "max_tokens": 1, "temperature": wl.TEMPERATURE,
                 "seed": wl.SEED, "stream": False}
         self.n_fit_probes += 1

@@ -139,8 +139,12 @@ class Runner(ContextFit, Suites):
     """One run: an endpoint, a model, a configuration, an output directory."""
 
     def __init__(self, base_url: str, model: str, out_dir: Path, config: Mapping[str, Any], options: RunOptions,
-                 telemetry: Telemetry | None = None, progress: Progress | None = None) -> None:
+                 telemetry: Telemetry | None = None, progress: Progress | None = None,
+                 api_key: str | None = None) -> None:
         self.base_url = base_url.rstrip("/")
+        # sent as Authorization: Bearer on every request; kept out of config, rows and the summary
+        self._api_key = api_key
+        self._auth = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.model = model
         self.out = out_dir
         self.config: dict[str, Any] = dict(config)
@@ -205,7 +209,7 @@ class Runner(ContextFit, Suites):
 
 
     async def _client(self, concurrency: int) -> BenchClient:
-        c = BenchClient(self.base_url, concurrency=concurrency, timeouts=self.opt.timeouts)
+        c = BenchClient(self.base_url, concurrency=concurrency, timeouts=self.opt.timeouts, api_key=self._api_key)
         warm = self._spec([{"role": "user", "content": new_salt() + "Say OK."}], 1, {}, {"warmup": "1"})
         self._log(await c.warm_up(warm), counted=False)
         return c
@@ -213,12 +217,18 @@ class Runner(ContextFit, Suites):
     # -- preflight ------------------------------------------------------------------
     async def preflight(self) -> None:
         """The endpoint answers and serves the model; fill engine facts the config lacks."""
-        async with httpx.AsyncClient(timeout=self.opt.timeouts.connect_s + 10, trust_env=False) as h:
+        async with httpx.AsyncClient(timeout=self.opt.timeouts.connect_s + 10, trust_env=False,
+                                     headers=self._auth) as h:
             try:
                 r = await h.get(self.base_url + "/v1/models")
             except httpx.HTTPError as exc:
                 raise TransportError(f"cannot reach {self.base_url}: {type(exc).__name__}: {exc}",
                                      hint="is the engine up? `sparkctl status`, or check --base-url") from None
+            if r.status_code == 401:
+                raise TransportError(f"{self.base_url}/v1/models answered HTTP 401: the endpoint wants a key"
+                                     + (" and refused the one sent" if self._api_key else ""),
+                                     hint="serve.api_key_env names the operator's variable that holds it; "
+                                          "set it (or give --api-key-env with --base-url)")
             if r.status_code != 200:
                 raise TransportError(f"{self.base_url}/v1/models answered HTTP {r.status_code}")
             try:
@@ -408,13 +418,15 @@ class Runner(ContextFit, Suites):
 
 async def run_async(base_url: str, model: str, out_dir: str | Path, config: Mapping[str, Any],
                     options: RunOptions = RunOptions(), telemetry: Telemetry | None = None,
-                    progress: Progress | None = None) -> RunSummary:
-    """Run ``options.suites`` against ``base_url`` serving ``model``; write ``out_dir``."""
-    return await Runner(base_url, model, Path(out_dir), config, options, telemetry, progress).run()
+                    progress: Progress | None = None, api_key: str | None = None) -> RunSummary:
+    """Run ``options.suites`` against ``base_url`` serving ``model``; write ``out_dir``.
+
+    ``api_key``: the endpoint's key (Authorization: Bearer); never written anywhere."""
+    return await Runner(base_url, model, Path(out_dir), config, options, telemetry, progress, api_key).run()
 
 
 def run(base_url: str, model: str, out_dir: str | Path, config: Mapping[str, Any],
         options: RunOptions = RunOptions(), telemetry: Telemetry | None = None,
-        progress: Progress | None = None) -> RunSummary:
+        progress: Progress | None = None, api_key: str | None = None) -> RunSummary:
     """:func:`run_async` on a fresh event loop."""
-    return asyncio.run(run_async(base_url, model, out_dir, config, options, telemetry, progress))
+    return asyncio.run(run_async(base_url, model, out_dir, config, options, telemetry, progress, api_key))

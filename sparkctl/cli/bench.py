@@ -94,19 +94,21 @@ def bench_group() -> None:
 @click.option("--measure-seconds", "measure_s", type=float, default=60.0, show_default=True,
               help="agent suite: the fixed measure window")
 @click.option("--label", help="column label in reports (default: the profile, else the engine tag)")
+@click.option("--api-key-env", metavar="VAR", help="the environment variable holding the endpoint's key, sent as "
+              "Authorization: Bearer (default: the profile's serve.api_key_env); the key is never printed")
 @json_option
 @pass_ctx
 def bench_run_cmd(c: Ctx, profile: str | None, base_url: str | None, model: str | None, out_dir: str | None,
                   suites: tuple[str, ...], record: bool, force: bool, lengths: tuple[int, ...] | None,
                   concurrency: tuple[int, ...] | None, repeats: int | None, duration_s: float,
                   decode_tokens: int | None, warmup_s: float, measure_s: float, label: str | None,
-                  as_json: bool) -> None:
+                  api_key_env: str | None, as_json: bool) -> None:
     """Run bench suites against PROFILE's cluster, or against --base-url URL --model NAME."""
     import contextlib
 
     with contextlib.ExitStack() as stack:
         _bench_run(c, profile, base_url, model, out_dir, suites, record, force, lengths, concurrency, repeats,
-                   duration_s, decode_tokens, warmup_s, measure_s, label, as_json, stack)
+                   duration_s, decode_tokens, warmup_s, measure_s, label, as_json, stack, api_key_env)
 
 
 def bench_check(res: Any, inv: Any, transport: Any, force: bool) -> dict[str, Any]:
@@ -141,8 +143,11 @@ def _bench_run(c: Ctx, profile: str | None, base_url: str | None, model: str | N
                suites: tuple[str, ...], record: bool, force: bool, lengths: tuple[int, ...] | None,
                concurrency: tuple[int, ...] | None, repeats: int | None, duration_s: float,
                decode_tokens: int | None, warmup_s: float, measure_s: float, label: str | None,
-               as_json: bool, stack: Any) -> None:
+               as_json: bool, stack: Any, api_key_env: str | None = None) -> None:
     import time as _time
+
+    from sparkctl.ops.readiness import operator_key
+    from sparkctl.transport.forward import forward
 
     from sparkctl.bench import runner as bench_runner
     from sparkctl.bench.cluster_hooks import config_from_profile, prepare
@@ -150,6 +155,13 @@ def _bench_run(c: Ctx, profile: str | None, base_url: str | None, model: str | N
     from sparkctl.errors import CheckFailed
 
     telemetry = None
+    # The endpoint's key, from the operator's variable (serve.api_key_env): checked before
+    # anything is probed, so an unset variable is one clear line, not a 401 mid-run.
+    key = operator_key(api_key_env or (c.resolve(profile).profile.serve.api_key_env if profile else None))
+    if key.problem:
+        raise ConfigError(f"the endpoint {key.problem}",
+                          hint=f"export {key.env}=<the endpoint's key> (serve.api_key_env names it); "
+                               "sparkctl never prints or stores the key")
     if base_url:
         config: dict[str, Any] = config_from_profile(c.resolve(profile)) if profile else {}
         model = model or config.get("served_name")
@@ -164,6 +176,16 @@ def _bench_run(c: Ctx, profile: str | None, base_url: str | None, model: str | N
             return bench_check(res, inv, transport, force)
 
         base_url, served, config, _ = prepare(c, profile, force, check_fn=check_fn)
+        via = (config.get("endpoint") or {}).get("via")
+        if via:  # serve.bind: fabric: only the head reaches its fabric address; bench through its SSH
+            import httpx
+
+            u = httpx.URL(base_url)
+            host, port = stack.enter_context(forward(transport, via, u.host, u.port or 80))
+            base_url = f"http://{host}:{port}"
+            if not as_json:
+                err_console().print(f"[dim]{escape(config['endpoint']['url'])} (the head's fabric address) "
+                                    f"through {escape(via)}'s SSH connection[/]")
         from sparkctl.facts.telemetry import sampler
         from sparkctl.model.layout import bind
 
@@ -180,7 +202,8 @@ def _bench_run(c: Ctx, profile: str | None, base_url: str | None, model: str | N
     if out_path.exists() and any(out_path.iterdir()) and not force:
         raise ConfigError(f"{out_path} is not empty", hint="choose another --out, or --force to write into it")
     progress = None if as_json else (lambda m: err_console().print(f"[dim]{escape(m)}[/]"))
-    summary = bench_runner.run(base_url, model, out_path, config, options, telemetry=telemetry, progress=progress)
+    summary = bench_runner.run(base_url, model, out_path, config, options, telemetry=telemetry, progress=progress,
+                               api_key=key.key)
     if as_json:
         emit_json(asdict(summary))
     else:

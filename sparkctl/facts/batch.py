@@ -94,12 +94,15 @@ def frame(steps: list[tuple[str, str]], manifest: str | None = None) -> str:
 
 
 def build_script(node: Node, weights_path: str | None = None, endpoint_port: int | None = None,
-                 weights: WeightsPaths | None = None, engine: engine_fact.EngineProbe | None = None) -> str:
+                 weights: WeightsPaths | None = None, engine: engine_fact.EngineProbe | None = None,
+                 endpoint_host: str | None = None, endpoint_key: tuple[str, str] | None = None) -> str:
     """The batched probe script for ``node`` (POSIX sh; see the module docstring).
 
-    ``endpoint_port``: also ask the engine for its served models;
+    ``endpoint_port``: also ask the engine for its served models, at ``endpoint_host``
+    (the bound address; 127.0.0.1 when None), with the key read on the node from
+    ``endpoint_key`` (env file, variable) when given;
     ``weights``: also ask the weights agent what its hash cache vouches for."""
-    ctx = ScriptContext(node, weights_path, endpoint_port, weights, engine)
+    ctx = ScriptContext(node, weights_path, endpoint_port, weights, engine, endpoint_host, endpoint_key)
     return frame([(section, fact.command(ctx, item)) for fact in REGISTRY for item, section in fact.sections(ctx)])
 
 

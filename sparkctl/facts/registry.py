@@ -105,6 +105,8 @@ class ScriptContext:
     endpoint_port: int | None = None
     weights: WeightsPaths | None = None
     engine: Any = None  # sparkctl.facts.engine.EngineProbe: what the engine fact looks for
+    endpoint_host: str | None = None  # the address the endpoint listens on (serve.bind); None: 127.0.0.1
+    endpoint_key: tuple[str, str] | None = None  # (the 0600 env file, the variable in it) when a key is needed
 
     @property
     def sysfs(self) -> str:

@@ -183,12 +183,43 @@ PORTS = Fact("ports", "listening TCP ports", lambda c, _: (
     parse_listening_ports)
 
 
+# The models fact's exit code for an HTTP 401 answer. curl's own codes are 1..99; 41
+# (CURLE_FUNCTION_NOT_FOUND, curl(1) EXIT CODES) is one a plain GET never returns.
+NEEDS_KEY_RC = 41
+
+
+def _auth_header(ctx: ScriptContext) -> str:
+    """sh that prints ``Authorization: Bearer <key>`` from the head's 0600 env file (readable by
+    the login user, else through ``sudo -n``; nothing when neither can read it). The key only
+    passes a pipe: ``printf`` is a shell builtin (no exec, so no argv in /proc) and curl reads
+    the header from stdin (``-H @-``, curl 7.55+). The env file is sparkctl's own, every
+    value quoted for sh, so sourcing it sets variables and runs nothing (engine.env.j2)."""
+    assert ctx.endpoint_key is not None
+    env_file, var = ctx.endpoint_key
+    # no newline after the header: curl takes a last line without one, and the batch
+    # script carries no backslash (tests/test_probes.py)
+    body = f"set -a; . {q(env_file)} && printf 'Authorization: Bearer %s' \"${var}\""
+    return (f"{{ {{ [ -r {q(env_file)} ] && ( {body} ); }} || {{ have sudo && sudo -n sh -c {q(body)}; }}; }} "
+            "2>/dev/null")
+
+
 def _models(ctx: ScriptContext, _: str) -> str:
-    url = f"http://127.0.0.1:{int(ctx.endpoint_port or 0)}/v1/models"
-    py = ("import sys,urllib.request as u;"
-          f"sys.stdout.write(u.urlopen(sys.argv[1],timeout={MODELS_TIMEOUT_S}).read().decode())")
-    return (f"if have curl; then curl -s -m {MODELS_TIMEOUT_S} {q(url)}; "
-            f"elif have python3; then python3 -c {q(py)} {q(url)}; else exit 127; fi")
+    """GET /v1/models at the address the endpoint listens on (serve.bind: an engine bound to its
+    fabric or management address does not answer on 127.0.0.1), with the key when one is needed.
+    curl appends ``|http=<code>`` (``-w``) and the shell splits it off; python3's urllib is told
+    to hand back error answers instead of raising, so both exit NEEDS_KEY_RC on a 401."""
+    host = ctx.endpoint_host or "127.0.0.1"
+    url = f"http://{host}:{int(ctx.endpoint_port or 0)}/v1/models"
+    hdr = _auth_header(ctx) if ctx.endpoint_key else ":"
+    py = ("import sys,urllib.request as u;u.HTTPErrorProcessor.http_response=lambda s,q,r:r;"
+          "h=sys.stdin.read().strip();q=u.Request(sys.argv[1]);h and q.add_header(*h.split(': ',1));"
+          f"r=u.urlopen(q,timeout={MODELS_TIMEOUT_S});"
+          f"sys.exit({NEEDS_KEY_RC}) if r.status==401 else sys.stdout.write(r.read().decode())")
+    curl = (f"out=$({hdr} | curl -s -m {MODELS_TIMEOUT_S} -H @- -w '|http=%{{http_code}}' {q(url)}); rc=$?; "
+            f"[ $rc -eq 0 ] || exit $rc; [ \"${{out##*|http=}}\" = 401 ] && exit {NEEDS_KEY_RC}; "
+            "printf '%s' \"${out%|http=*}\"")
+    return (f"if have curl; then {curl}; "
+            f"elif have python3; then {hdr} | python3 -c {q(py)} {q(url)}; else exit 127; fi")
 
 
 # curl's exit codes (curl(1), EXIT CODES): 7 failed to connect, 28 timed out.
@@ -196,7 +227,9 @@ MODELS = Fact("models", "served models (/v1/models)", _models, parse_models, cor
               when=lambda c: c.endpoint_port is not None,
               exit_codes=(NOT_FOUND,
                           ExitCode(7, "unreadable", "connection refused (nothing listening on the endpoint port?)"),
-                          ExitCode(28, "unreadable", f"no answer within {MODELS_TIMEOUT_S} s")))
+                          ExitCode(28, "unreadable", f"no answer within {MODELS_TIMEOUT_S} s"),
+                          ExitCode(NEEDS_KEY_RC, "unreadable", "needs key: the endpoint answered 401 Unauthorized "
+                                   "(serve.api_key_env: the key is missing or wrong)")))
 
 
 def _weights(ctx: ScriptContext, _: str) -> str:

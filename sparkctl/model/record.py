@@ -49,6 +49,13 @@ class RunRecord:
     schema: int = SCHEMA
     # The plan steps the run that wrote this record executed, in order: id, phase, ok, seconds.
     steps: tuple[dict[str, Any], ...] = ()
+    # serve.api_key_env: the NAME of the operator's variable that holds the endpoint's key
+    # (status and bench read the key from it); the key itself is never recorded.
+    api_key_env: str | None = None
+    # serve.bind: per head, the address its engine listens on (the rendered --host:
+    # 0.0.0.0, the management host, or the head's fabric address). Empty in records
+    # written before sparkctl recorded it: such an endpoint listened on 0.0.0.0.
+    listen: dict[str, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -67,9 +74,45 @@ class RunRecord:
             updated_at=d.get("updated_at", d["started_at"]), clock_cap_mhz=d.get("clock_cap_mhz"),
             waivers=dict(d.get("waivers", {})), note=d.get("note", ""), schema=int(d.get("schema", SCHEMA)),
             steps=tuple(dict(s) for s in d.get("steps", ()) if isinstance(s, dict)),
+            api_key_env=d.get("api_key_env") or None,
+            listen={str(k): str(v) for k, v in (d.get("listen") or {}).items()},
         )
 
     def with_state(self, state: str, updated_at: str, note: str = "") -> "RunRecord":
         from dataclasses import replace
 
         return replace(self, state=state, updated_at=updated_at, note=note or self.note)
+
+
+WILDCARD = "0.0.0.0"
+LOOPBACK = "127.0.0.1"
+
+
+@dataclass(frozen=True)
+class Route:
+    """How the operator's machine reaches one head's endpoint: ``host:port`` directly,
+    or through an SSH local forward to ``via`` (the head) when only the head reaches it."""
+
+    host: str
+    port: int
+    via: str | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+
+def operator_route(head: str, mgmt_host: str, listen: str | None, port: int) -> Route:
+    """serve.bind, seen from the operator: ``all`` (0.0.0.0, or a record written before
+    sparkctl kept the address) and ``management`` listen where the operator's SSH goes;
+    ``fabric`` listens on the head's fabric address, a point-to-point link the operator's
+    machine has no route to, so the probe goes through the head (an SSH forward)."""
+    if not listen or listen in (WILDCARD, mgmt_host):
+        return Route(mgmt_host, port)
+    return Route(listen, port, via=head)
+
+
+def on_node_host(listen: str | None) -> str:
+    """The address a probe run on the head itself asks: the bound one (an engine bound to
+    one address does not answer on 127.0.0.1), loopback for a wildcard bind."""
+    return LOOPBACK if not listen or listen == WILDCARD else listen

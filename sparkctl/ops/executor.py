@@ -105,11 +105,12 @@ class TransportBackend:
     monotonic = staticmethod(time.monotonic)
     sleep = staticmethod(time.sleep)
 
-    @staticmethod
-    def probe(url: str, served_name: str, metric: str | None, smoke: bool,
-              api_key: Mapping[str, str] | None = None) -> tuple[bool, str]:
+    def probe(self, url: str, served_name: str, metric: str | None, smoke: bool,
+              api_key: Mapping[str, str] | None = None, via: str | None = None) -> tuple[bool, str]:
         key = readiness.api_key_from_env(api_key) if api_key else None
-        return readiness.probe_endpoint(url, served_name, metric, smoke=smoke, api_key=key)
+        if not via:
+            return readiness.probe_endpoint(url, served_name, metric, smoke=smoke, api_key=key)
+        return readiness.probe_via(self.transport, via, url, served_name, metric, smoke=smoke, api_key=key)
 
     def run_all(self, commands: Mapping[str, str], sudo: Mapping[str, bool], timeout_s: float | None
                 ) -> dict[str, dict[str, Any]]:
@@ -169,9 +170,11 @@ def gather_up_facts(res: Resolved, inv: Inventory, transport: Transport, renderi
         return planner.UpFacts(prev)
     cmds = {n: planner.ALIVE_COMMAND for n in lay.nodes}
     alive = {n: (r.ok and "alive" in r.stdout) for n, r in transport.run_all(cmds).items()}
+    key = readiness.operator_key(res.profile.serve.api_key_env).key  # a served endpoint with a key answers 401 without
     healthy = all(alive.values()) and all(
-        readiness.probe_endpoint(planner.endpoint_url(inv, h.node, res.profile.serve.port), res.profile.model.served_name,
-                                 None, smoke=False)[0] for h in lay.heads())
+        readiness.probe_route(transport, readiness.operator_route(h.node, inv.node(h.node).host, prev.listen.get(h.node),
+                                                                  res.profile.serve.port),
+                              res.profile.model.served_name, None, smoke=False, api_key=key)[0] for h in lay.heads())
     return planner.UpFacts(prev, alive, healthy)
 
 

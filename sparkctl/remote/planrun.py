@@ -101,6 +101,8 @@ def _ready(step: dict, backend: Any, state: dict) -> str:
         elapsed = backend.monotonic() - t0
         for node, url in list(pending.items()):
             key = {"api_key": p["api_key"]} if p.get("api_key") else {}  # names where the key is, never the key
+            if (p.get("via") or {}).get(node):  # serve.bind: fabric; only the head reaches the address
+                key["via"] = p["via"][node]
             ok, detail = backend.probe(url, p["served_name"], p.get("metric"), bool(p.get("smoke", True)), **key)
             if ok:
                 backend.emit(node, step["phase"], f"{p['served_name']} serving after {elapsed:.1f} s")
@@ -279,8 +281,10 @@ def _api_key(spec: dict | None) -> str | None:
 
 
 def _probe(url: str, served_name: str, metric: str | None, smoke: bool,
-           api_key: dict | None = None) -> tuple[bool, str]:
-    """The readiness probe of ``sparkctl.ops.readiness.probe_endpoint``, in the standard library."""
+           api_key: dict | None = None, via: str | None = None) -> tuple[bool, str]:
+    """The readiness probe of ``sparkctl.ops.readiness.probe_endpoint``, in the standard library.
+
+    ``via``: the head, whose own address ``url`` is: this runner runs there and asks it directly."""
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     key = _api_key(api_key)
     auth = {"Authorization": f"Bearer {key}"} if key else {}
