@@ -385,10 +385,13 @@ def _print_status(st: dict[str, Any]) -> None:
                   str(n["power_w"]), str(n["temp_c"]), str(n["mem_available_gib"]))
     out.print(t)
     for h, e in st["endpoint"].items():
-        if "error" in e:
-            out.print(f"endpoint {e['url']}: [red]{e['error']}[/]")
+        where = f"endpoint {e['url']}" + (f" (through {e['via']})" if e.get("via") else "")
+        if e.get("state") == "needs key":  # the operator's variable is unset: nothing was asked
+            out.print(f"{where}: [yellow]{escape(e['error'])}[/]")
+        elif "error" in e:
+            out.print(f"{where}: [red]{escape(e['error'])}[/]")
         else:
-            out.print(f"endpoint {e['url']}: serves {', '.join(e['models'])}; tokens generated {e['tokens_generated']}")
+            out.print(f"{where}: serves {', '.join(e['models'])}; tokens generated {e['tokens_generated']}")
     sup = st.get("supervisor")
     if sup:
         state = "[green]running[/]" if sup["alive"] else "exited"

@@ -12,17 +12,21 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from typing import Any
 
 from sparkctl.facts import probes
 from sparkctl.facts.engine import EngineProbe
 from sparkctl.model.inventory import Inventory
 from sparkctl.model.layout import bind
+from sparkctl.model.paths import ENV_FILE, under
 from sparkctl.model.profiles import Resolved
+from sparkctl.model.record import on_node_host
 from sparkctl.ops import weights
 from sparkctl.ops.hub import local_dir_of
 from sparkctl.ops.localstate import cluster_dir, hw_change_path, read_json, write_json
 from sparkctl.plan import laws
 from sparkctl.plan.laws.images import engine_target
+from sparkctl.plan.render import API_KEY_VAR, bind_host
 from sparkctl.transport.ssh import CommandResult, Transport
 
 Progress = Callable[[str], None]
@@ -130,13 +134,20 @@ def run_check(
     waivers = dict(waivers or {})
     p = res.profile
 
+    def _head_endpoint(n: str) -> dict[str, Any]:
+        # serve.bind and serve.api_key_env: the models fact asks the address the engine listens on,
+        # with the key from the head's 0600 env file (sparkctl.facts.services)
+        r = next(h for h in layout.heads() if h.node == n)
+        return {"endpoint_host": on_node_host(bind_host(res.for_node(n), r, inv.node(n).host)),
+                "endpoint_key": (under(inv.node(n).prefix, ENV_FILE), API_KEY_VAR) if p.serve.api_key_env else None}
+
     def gather() -> tuple[dict[str, probes.NodeFacts | None], dict[str, str]]:
         say(f"probing {len(nodes)} nodes (one batched script each)")
         scripts = {
             n: probes.remote_command(probes.build_script(
                 inv.node(n), weights_path=p.model.weights_path, endpoint_port=p.serve.port if n in heads else None,
                 weights=weights.probe_paths(inv, n, local_dir_of(p.model.weights_path, p.model.local_dir)),
-                engine=EngineProbe(*engine_target(p))))
+                engine=EngineProbe(*engine_target(p)), **(_head_endpoint(n) if n in heads else {})))
             for n in nodes
         }
         results = transport.run_all(scripts)
