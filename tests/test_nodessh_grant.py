@@ -45,6 +45,14 @@ def test_a_grant_in_place_is_kept(grant: dict[str, str]) -> None:
     assert nodessh.still_provisioned(INV, SRC, ("spark-b",), grant)  # a subset of the peers provisioned
 
 
+def test_a_root_owned_key_is_judged_by_mode_and_size(grant: dict[str, str]) -> None:
+    size = len((cluster_dir(INV) / "id_supervisor").read_bytes())
+    kh = grant[SRC].splitlines()[1]
+    assert nodessh.still_provisioned(INV, SRC, PEERS, {**grant, SRC: f"keymode 600 {size}\n{kh}\n"})
+    assert not nodessh.still_provisioned(INV, SRC, PEERS, {**grant, SRC: f"keymode 644 {size}\n{kh}\n"})
+    assert not nodessh.still_provisioned(INV, SRC, PEERS, {**grant, SRC: f"keymode 600 {size + 1}\n{kh}\n"})
+
+
 @pytest.mark.parametrize("node,answer", [
     ("spark-c", ""),                                   # the line is gone from a peer (or unreadable)
     ("spark-b", "auth spark-d\n"),                     # authorizes another source only
@@ -82,8 +90,8 @@ def test_the_verify_command_quotes_the_line_and_only_reads(grant: dict[str, str]
     line = json.loads((cluster_dir(INV) / "node-ssh.json").read_text())[SRC]["line"]
     peer = nodessh.verify_command(INV, "spark-b")
     assert f"grep -qxF {shlex.quote(line)}" in peer and "echo auth spark-a" in peer
-    assert "sha256sum" not in peer  # spark-b is no remembered source
+    assert "sha256sum" not in peer and "sudo" not in peer  # spark-b is no remembered source; reads need no root
     src = nodessh.verify_command(INV, SRC)
-    assert "echo auth" not in src and "sha256sum" in src and "stat -c %a" in src
+    assert "echo auth" not in src and "sha256sum" in src and "stat -c %a" in src and "sudo" not in src
     for cmd in (peer, src):  # reads only: no redirection into a file, no write verbs
         assert not any(w in cmd for w in (" > ", ">>", "chmod", "printf", "mv ", "rm "))
