@@ -61,7 +61,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 if KEY in argv:
                     self.server.leaked.append(argv.replace("\0", " "))
 
-    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+    def do_GET(self) -> None:
         self.server.requests.append(self.path)
         self._scan()
         if self.path.startswith("/v1") and self.headers.get("Authorization") != f"Bearer {KEY}":
@@ -101,8 +101,9 @@ def _node(tmp_path: Path) -> Node:
 
 
 def _record(**kw: object) -> RunRecord:
-    base = dict(profile="p", sets=(), digest="d", engine="vllm", engine_version="v", served_name="m1", port=8000,
-                heads=("spark-a",), nodes={}, state="serving", started_at="t", updated_at="t")
+    base: dict[str, object] = {"profile": "p", "sets": (), "digest": "d", "engine": "vllm", "engine_version": "v",
+                               "served_name": "m1", "port": 8000, "heads": ("spark-a",), "nodes": {},
+                               "state": "serving", "started_at": "t", "updated_at": "t"}
     return RunRecord(**{**base, **kw})  # type: ignore[arg-type]
 
 
@@ -175,7 +176,8 @@ def _models_fact(tmp_path: Path, port: int, key_file: Path | None, no_curl: bool
     assert KEY not in script
     if no_curl:  # the python3 branch
         script = script.replace("have curl", "have no-such-curl-h16")
-    r = subprocess.run(probes.remote_command(script), shell=True, capture_output=True, text=True, timeout=30)
+    r = subprocess.run(probes.remote_command(script), shell=True, capture_output=True, text=True, timeout=30,
+                       check=False)
     return probes.parse_batch("spark-a", r.stdout)
 
 
@@ -225,9 +227,9 @@ def test_status_json_never_holds_the_key(tmp_path: Path, server: _Server, monkey
     inv = loads_inventory("nodes:\n  - {name: spark-a, host: 127.0.0.1}\n", "inv.yaml")
     rec = _record(api_key_env="H16_KEY", port=port, listen={"spark-a": "0.0.0.0"})
     t = FakeTransport(nodes=["spark-a"])
-    t.add("*", re.compile(r"cat .*record\.json.*", re.S), reply(json.dumps(rec.to_dict())))
-    t.add("*", re.compile(r"\[ -e .*supervisor.*", re.S), reply(""))
-    t.add("*", re.compile(r"sh -c .*", re.S), reply(""))
+    t.add("*", re.compile(r"cat .*record\.json.*", re.DOTALL), reply(json.dumps(rec.to_dict())))
+    t.add("*", re.compile(r"\[ -e .*supervisor.*", re.DOTALL), reply(""))
+    t.add("*", re.compile(r"sh -c .*", re.DOTALL), reply(""))
     monkeypatch.setenv("H16_KEY", KEY)
     st = cluster_status(inv, t)
     assert st["endpoint"]["spark-a"]["state"] == "serving", st["endpoint"]
@@ -248,7 +250,7 @@ def test_status_json_never_holds_the_key(tmp_path: Path, server: _Server, monkey
 
 def test_bench_sends_the_key_and_an_unset_variable_is_one_clear_line(tmp_path: Path, server: _Server, sparkctl,
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    from sparkctl.bench.runner import RunOptions, Runner
+    from sparkctl.bench.runner import Runner, RunOptions
     from sparkctl.errors import TransportError
 
     url = f"http://127.0.0.1:{server.server_address[1]}"

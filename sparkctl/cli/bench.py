@@ -146,13 +146,12 @@ def _bench_run(c: Ctx, profile: str | None, base_url: str | None, model: str | N
                as_json: bool, stack: Any, api_key_env: str | None = None) -> None:
     import time as _time
 
-    from sparkctl.ops.readiness import operator_key
-    from sparkctl.transport.forward import forward
-
     from sparkctl.bench import runner as bench_runner
     from sparkctl.bench.cluster_hooks import config_from_profile, prepare
     from sparkctl.bench.results import HEADLINE
     from sparkctl.errors import CheckFailed
+    from sparkctl.ops.readiness import operator_key
+    from sparkctl.transport.forward import forward
 
     telemetry = None
     # The endpoint's key, from the operator's variable (serve.api_key_env): checked before

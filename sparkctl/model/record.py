@@ -3,6 +3,10 @@
 Kept on the inventory's first node (``/var/lib/sparkctl/record.json`` under its
 prefix) and cached on the operator's side, so ``status`` works from any
 workstation that has the inventory.
+
+Also where an endpoint is asked (:func:`operator_route`, :func:`on_node_host`),
+from what the record keeps of serve.bind (``listen``): pure, shared by the
+planner's ready step, ``status``, ``check`` and ``bench``.
 """
 
 from __future__ import annotations

@@ -18,9 +18,16 @@ from dataclasses import dataclass
 import httpx
 
 from sparkctl.errors import SparkctlError
-from sparkctl.model.record import LOOPBACK, WILDCARD, Route, on_node_host, operator_route  # noqa: F401
+from sparkctl.model.record import (  # noqa: F401
+    LOOPBACK,
+    WILDCARD,
+    Route,
+    on_node_host,
+    operator_route,
+)
 from sparkctl.transport.base import Transport
 from sparkctl.transport.forward import forward
+
 
 @dataclass(frozen=True)
 class OperatorKey:

@@ -12,12 +12,20 @@ import httpx
 from sparkctl.errors import SparkctlError
 from sparkctl.facts import probes
 from sparkctl.model.inventory import Inventory
-from sparkctl.model.record import LOCK_DIR, RunRecord
-from sparkctl.ops.readiness import OperatorKey, Route, auth_headers, mask, metric_value, on_node_host, operator_key, \
-    operator_route
-from sparkctl.ops.lock import read_record
-from sparkctl.ops.supervise import supervisor_progress
 from sparkctl.model.paths import ENV_FILE
+from sparkctl.model.record import LOCK_DIR, RunRecord
+from sparkctl.ops.lock import read_record
+from sparkctl.ops.readiness import (
+    OperatorKey,
+    Route,
+    auth_headers,
+    mask,
+    metric_value,
+    on_node_host,
+    operator_key,
+    operator_route,
+)
+from sparkctl.ops.supervise import supervisor_progress
 from sparkctl.plan.render import API_KEY_VAR, TOKENS_METRIC, under
 from sparkctl.transport.forward import forward
 from sparkctl.transport.ssh import Transport
@@ -100,6 +108,9 @@ def cluster_status(inv: Inventory, transport: Transport) -> dict[str, Any]:
                 "unit": ({"enabled": f.engine_unit.unit_file_state, "active": f.engine_unit.active_state,
                           "result": f.engine_unit.result, "restarts": f.engine_unit.n_restarts}
                          if f.engine_unit else None),
+                # law memory_watchdog: earlyoom's unit state (systemctl is-active), None when not read
+                "watchdog": (f.watchdog.active or "not installed") if f.watchdog and f.watchdog.installed
+                            else ("not installed" if f.watchdog else None),
             })
             if nr:
                 row.update({"rank": nr.rank, "replica": nr.replica, "engine": rec.engine if rec else None})
@@ -111,6 +122,9 @@ def cluster_status(inv: Inventory, transport: Transport) -> dict[str, Any]:
                                  "engine.log); fix it, then `sparkctl up`")
                 elif rec and rec.state == "serving" and not f.engines:
                     drift.append(f"{n}: rank {nr.rank} is not running")
+                if rec and rec.state == "serving" and row["watchdog"] not in ("active", None):
+                    drift.append(f"{n}: memory watchdog (earlyoom) {row['watchdog']}: an over-commit would hang "
+                                 "the box; `sparkctl up` restarts it (`sparkctl fabric apply` installs it)")
                 if rec and rec.clock_cap_mhz and row["clock_lock"] != rec.clock_cap_mhz:
                     drift.append(f"{n}: clock lock {row['clock_lock'] or 'lost'} (record: 0,{rec.clock_cap_mhz} MHz)")
                 for path, sha in nr.files.items():
