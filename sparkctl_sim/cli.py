@@ -226,7 +226,8 @@ def sim_image_publish_cmd(image: str, size_mib: float) -> None:
 
 
 FAULTS = ("kill-engine", "link-down", "link-up", "stale-link", "mtu", "sshd-stop", "sshd-start",
-          "unreachable", "reachable", "wedge", "unwedge", "leak-on-death", "disk-full", "disk-ok")
+          "unreachable", "reachable", "wedge", "unwedge", "leak-on-death", "disk-full", "disk-ok",
+          "overcommit")
 
 
 @sim_group.command("fault")
@@ -238,7 +239,7 @@ FAULTS = ("kill-engine", "link-down", "link-up", "stale-link", "mtu", "sshd-stop
               help="for kind disk-full: the node's directory whose disk fills (where the record lives)")
 def sim_fault_cmd(node: str, kind: str, iface: str, mtu_bytes: int, disk_path: str) -> None:
     """Inject a fault into a simulated node."""
-    from sparkctl_sim import cluster
+    from sparkctl_sim import cluster, overcommit
 
     root = _sim_root()
     actions = {
@@ -256,6 +257,8 @@ def sim_fault_cmd(node: str, kind: str, iface: str, mtu_bytes: int, disk_path: s
         "leak-on-death": lambda: cluster.set_state(root, node, "faults.leak_on_death", "true", allow_new=True),
         "disk-full": lambda: cluster.disk_full(root, node, disk_path),
         "disk-ok": lambda: cluster.disk_ok(root, node),
+        # the largest engine grows until the box starves; it livelocks unless a watchdog kills it
+        "overcommit": lambda: overcommit.overcommit(root, node),
     }
     result = actions[kind]()
     out.print(f"{node}: {kind} done" + (f" ({result})" if result not in (None, []) else ""), markup=False)

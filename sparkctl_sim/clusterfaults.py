@@ -348,9 +348,16 @@ def _reboot(root: Path, nodes: list[str], *, power: bool, ready_timeout_s: float
                 st["leaked_mem_gib"] = 0.0
                 st["faults"]["wedged"] = False
                 st["faults"]["sshd_stopped"] = False
+                # a box hung by an over-commit (sparkctl_sim.overcommit) answers again after a
+                # reboot: its port was down because the box was, not the switch side
+                relive = bool(st["faults"].pop("livelocked", False))
+                if relive:
+                    st["faults"]["unreachable"] = False
                 for ifname in healed.get(n.name, []):
                     st["links"][ifname]["stale"] = False
             if not rootless:
+                if relive:
+                    nx.ip(None, "link", "set", host_veth_name(n.name), "up")
                 _apply_node_net(p, spec, n)
                 for node in _with_peers(spec, [n.name]):
                     _write_sysfs(p, node)

@@ -130,6 +130,8 @@ def dpkg_query(args: Sequence[str], state: dict[str, object]) -> tuple[str, str,
         elif a.startswith("--showformat="):
             fmt = a.partition("=")[2]
         elif a.startswith("-f") and len(a) > 2:
+            # dpkg's own option parser (lib/dpkg/options.c, dpkg_options_parse): a short
+            # option's value is the rest of its word, so "-f=X" is the format "=X"
             fmt = a[2:]
         elif a.startswith("-"):
             return "", f"dpkg-query: error: unknown option {a}\n(not simulated)\n", 2

@@ -52,7 +52,7 @@ def test_fact_command_reads_the_file_under_the_prefix() -> None:
     node = replace(INV.nodes[0], prefix="/srv/sim/a b")
     cmd = wf.WATCHDOG.command(ScriptContext(node), "")
     assert "'/srv/sim/a b/etc/default/earlyoom'" in cmd and "systemctl is-active earlyoom" in cmd
-    assert "dpkg-query -W -f='${db:Status-Status}' earlyoom" in cmd  # the package, not a binary on PATH
+    assert "dpkg-query -W --showformat='${db:Status-Status}' earlyoom" in cmd  # the package, not a binary on PATH
 
 
 def judged(w: wf.WatchdogFacts | None) -> set[str]:
@@ -68,3 +68,17 @@ def test_law_ok_only_with_sparkctls_arguments_enabled_and_running() -> None:
     assert judged(wf.WatchdogFacts(True, "enabled", "failed", want)) == {"warn"}
     assert judged(wf.WatchdogFacts(False, "", "inactive", None)) == {"fail"}  # only fabric apply installs it
     assert judged(None) == {"warn"}
+
+
+@pytest.mark.skipif(shutil.which("dpkg-query") is None, reason="no dpkg on this machine")
+def test_the_real_dpkg_query_judges_the_installed_test() -> None:
+    """The test sparkctl runs on a node, run by this machine's real dpkg-query: true for a
+    package dpkg has installed, false for one it never knew (the simulator's dpkg-query once
+    caught `-f='...'`, which the real one reads as a format starting with '=')."""
+    from sparkctl.plan.watchdog import INSTALLED_TEST
+
+    have = subprocess.run(["dpkg-query", "-W", "--showformat=${db:Status-Status}", "dpkg"],
+                          capture_output=True, text=True).stdout
+    assert have == "installed"
+    assert subprocess.run(["sh", "-c", INSTALLED_TEST.replace(" earlyoom ", " dpkg ")]).returncode == 0
+    assert subprocess.run(["sh", "-c", INSTALLED_TEST.replace(" earlyoom ", " sparkctl-no-such-pkg ")]).returncode == 1

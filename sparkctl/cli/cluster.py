@@ -374,15 +374,17 @@ def _print_status(st: dict[str, Any]) -> None:
     else:
         out.print("no sparkctl record: nothing started by sparkctl")
     t = Table(box=None, pad_edge=False)
-    for col in ("node", "rank", "engine", "alive", "SM MHz", "cap", "W", "C", "MemAvail GiB"):
+    for col in ("node", "rank", "engine", "alive", "SM MHz", "cap", "W", "C", "MemAvail GiB", "earlyoom"):
         t.add_column(col)
     for n in st["nodes"]:
         if not n["reachable"]:
-            t.add_row(n["node"], "-", "-", f"[red]unreachable[/] {escape(str(n['error']))[:40]}", "", "", "", "", "")
+            t.add_row(n["node"], "-", "-", f"[red]unreachable[/] {escape(str(n['error']))[:40]}", "", "", "", "", "", "")
             continue
         t.add_row(n["node"], str(n.get("rank", "-")), str(n.get("engine") or "-"),
                   "[green]yes[/]" if n["alive"] else "no", str(n["sm_mhz"]), str(n["clock_lock"] or "-"),
-                  str(n["power_w"]), str(n["temp_c"]), str(n["mem_available_gib"]))
+                  str(n["power_w"]), str(n["temp_c"]), str(n["mem_available_gib"]),
+                  ("[green]active[/]" if n.get("watchdog") == "active" else f"[red]{escape(str(n.get('watchdog')))}[/]")
+                  if n.get("watchdog") else "-")
     out.print(t)
     for h, e in st["endpoint"].items():
         where = f"endpoint {e['url']}" + (f" (through {e['via']})" if e.get("via") else "")

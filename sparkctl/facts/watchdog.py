@@ -1,7 +1,7 @@
 """The memory watchdog's fact: is earlyoom installed, enabled, running, and with which arguments.
 
 What this module owns: the :class:`~sparkctl.facts.registry.Fact` ``watchdog``
-and its pure parser. The command: ``dpkg-query -W -f '${db:Status-Status}' earlyoom``
+and its pure parser. The command: ``dpkg-query -W --showformat='${db:Status-Status}' earlyoom``
 (dpkg-query(1): prints ``installed`` for an installed package, exit 1 and "no packages
 found matching" for one dpkg never knew; the package, not a binary on PATH, because a
 binary copied by hand has no unit and no /etc/default file), ``systemctl
@@ -59,7 +59,7 @@ def parse_watchdog(text: str) -> WatchdogFacts:
 def _command(ctx: ScriptContext, _item: str) -> str:
     conf = q(paths.under(ctx.node.prefix, paths.EARLYOOM_DEFAULT))
     return ("have systemctl || exit 127; "
-            "if [ \"$(dpkg-query -W -f='${db:Status-Status}' earlyoom 2>/dev/null)\" = installed ]; "
+            "if [ \"$(dpkg-query -W --showformat='${db:Status-Status}' earlyoom 2>/dev/null)\" = installed ]; "
             "then echo installed=yes; else echo installed=no; fi; "
             'echo "enabled=$(systemctl is-enabled earlyoom 2>/dev/null)"; '
             'echo "active=$(systemctl is-active earlyoom 2>/dev/null)"; '

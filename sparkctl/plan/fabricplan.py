@@ -178,7 +178,13 @@ def _fan(inv: Inventory, cmds: Mapping[str, str]) -> dict[str, bool]:
 
 
 def _watchdog(inv: Inventory, node: str, laws: LawsSpec) -> str:
-    return watchdog.install_command() + "\n" + watchdog.configure_command(laws, inv.node(node).prefix)
+    """Install, keep the package's own file in the backup when the first apply found none
+    (so `fabric restore` puts Debian's back), then configure."""
+    n = inv.node(node)
+    b, eo = q(under(n.prefix, FABRIC_BACKUP)), q(under(n.prefix, EARLYOOM_DEFAULT))
+    keep = (f'b={b}; if [ -e "$b/complete" ] && [ ! -e "$b/earlyoom.default" ] && [ -e {eo} ]; then '
+            f'cp -a {eo} "$b/earlyoom.default"; fi')
+    return "\n".join([watchdog.install_command(), keep, watchdog.configure_command(laws, n.prefix)])
 
 
 def plan_fabric_apply(inv: Inventory, fabric: FabricFiles, profile: str | None = None,

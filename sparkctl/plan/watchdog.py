@@ -61,7 +61,7 @@ UNIT = "earlyoom.service"
 PACKAGE = "earlyoom"
 # dpkg-query(1): ${db:Status-Status} is "installed" for an installed package; it prints
 # nothing and exits 1 for one dpkg never knew (sparkctl.facts.watchdog reads the same).
-INSTALLED_TEST = "[ \"$(dpkg-query -W -f='${db:Status-Status}' earlyoom 2>/dev/null)\" = installed ]"
+INSTALLED_TEST = "[ \"$(dpkg-query -W --showformat='${db:Status-Status}' earlyoom 2>/dev/null)\" = installed ]"
 
 
 def install_command() -> str:
