@@ -239,9 +239,16 @@ def _persist_step(res: Resolved, inv: Inventory, nodes: Sequence[str], prefix: s
         if p.serve.persist and p.supervisor == "systemd":
             units = [ENGINE_UNIT] + ([CLOCK_CAP_UNIT] if p.laws.clock_cap_mhz is not None else [])
             cmds[n] = "systemctl enable " + " ".join(units)
+    # A node not persisted this time must not come back at boot with an earlier run's enable:
+    # the engine unit is disabled there (guarded: a no-op where it was never enabled).
+    off = {n: disable_command(inv, n) for n in nodes if n not in cmds and res.for_node(n).supervisor == "systemd"}
+    steps = [] if not off else [
+        Step(f"{prefix}unpersist", "persist", "run", tuple(off), "disable the engine unit where serve.persist is "
+             "off: nothing comes back at boot that this run did not ask for", changes="engine unit disabled",
+             commands=off, sudo=_fan(inv, off), on_fail="continue")]
     if not cmds:
-        return []
-    return [Step(f"{prefix}persist", "persist", "run", tuple(cmds),
+        return steps
+    return steps + [Step(f"{prefix}persist", "persist", "run", tuple(cmds),
                  "enable the engine unit" + (" and the clock-cap unit" if res.profile.laws.clock_cap_mhz is not None
                                              else "") + " so the stack comes back after a reboot (serve.persist)",
                  changes="units enabled in multi-user.target", commands=cmds, sudo=_fan(inv, cmds),

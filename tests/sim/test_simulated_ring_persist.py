@@ -81,3 +81,16 @@ def test_a_persisted_ring_comes_back_after_a_reboot_and_a_failing_rank_stays_dow
     for n in NODES:
         assert _unit(sim, n)["UnitFileState"] == "disabled", n
     sim.sparkctl("sim", "set", "spark-d", "links.enp1s0f0np0.link_local_ipv4=null", check=True)
+
+
+def test_simulated_ring_a_plain_up_after_a_persisted_one_leaves_nothing_enabled(sim_ring) -> None:
+    """`up --persist`, then `up` without it: the units differ (no Restart=), the stack restarts
+    and the engine unit is disabled again, so a reboot brings back nothing this run did not ask for."""
+    sim, inv = sim_ring, str(sim_ring.inventory)
+    sim.sparkctl("-i", inv, "up", PROFILE, "--persist", *FAST, *WAIVE, check=True, timeout=300)
+    assert all(_unit(sim, n)["UnitFileState"] == "enabled" for n in NODES)
+    sim.sparkctl("-i", inv, "up", PROFILE, *WAIVE, check=True, timeout=300)
+    for n in NODES:
+        assert _unit(sim, n)["UnitFileState"] == "disabled", n
+    assert _serves(sim)
+    sim.sparkctl("-i", inv, "down", check=True, timeout=300)
