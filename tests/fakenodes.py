@@ -40,6 +40,8 @@ def answer(call: Call) -> Any:
         return reply("pid:4242\n")
     if paths.SUPERVISOR_EVENTS.rsplit("/", 1)[-1] in c and "cat " in c:
         return reply('{"phase": "started", "pid": 4242, "node": "*", "message": "x"}\n')
+    if "dpkg-query" in c and "earlyoom" in c:  # up's watchdog step: earlyoom installed, file kept
+        return reply("kept\n")
     if "weights_agent.py" in c:
         words = shlex.split(c)
         if "tail" in words and "--offset" in words:

@@ -249,7 +249,9 @@ STUBS: dict[str, str] = {
             '  */v1/models) printf \'{"data":[{"id":%s}]}\' "$(cat "$SANDBOX/served.json")"; exit 0 ;;\n'
             '  */v1/completions) printf \'{"usage":{"completion_tokens":1}}\'; exit 0 ;;\nesac; done\n',
     "ps": '#!/bin/sh\necho "    PID COMMAND"\n',
-    "setsid": STUB_LOG,  # detached starts are logged, not run: the scripts they start are run directly
+    "setsid": STUB_LOG,
+    # the watchdog step's test: earlyoom is installed (`fabric apply` would have done it)
+    "dpkg-query": STUB_LOG + "printf installed\n",  # detached starts are logged, not run: the scripts they start are run directly
 }
 STUBBED = ["docker", "systemctl", "nvidia-smi", "ss", "ip", "ethtool", "lspci", "ibdev2netdev", "apt-mark",
            "netplan", "sysctl", "journalctl", "pkill", "killall", "reboot", "shutdown", "mount", "df"]

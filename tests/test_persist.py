@@ -34,7 +34,11 @@ def test_without_persist_the_unit_never_restarts_and_up_enables_nothing() -> Non
     unit = _unit(rendering)
     assert "Restart=no" in unit and "StartLimitBurst" not in unit
     plan = planner.plan_up(res, inv, rendering, planner.UpFacts())
-    assert not [s for s in plan.steps if s.phase == "persist"]
+    persist = [s for s in plan.steps if s.phase == "persist"]
+    # only the guarded disable of an earlier run's enable: nothing is enabled
+    assert [s.id for s in persist] == ["unpersist"] and persist[0].on_fail == "continue"
+    assert all("systemctl disable sparkctl-engine.service" in c and "enable " not in c.replace("is-enabled", "")
+               for c in persist[0].commands.values())
     assert all("reset-failed" not in c for s in plan.steps for c in s.commands.values())
 
 

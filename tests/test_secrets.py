@@ -327,6 +327,7 @@ SUDO_KINDS = {
     "authorize-supervisor": r"f=.*/etc/sparkctl/authorized_keys.*",
     "start-supervisor": r"mkdir -p .*/var/log/sparkctl && : > .*supervisor\.jsonl.*",
     "drop-caches": r"sync|echo 3 > .*drop_caches|set -- \$\(awk .*meminfo.*drop_caches.*",  # /proc/sys is root's
+    "watchdog": r"set -e\n\[ \"\$\(dpkg-query .*earlyoom.*",  # /etc/default, systemctl enable/restart
     "weights-agent-job": r"python3 -S .*weights_agent\.py (fetch|manifest|serve|pull|stop) .*",
 }
 NO_SUDO = {
