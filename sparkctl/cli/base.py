@@ -217,10 +217,14 @@ def parse_waivers(waive: tuple[str, ...], reason: str | None) -> dict[str, Any]:
     from sparkctl.plan.laws import LAWS, Waiver
 
     ids = {law.id for law in LAWS}
+    waivable = sorted(law.id for law in LAWS if law.waivable)
     out = {}
     for w in waive:
         if w not in ids:
             raise ConfigError(f"--waive {w}: no such law", hint=f"laws: {', '.join(sorted(ids))}")
+        if w not in waivable:
+            raise ConfigError(f"--waive {w}: this law cannot be waived (a waiver would change nothing)",
+                              hint=f"waivable laws: {', '.join(waivable)}; fix the cause (docs/LAWS.md, {w})")
         if not reason or not reason.strip():
             raise ConfigError(f"--waive {w} needs --reason \"...\"", hint="a waiver is recorded with its reason")
         out[w] = Waiver(w, reason.strip())

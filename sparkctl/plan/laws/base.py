@@ -107,6 +107,8 @@ class Law:
     title: str
     check: Callable[[Context], list[Verdict]]
     remedy: Callable[[Context, list[Verdict]], Remedy | None] | None = None
+    # whether its check reads ctx.waivers (a WAIVED verdict): --waive of any other law is refused
+    waivable: bool = False
 
 
 def facts_of(ctx: Context, node: str) -> Any:

@@ -26,7 +26,7 @@ from sparkctl.plan.laws.serving import check_served_model, check_weights
 
 LAWS: tuple[Law, ...] = (
     Law("kernel_pin", "Kernel pin", check_kernel, remedy_kernel),
-    Law("page_size", "Page size", check_page_size),
+    Law("page_size", "Page size", check_page_size, waivable=True),
     Law("memory_guard", "Memory guard", check_memory),
     Law("page_cache", "Page cache before start", check_page_cache, remedy_page_cache),
     Law("memory_watchdog", "Memory watchdog (earlyoom) while serving", check_memory_watchdog),
@@ -36,7 +36,7 @@ LAWS: tuple[Law, ...] = (
     Law("pcie_link", "CX-7 PCIe link at its maximum", check_pcie_link),
     Law("engine_present", "Engine image or binary present", check_engine_present),
     Law("image_identity", "Same image on every node", check_image_identity),
-    Law("nccl_version", "NCCL new enough for the ring", check_nccl_version),
+    Law("nccl_version", "NCCL new enough for the ring", check_nccl_version, waivable=True),
     Law("served_model", "Served model name", check_served_model),
     Law("weights", "Weights and disk", check_weights),
 )
