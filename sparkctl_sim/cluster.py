@@ -193,8 +193,10 @@ def up(spec: ClusterSpec, root: Path, *, progress: Progress | None = None,
             for node in spec.nodes:
                 _write_sysfs(p, node.name)
         _write_known_hosts(p, spec)
+        booted: list[SimNode] = []  # a node whose sshd already ran has booted: converge, do not reboot it
         for node in spec.nodes:
             if _ensure_sshd(p, spec, node, rootless):
+                booted.append(node)
                 say(f"{node.name}: sshd started on {node.mgmt_ip}:{node.ssh_port}")
             with nodestate.edit(p.node(node.name).state) as st:
                 st["faults"]["sshd_stopped"] = False
@@ -202,10 +204,12 @@ def up(spec: ClusterSpec, root: Path, *, progress: Progress | None = None,
         _wait_reachable(spec, [n.name for n in spec.nodes], ready_timeout_s)
         say("all nodes accept SSH")
         if not rootless:
-            for node in spec.nodes:
+            for node in booted:
                 boot_init(p, spec, node)
-            say("nodes booted " + ("fresh (no fabric addresses, Docker's FORWARD DROP)" if spec.fresh
-                                   else "pre-configured (fabric addresses, routes, forwarding)"))
+            if booted:
+                how = ("fresh (no fabric addresses, Docker's FORWARD DROP)" if spec.fresh
+                       else "pre-configured (fabric addresses, routes, forwarding)")
+                say(", ".join(n.name for n in booted) + " booted " + how)
     return status(root)
 
 

@@ -60,7 +60,7 @@ class FakeNodes(FakeTransport):
             raise RuntimeError(f"runaway: more than 500 commands, last {command[:200]!r}")
         return super()._record(node, command, sudo, timeout_s, stdin)
 
-    def fetch_host_key(self, name: str) -> tuple[str, str, str]:
+    def verified_host_key(self, name: str) -> tuple[str, str, str]:
         return ("ssh-ed25519", "SHA256:AAAA", "AAAAC3NzaC1lZDI1NTE5AAAAIHostKeyForTests")
 
 

@@ -403,6 +403,24 @@ def test_unknown_host_key_names_the_exact_fingerprint(sshd: SshdHandle, tmp_path
     assert fetch_host_key(node, FAST, ssh_config=no_ssh_config) == (
         "ssh-ed25519", expected, sshd.hostkey_pub.read_text().split()[1]
     )
+    # what sparkctl vouches for to another node comes from a verified session only
+    with SSHTransport([node], FAST, ssh_config=no_ssh_config) as t:
+        with pytest.raises(HostKeyError):
+            t.verified_host_key("spark-a")
+
+
+@pytest.mark.e2e
+@needs_sshd
+def test_verified_host_key_is_the_key_the_session_checked(
+    sshd: SshdHandle, tmp_path: Path, no_ssh_config: Path
+) -> None:
+    kh = tmp_path / "known_hosts"
+    node = sshd.node("spark-a", known_hosts=str(kh))
+    trust(node, kh, expected_fingerprint=sshd.fingerprint, settings=FAST, ssh_config=no_ssh_config)
+    with SSHTransport([node], FAST, ssh_config=no_ssh_config) as t:
+        assert t.verified_host_key("spark-a") == ("ssh-ed25519", sshd.fingerprint,
+                                                  sshd.hostkey_pub.read_text().split()[1])
+        assert t.run("spark-a", "true").ok and t.connections_opened == {"spark-a": 1}  # the same session
 
 
 @pytest.mark.e2e

@@ -166,7 +166,9 @@ def provision(inv: Inventory, transport: Transport, src: str, peers: Sequence[st
     already in a file is not added again).
     """
     key, pub = local_key(inv)
-    fetch = getattr(transport, "fetch_host_key", None)
+    # the key of the session sparkctl itself verified against known_hosts, never one read
+    # unverified: the source will trust whatever is written into its known_hosts
+    fetch = getattr(transport, "verified_host_key", None)
     if fetch is None:
         raise LifecycleError("node-to-node ssh needs the SSH transport (to read the peers' host keys)")
     addrs = {n: fabric_address_from(inv, src, n) for n in peers}

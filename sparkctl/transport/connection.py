@@ -355,6 +355,25 @@ class SSHTransport(BaseTransport):
             t.close()
         return key.get_name(), fingerprint_sha256(key.asbytes()), key.get_base64()
 
+    def verified_host_key(self, name: str) -> tuple[str, str, str]:
+        """The key of this transport's own session to ``name``, which the refusing policy checked
+        against the node's known_hosts when it opened (:meth:`fetch_host_key` checks nothing: it
+        is for `hostkey`/`trust`, before a key is known). For what sparkctl vouches for to
+        another node (node-to-node ssh)."""
+        conn = self.connection(self.endpoint(name), self.node(name))
+        try:
+            conn.open()
+        except ConnectFailed as exc:
+            raise TransportError(str(exc), Ref(node=name)) from None
+        except HostKeyError as exc:
+            exc.ref = Ref(node=name)
+            raise
+        transport = conn.client.get_transport()
+        if transport is None:
+            raise TransportError("no SSH session to read the verified host key from", Ref(node=name))
+        key = transport.get_remote_server_key()
+        return key.get_name(), fingerprint_sha256(key.asbytes()), key.get_base64()
+
     def _run(
         self, node: str, cmd: str, *, label: str, sudo: bool, timeout_s: float, stdin: bytes | None,
         cancel: threading.Event | None,

@@ -319,7 +319,12 @@ def test_set_state_parses_values(ring: tuple[Path, ClusterSpec]) -> None:
 def test_up_twice_converges_without_restarting(ring: tuple[Path, ClusterSpec]) -> None:
     root, spec = ring
     first = cluster.status(root)
+    ns = f"sparkctl-{NAMES[0]}"
+    mark = ["-m", "comment", "--comment", "sparkctl-test-marker", "-j", "RETURN"]
+    # state the node's running kernel holds (its boot resets netfilter): a second `up` must keep it
+    subprocess.run(["ip", "netns", "exec", ns, "iptables", "-A", "FORWARD", *mark], check=True)
     second = cluster.up(spec, root)
+    assert subprocess.run(["ip", "netns", "exec", ns, "iptables", "-C", "FORWARD", *mark]).returncode == 0
     assert second.all_reachable
     assert [n.sshd_pid for n in second.nodes] == [n.sshd_pid for n in first.nodes]
     assert [n.boot_id for n in second.nodes] == [n.boot_id for n in first.nodes]
