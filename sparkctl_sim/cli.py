@@ -308,7 +308,7 @@ def demo_cmd(out_dir: str | None, keep: bool) -> None:
         ("the inventory: ring order, fabric addresses, routes", ["-i", inv, "inventory"], False),
         ("the fabric plan, printed before it runs", ["-i", inv, "fabric", "apply", "ds41f-tp4-ring", "--dry-run"],
          False),
-        ("fabric apply: netplan, forwarding, the DOCKER-USER rule, the clock-cap unit enabled for boot",
+        ("fabric apply: netplan, forwarding, the DOCKER-USER rule, the clock-cap unit enabled for boot, earlyoom",
          ["-i", inv, "fabric", "apply", "ds41f-tp4-ring"], False),
         ("SIMULATION: the operator builds the ds41f and TensorFold images on the head only "
          "(a real box has none), then copies them with image sync over the fabric",
@@ -325,6 +325,10 @@ def demo_cmd(out_dir: str | None, keep: bool) -> None:
         ("switch to TensorFold", ["-i", inv, "switch", "tensorfold-tp4-ring"], False),
         ("bench TensorFold", ["-i", inv, "bench", "tensorfold-tp4-ring", *bench, "--out", str(base / "tensorfold")],
          False),
+        ("the memory watchdog. SIMULATION: spark-d's engine over-commits until 1 % of memory is left; "
+         "earlyoom (configured by fabric apply and up) kills it before the box livelocks",
+         ["sim", "fault", "spark-d", "overcommit"], False),
+        ("status: the rank earlyoom killed is drift, the box still answers", ["-i", inv, "status"], False),
         ("report: the two stacks beside the published figures, with plots",
          ["bench", "report", str(base / "ds41f"), str(base / "tensorfold"), "--out", str(base / "report"), "--html"],
          False),

@@ -33,6 +33,7 @@ from sparkctl_sim.netns import SimError
 LEFT_PCT = 1.0
 FLOOR_KIB = 2 * 1024 * 1024
 LIVELOCK_S = 15.0
+REPORT_WAIT_S = 5.0  # how long `sim fault ... overcommit` waits to say whether the engine died
 
 
 def _alive(pid: int) -> bool:
@@ -64,7 +65,13 @@ def overcommit(root: Path, node: str) -> dict[str, object]:
     log = p.node(node).dir / "overcommit.log"
     nx.spawn_detached([sys.executable, "-m", "sparkctl_sim.overcommit", "watch", str(root), node, pid,
                        str(LIVELOCK_S)], log)
-    return {"node": node, "pid": int(pid), "engine_gib": round(gib, 3), "livelock_after_s": LIVELOCK_S}
+    # what happened next, for the operator who injected it (a watchdog acts within a second or so)
+    end = time.monotonic() + REPORT_WAIT_S
+    while time.monotonic() < end and _alive(int(pid)):
+        time.sleep(0.1)
+    fate = "still running: the box hangs unless it dies" if _alive(int(pid)) else "gone (killed)"
+    return {"node": node, "pid": int(pid), "engine_gib": round(gib, 3), "livelock_after_s": LIVELOCK_S,
+            "engine": fate}
 
 
 def watch(root: Path, node: str, pid: int, grace_s: float) -> int:
