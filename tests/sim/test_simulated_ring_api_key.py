@@ -13,7 +13,7 @@ def test_the_endpoint_requires_the_key_and_up_sends_it(sim_ring) -> None:
     sim, inv = sim_ring, str(sim_ring.inventory)
     sim.env["SIM_ENDPOINT_KEY"] = KEY
     r = sim.sparkctl("-i", inv, "up", "ds41f-tp4-ring", "--set", "serve.api_key_env=SIM_ENDPOINT_KEY",
-                     "--waive", "page_size", "--waive", "memory_watchdog", "--reason", "x", timeout=300)
+                     "--waive", "page_size", "--reason", "x", timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr  # readiness sent the key
     assert KEY not in r.stdout + r.stderr
     bare = sim.ssh("spark-a", "curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:8000/v1/models").stdout

@@ -19,7 +19,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.needs_root]
 
 KEY = "sk-sim-h16-5e0c9a"
 VAR = "SIM_H16_KEY"
-WAIVE = ("--waive", "page_size", "--waive", "memory_watchdog", "--reason", "SIMULATED stock kernel")
+WAIVE = ("--waive", "page_size", "--reason", "SIMULATED stock kernel")
 PROFILE = "keyed-fabric"
 
 
