@@ -328,7 +328,8 @@ def demo_cmd(out_dir: str | None, keep: bool) -> None:
         ("the memory watchdog. SIMULATION: spark-d's engine over-commits until 1 % of memory is left; "
          "earlyoom (configured by fabric apply and up) kills it before the box livelocks",
          ["sim", "fault", "spark-d", "overcommit"], False),
-        ("status: the rank earlyoom killed is drift, the box still answers", ["-i", inv, "status"], False),
+        ("status: earlyoom killed spark-d's rank, the other ranks left their broken communicator (drift); "
+         "every box still answers, earlyoom active", ["-i", inv, "status"], False),
         ("report: the two stacks beside the published figures, with plots",
          ["bench", "report", str(base / "ds41f"), str(base / "tensorfold"), "--out", str(base / "report"), "--html"],
          False),
