@@ -51,7 +51,7 @@ def test_fact_parser_on_the_fixtures() -> None:
 def test_fact_command_reads_the_file_under_the_prefix() -> None:
     node = replace(INV.nodes[0], prefix="/srv/sim/a b")
     cmd = wf.WATCHDOG.command(ScriptContext(node), "")
-    assert "'/srv/sim/a b/etc/default/earlyoom'" in cmd and "systemctl is-active earlyoom" in cmd
+    assert "'/srv/sim/a b/etc/default/earlyoom'" in cmd and "systemctl show -p UnitFileState,ActiveState earlyoom" in cmd
     assert "dpkg-query -W --showformat='${db:Status-Status}' earlyoom" in cmd  # the package, not a binary on PATH
 
 

@@ -5,9 +5,9 @@ and its pure parser. The command: ``dpkg-query -W --showformat='${db:Status-Stat
 (dpkg-query(1): prints ``installed`` for an installed package, exit 1 and "no packages
 found matching" for one dpkg never knew; the package, not a binary on PATH, because a
 binary copied by hand has no unit and no /etc/default file), ``systemctl
-is-enabled`` / ``is-active earlyoom`` (systemctl(1): they print the state, e.g.
-``enabled``/``disabled``/``not-found``, ``active``/``inactive``/``failed``, and exit
-non-zero when not enabled/active: the printed word is what counts), and the
+show -p UnitFileState,ActiveState earlyoom`` (systemctl(1); the words ``is-enabled`` and
+``is-active`` print, e.g. ``enabled``/``disabled``, ``active``/``inactive``/``failed``, in
+one call instead of two), and the
 ``EARLYOOM_ARGS=`` line of Debian's /etc/default/earlyoom. It must not run anything.
 """
 
@@ -61,8 +61,9 @@ def _command(ctx: ScriptContext, _item: str) -> str:
     return ("have systemctl || exit 127; "
             "if [ \"$(dpkg-query -W --showformat='${db:Status-Status}' earlyoom 2>/dev/null)\" = installed ]; "
             "then echo installed=yes; else echo installed=no; fi; "
-            'echo "enabled=$(systemctl is-enabled earlyoom 2>/dev/null)"; '
-            'echo "active=$(systemctl is-active earlyoom 2>/dev/null)"; '
+            # one systemctl for both words (systemctl(1) show -p: UnitFileState=, ActiveState=)
+            "systemctl show -p UnitFileState,ActiveState earlyoom 2>/dev/null "
+            "| sed -n 's/^UnitFileState=/enabled=/p; s/^ActiveState=/active=/p'; "
             f"[ -r {conf} ] && grep '^EARLYOOM_ARGS=' {conf} | tail -n 1; exit 0")
 
 
