@@ -88,6 +88,8 @@ def test_simulated_package_database_and_apt_get(tmp_path: Path) -> None:
                           unit_dir=str(units)) == 100  # not root: the dpkg lock
     assert debpkg.apt_get(["install", "-y", "nosuchpkg"], str(state), euid=0, root=str(tmp_path),
                           unit_dir=str(units)) == 100
+    assert debpkg.apt_get(["update", "-qq"], str(state), euid=1000, root=str(tmp_path), unit_dir=str(units)) == 100
+    assert debpkg.apt_get(["update", "-qq"], str(state), euid=0, root=str(tmp_path), unit_dir=str(units)) == 0
     (tmp_path / "etc/default").mkdir(parents=True)
     (tmp_path / "etc/default/earlyoom").write_text('EARLYOOM_ARGS="-m 3"\n')  # the admin's conffile stays
     env = dict(os.environ, PATH=f"{tmp_path}:{os.environ['PATH']}")

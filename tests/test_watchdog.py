@@ -82,3 +82,29 @@ def test_the_real_dpkg_query_judges_the_installed_test() -> None:
     assert have == "installed"
     assert subprocess.run(["sh", "-c", INSTALLED_TEST.replace(" earlyoom ", " dpkg ")]).returncode == 0
     assert subprocess.run(["sh", "-c", INSTALLED_TEST.replace(" earlyoom ", " sparkctl-no-such-pkg ")]).returncode == 1
+
+
+def test_install_refreshes_stale_package_lists_once(tmp_path: Path) -> None:
+    """A fresh box whose apt lists do not know earlyoom yet: install, update, install again; an
+    installed package is left alone."""
+    import os
+
+    from sparkctl.plan.watchdog import install_command
+
+    log = tmp_path / "apt.log"
+    (tmp_path / "apt-get").write_text(
+        "#!/bin/sh\necho \"$*\" >> " + str(log) + "\n"
+        "case \"$*\" in *install*) [ -e " + str(tmp_path / "updated") + " ] || exit 100 ;; "
+        "*update*) : > " + str(tmp_path / "updated") + " ;; esac\n")
+    (tmp_path / "dpkg-query").write_text("#!/bin/sh\n[ -e " + str(tmp_path / "installed") + " ] && printf installed\n"
+                                         "exit 0\n")
+    for f in ("apt-get", "dpkg-query"):
+        (tmp_path / f).chmod(0o755)
+    env = {**os.environ, "PATH": f"{tmp_path}:/usr/bin:/bin"}
+    assert subprocess.run(["sh", "-c", install_command()], env=env).returncode == 0
+    lines = log.read_text().splitlines()
+    assert lines == ["install -y -qq --no-install-recommends earlyoom", "update -qq",
+                     "install -y -qq --no-install-recommends earlyoom"]
+    (tmp_path / "installed").touch()
+    log.unlink()
+    assert subprocess.run(["sh", "-c", install_command()], env=env).returncode == 0 and not log.exists()

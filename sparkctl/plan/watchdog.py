@@ -67,8 +67,9 @@ INSTALLED_TEST = "[ \"$(dpkg-query -W --showformat='${db:Status-Status}' earlyoo
 def install_command() -> str:
     """Install Debian's earlyoom when dpkg does not have it (root). Its maintainer scripts
     enable and start the unit with Debian's arguments; :func:`configure_command` sets ours."""
-    return (f"if ! {INSTALLED_TEST}; then DEBIAN_FRONTEND=noninteractive "
-            f"apt-get install -y -qq --no-install-recommends {PACKAGE}; fi")
+    install = f"DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends {PACKAGE}"
+    # a box whose package lists are stale or empty ("Unable to locate package"): refresh once, retry
+    return f"if ! {INSTALLED_TEST}; then {install} || {{ apt-get update -qq && {install}; }}; fi"
 
 
 def configure_command(law: LawsSpec, prefix: str) -> str:
