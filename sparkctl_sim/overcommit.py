@@ -10,8 +10,8 @@ engine first: sparkctl's memory_watchdog law.
 ``sparkctl sim fault NODE overcommit`` makes the node's largest engine hold all
 but :data:`LEFT_PCT` of MemTotal (MemAvailable falls below any limit sparkctl's
 earlyoom arguments can have: laws.min_free_gib >= 10 GiB, SIGTERM at half of it),
-and starts a watcher on this machine: if after :data:`LIVELOCK_S` seconds that
-engine still lives and MemAvailable is still under :data:`FLOOR_KIB`, the box
+and starts a watcher on this machine (it ends as soon as that engine dies): if after
+:data:`LIVELOCK_S` seconds that engine still lives and MemAvailable is still under :data:`FLOOR_KIB`, the box
 has livelocked: the node is wedged (its engines hang) and its management port
 goes down (SSH times out), as :func:`sparkctl_sim.clusterfaults.unreachable`
 does. ``sparkctl sim power-cycle NODE`` brings it back. Stricter than a real
@@ -79,7 +79,13 @@ def watch(root: Path, node: str, pid: int, grace_s: float) -> int:
 
     p, _spec, _rootless = _ctx(root)
     state = p.node(node).state
-    time.sleep(grace_s)
+    # the grace a watchdog gets; an engine that dies in it (killed, or the cluster taken down)
+    # ends the watch at once: nothing can hang any more
+    end = time.monotonic() + grace_s
+    while time.monotonic() < end and _alive(pid):
+        time.sleep(0.2)
+    if not state.exists():  # `sim down` removed the cluster meanwhile
+        return 0
     with nodestate.edit(state) as st:
         nodestate.settle(st)
         avail = nodestate.mem_available_kib(st)
