@@ -39,6 +39,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from sparkctl_sim import nodestate
+from sparkctl_sim.netns import pid_alive
 
 STATE_ENV = "SPARKCTL_SIM_STATE"
 VERSION = "v1.7"
@@ -114,7 +115,7 @@ def term_kill(text: str, upper: float) -> tuple[float, float]:
     return term, kill
 
 
-def parse_args(argv: Sequence[str], mem: Mem) -> Config:  # noqa: C901 - getopt's switch
+def parse_args(argv: Sequence[str], mem: Mem) -> Config:
     cfg: dict[str, object] = {}
     m_pct = mm = s_pct = ss = None
     args = list(argv)
@@ -279,14 +280,6 @@ def _candidates(state_path: str, total_kib: int) -> list[Proc]:
     return out
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().split(") ", 1)[1][:1] not in ("Z", "X")
-    except (OSError, IndexError):
-        return False
-
-
 def _warn(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
@@ -310,7 +303,7 @@ def _kill(cfg: Config, sig: int, victim: Proc, state_path: str) -> None:
                 sig = signal.SIGKILL
                 os.kill(victim.pid, sig)
                 _warn(f"escalating to SIGKILL after {i * 0.1:.1f} seconds")
-        if not _alive(victim.pid):
+        if not pid_alive(victim.pid):
             nodestate.settle_file(state_path)  # the kernel takes the dead engine's memory back
             _warn(f"process exited after {i * 0.1:.1f} seconds")
             return

@@ -36,14 +36,6 @@ LIVELOCK_S = 15.0
 REPORT_WAIT_S = 5.0  # how long `sim fault ... overcommit` waits to say whether the engine died
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().split(") ", 1)[1][:1] not in ("Z", "X")
-    except (OSError, IndexError):
-        return False
-
-
 def overcommit(root: Path, node: str) -> dict[str, object]:
     """Grow the node's largest engine; start the livelock watcher. Returns what it did."""
     p, spec, rootless = _ctx(root)
@@ -67,9 +59,9 @@ def overcommit(root: Path, node: str) -> dict[str, object]:
                        str(LIVELOCK_S)], log)
     # what happened next, for the operator who injected it (a watchdog acts within a second or so)
     end = time.monotonic() + REPORT_WAIT_S
-    while time.monotonic() < end and _alive(int(pid)):
+    while time.monotonic() < end and nx.pid_alive(int(pid)):
         time.sleep(0.1)
-    fate = "still running: the box hangs unless it dies" if _alive(int(pid)) else "gone (killed)"
+    fate = "still running: the box hangs unless it dies" if nx.pid_alive(int(pid)) else "gone (killed)"
     return {"node": node, "pid": int(pid), "engine_gib": round(gib, 3), "livelock_after_s": LIVELOCK_S,
             "engine": fate}
 
@@ -82,14 +74,14 @@ def watch(root: Path, node: str, pid: int, grace_s: float) -> int:
     # the grace a watchdog gets; an engine that dies in it (killed, or the cluster taken down)
     # ends the watch at once: nothing can hang any more
     end = time.monotonic() + grace_s
-    while time.monotonic() < end and _alive(pid):
+    while time.monotonic() < end and nx.pid_alive(pid):
         time.sleep(0.2)
     if not state.exists():  # `sim down` removed the cluster meanwhile
         return 0
     with nodestate.edit(state) as st:
         nodestate.settle(st)
         avail = nodestate.mem_available_kib(st)
-        hung = _alive(pid) and avail < FLOOR_KIB
+        hung = nx.pid_alive(pid) and avail < FLOOR_KIB
         if hung:
             st["faults"]["wedged"] = True
             st["faults"]["livelocked"] = True

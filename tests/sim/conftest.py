@@ -13,6 +13,7 @@ import fcntl
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +41,18 @@ class Sim:
 
         return subprocess.run([*cluster.ssh_argv(self.root, node), command], capture_output=True, text=True,
                               timeout=timeout)
+
+
+def wait_until(predicate, deadline_s: float = 120.0, every_s: float = 0.5) -> bool:  # type: ignore[no-untyped-def]
+    """Poll ``predicate`` until it holds or the deadline passes; its last answer.
+
+    A deadline for waiting only: the e2e assertions are on states, never on durations."""
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        if predicate():
+            return True
+        time.sleep(every_s)
+    return bool(predicate())
 
 
 @pytest.fixture(scope="module")

@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import json
 import re
-import time
 
 import pytest
+
+from tests.sim.conftest import wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.needs_root]
 
@@ -24,15 +25,6 @@ PROFILE = "ds41f-tp4-ring"
 WAIVE = ("--waive", "page_size", "--reason", "stock 4 KiB kernel")
 NODES = ("spark-a", "spark-b", "spark-c", "spark-d")
 
-
-def _wait(predicate, deadline_s: float = 120.0, every_s: float = 0.5) -> bool:  # type: ignore[no-untyped-def]
-    # a deadline for waiting only: the assertions are on states, never on durations
-    end = time.monotonic() + deadline_s
-    while time.monotonic() < end:
-        if predicate():
-            return True
-        time.sleep(every_s)
-    return predicate()
 
 
 def _verdict(sim, node: str) -> dict | None:  # type: ignore[no-untyped-def]
@@ -61,14 +53,14 @@ def test_simulated_ring_earlyoom_kills_the_overcommitting_engine_and_the_box_sur
     pid = int(re.search(r"'pid': (\d+)", r.stdout).group(1))
     # SIMULATED: the node's journal of earlyoom.service, as its systemctl shim keeps it
     log = sim.root / "nodes" / "spark-c" / "run" / "systemd" / "earlyoom.service.journal.log"
-    journal = lambda: log.read_text() if log.exists() else ""  # noqa: E731
+    journal = lambda: log.read_text() if log.exists() else ""
     # the fault leaves 1 % available: below sparkctl's SIGKILL limit too, so earlyoom 1.7 kills
     # outright (main.c lowmem_sig checks the kill limit first)
-    assert _wait(lambda: re.search(rf"sending SIG(TERM|KILL) to process {pid} ", journal())), journal()
-    assert _wait(lambda: "process exited after" in journal()), journal()
+    assert wait_until(lambda: re.search(rf"sending SIG(TERM|KILL) to process {pid} ", journal())), journal()
+    assert wait_until(lambda: "process exited after" in journal()), journal()
     assert "low memory! at or below SIGKILL limits" in journal()
     # the watcher's verdict, after its grace: the engine was gone, the box did not hang
-    assert _wait(lambda: _verdict(sim, "spark-c") is not None, deadline_s=60)
+    assert wait_until(lambda: _verdict(sim, "spark-c") is not None, deadline_s=60)
     assert _verdict(sim, "spark-c")["livelocked"] is False
     assert sim.ssh("spark-c", "true").returncode == 0
     st = json.loads(sim.sparkctl("-i", inv, "status", "--json").stdout)
@@ -84,10 +76,10 @@ def test_simulated_ring_without_the_watchdog_an_overcommit_hangs_the_box(sim_rin
     assert _watchdog_rows(sim, inv)["spark-b"] == "warn"  # inactive: `up` would restart it
     (sim.root / "nodes" / "spark-b" / "overcommit.log").unlink(missing_ok=True)
     sim.sparkctl("sim", "fault", "spark-b", "overcommit", check=True)
-    assert _wait(lambda: _verdict(sim, "spark-b") is not None, deadline_s=60)
+    assert wait_until(lambda: _verdict(sim, "spark-b") is not None, deadline_s=60)
     assert _verdict(sim, "spark-b")["livelocked"] is True
     assert sim.ssh("spark-b", "true", timeout=15).returncode != 0  # SSH hangs with the box
     sim.sparkctl("sim", "power-cycle", "spark-b", check=True, timeout=300)
-    assert _wait(lambda: sim.ssh("spark-b", "true").returncode == 0, deadline_s=60)
+    assert wait_until(lambda: sim.ssh("spark-b", "true").returncode == 0, deadline_s=60)
     # earlyoom is enabled: it comes back at boot with the profile's arguments
-    assert _wait(lambda: sim.ssh("spark-b", "systemctl is-active earlyoom").stdout.strip() == "active")
+    assert wait_until(lambda: sim.ssh("spark-b", "systemctl is-active earlyoom").stdout.strip() == "active")

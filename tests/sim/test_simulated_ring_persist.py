@@ -9,9 +9,10 @@ connect (sparkctl_sim.engines.rendezvous, as torch.distributed's TCPStore does).
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
+
+from tests.sim.conftest import wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.needs_root]
 
@@ -28,14 +29,9 @@ def _unit(sim, node: str) -> dict[str, str]:
     return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
 
 
+
 def _wait(predicate, deadline_s: float = 240.0, every_s: float = 1.0) -> bool:  # type: ignore[no-untyped-def]
-    # a deadline for waiting only: the assertions are on states, never on durations
-    end = time.monotonic() + deadline_s
-    while time.monotonic() < end:
-        if predicate():
-            return True
-        time.sleep(every_s)
-    return predicate()
+    return wait_until(predicate, deadline_s, every_s)
 
 
 def _serves(sim) -> bool:
