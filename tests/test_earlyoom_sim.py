@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from sparkctl.model.schema import LawsSpec
-from sparkctl.plan import watchdog
+from sparkctl.model import watchdog
 from sparkctl_sim import debpkg, earlyoomsim, nodestate
 
 REAL = shutil.which("earlyoom")

@@ -12,7 +12,8 @@ import pytest
 from sparkctl.facts import watchdog as wf
 from sparkctl.facts.registry import ScriptContext
 from sparkctl.model.schema import LawsSpec
-from sparkctl.plan import laws, watchdog
+from sparkctl.model import watchdog
+from sparkctl.plan import laws
 
 from test_laws import DS, INV, ctx, healthy
 
@@ -75,7 +76,7 @@ def test_the_real_dpkg_query_judges_the_installed_test() -> None:
     """The test sparkctl runs on a node, run by this machine's real dpkg-query: true for a
     package dpkg has installed, false for one it never knew (the simulator's dpkg-query once
     caught `-f='...'`, which the real one reads as a format starting with '=')."""
-    from sparkctl.plan.watchdog import INSTALLED_TEST
+    from sparkctl.model.watchdog import INSTALLED_TEST
 
     have = subprocess.run(["dpkg-query", "-W", "--showformat=${db:Status-Status}", "dpkg"],
                           capture_output=True, text=True).stdout
@@ -89,7 +90,7 @@ def test_install_refreshes_stale_package_lists_once(tmp_path: Path) -> None:
     installed package is left alone."""
     import os
 
-    from sparkctl.plan.watchdog import install_command
+    from sparkctl.model.watchdog import install_command
 
     log = tmp_path / "apt.log"
     (tmp_path / "apt-get").write_text(

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from sparkctl.facts.registry import NOT_FOUND, Fact, ProbeParseError, ScriptContext, q
 from sparkctl.model import paths
+from sparkctl.model.watchdog import INSTALLED_TEST
 
 
 @dataclass(frozen=True)
@@ -59,8 +60,7 @@ def parse_watchdog(text: str) -> WatchdogFacts:
 def _command(ctx: ScriptContext, _item: str) -> str:
     conf = q(paths.under(ctx.node.prefix, paths.EARLYOOM_DEFAULT))
     return ("have systemctl || exit 127; "
-            "if [ \"$(dpkg-query -W --showformat='${db:Status-Status}' earlyoom 2>/dev/null)\" = installed ]; "
-            "then echo installed=yes; else echo installed=no; fi; "
+            f"if {INSTALLED_TEST}; then echo installed=yes; else echo installed=no; fi; "
             # one systemctl for both words (systemctl(1) show -p: UnitFileState=, ActiveState=)
             "systemctl show -p UnitFileState,ActiveState earlyoom 2>/dev/null "
             "| sed -n 's/^UnitFileState=/enabled=/p; s/^ActiveState=/active=/p'; "

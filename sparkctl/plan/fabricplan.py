@@ -35,8 +35,8 @@ from sparkctl.model.paths import (
 )
 from sparkctl.model.resources import Roots
 from sparkctl.plan.render import RenderedFile, Rendering, _env
+from sparkctl.model import watchdog
 from sparkctl.model.schema import LawsSpec
-from sparkctl.plan import watchdog
 from sparkctl.plan.steps import FileRef, Plan, Step
 
 GID_WAIT_S = 30  # mlx5 fills a RoCE v2 GID within a second of the address; 30 s is a dead port

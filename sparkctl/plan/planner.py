@@ -22,7 +22,7 @@ import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from sparkctl.model import clocklock, paths
+from sparkctl.model import clocklock, paths, watchdog
 from sparkctl.model.engines import ENGINE_REGEX
 from sparkctl.model.inventory import Inventory
 from sparkctl.model.paths import (
@@ -36,7 +36,7 @@ from sparkctl.model.paths import (
 )
 from sparkctl.model.profiles import Resolved
 from sparkctl.model.record import NodeRecord, RunRecord, operator_route
-from sparkctl.plan import contracts, watchdog
+from sparkctl.plan import contracts
 from sparkctl.plan.laws.memory import FRACTION_ENGINES, drop_caches_if_short_command
 from sparkctl.plan.render import API_KEY_VAR, Rendering, bind_host
 from sparkctl.plan.steps import FileRef, Plan, Step

@@ -1,14 +1,14 @@
 """The memory_watchdog law: earlyoom installed, enabled, running, with sparkctl's arguments.
 
 Pure: a verdict per node from the ``watchdog`` fact (sparkctl.facts.watchdog)
-against :func:`sparkctl.plan.watchdog.earlyoom_args` of the profile's limits.
+against :func:`sparkctl.model.watchdog.earlyoom_args` of the profile's limits.
 """
 
 from __future__ import annotations
 
 from sparkctl.model import paths
 from sparkctl.plan.laws.base import FAIL, OK, WARN, Context, Verdict, each
-from sparkctl.plan.watchdog import earlyoom_args
+from sparkctl.model.watchdog import earlyoom_args
 
 LAW = "memory_watchdog"
 

@@ -53,7 +53,7 @@ def earlyoom_args(law: LawsSpec) -> tuple[str, ...]:
 def render_default(law: LawsSpec) -> str:
     """The text of /etc/default/earlyoom (sparkctl.model.paths.EARLYOOM_DEFAULT)."""
     return ("# Written by sparkctl from the profile's memory limits (laws.min_free_gib): the engine\n"
-            "# is killed first, sshd never. See sparkctl/plan/watchdog.py.\n"
+            "# is killed first, sshd never. See sparkctl/model/watchdog.py.\n"
             f'EARLYOOM_ARGS="{" ".join(earlyoom_args(law))}"\n')
 
 
