@@ -35,10 +35,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from sparkctl_sim import nodestate
-
-STATE_ENV = "SPARKCTL_SIM_STATE"
-UNIT_DIR_ENV = "SPARKCTL_SIM_UNIT_DIR"
-PREFIX_ENV = "SPARKCTL_SIM_PREFIX"
+from sparkctl_sim.shimbase import PREFIX_ENV, UNIT_DIR_ENV
+from sparkctl_sim.shims.common import STATE_ENV
 
 # Ubuntu 24.04 (noble) arm64: earlyoom 1.7-1 (packages.ubuntu.com/noble/earlyoom).
 # The unit and the conffile are Debian's earlyoom 1.7 files as `dpkg -L earlyoom` lists

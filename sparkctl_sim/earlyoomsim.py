@@ -40,8 +40,8 @@ from dataclasses import dataclass
 
 from sparkctl_sim import nodestate
 from sparkctl_sim.netns import pid_alive
+from sparkctl_sim.shims.common import STATE_ENV
 
-STATE_ENV = "SPARKCTL_SIM_STATE"
 VERSION = "v1.7"
 BADNESS_PREFER, BADNESS_AVOID = 300, -300  # kill.c
 MIN_SLEEP_MS, MAX_SLEEP_MS, FILL_RATE_KIB_PER_MS = 100, 1000, 6000  # main.c sleep_time_ms
