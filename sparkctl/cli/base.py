@@ -179,10 +179,11 @@ def print_verdicts(report: Any) -> None:
     """One table, law x node (the worst verdict in each cell), then every non-ok verdict with its fix."""
     order = {"fail": 0, "warn": 1, "waived": 2, "ok": 3, "skip": 4}
     laws_seen = list(dict.fromkeys(v.law for v in report.verdicts))
+    # A cell wraps (and folds a word longer than its column), never cuts: the verdict is what the operator reads.
     t = Table(box=None, pad_edge=False)
-    t.add_column("law")
+    t.add_column("law", overflow="fold")
     for n in report.nodes:
-        t.add_column(n)
+        t.add_column(n, overflow="fold")
     for law in laws_seen:
         cells = []
         for n in report.nodes:
@@ -193,7 +194,7 @@ def print_verdicts(report: Any) -> None:
             vs = [v for v in vs if v.status != "skip"] or vs  # a skip beside judged verdicts judged nothing
             worst = min(vs, key=lambda v: order.get(v.status, 9))
             note = worst.observed if len(vs) == 1 else f"{sum(v.status == worst.status for v in vs)}/{len(vs)}"
-            cells.append(f"[{STATUS_STYLE.get(worst.status, '')}]{worst.status}[/] {escape(note[:28])}")
+            cells.append(f"[{STATUS_STYLE.get(worst.status, '')}]{worst.status}[/] {escape(note)}")
         t.add_row(law, *cells)
     out.print(t)
     bad = [v for v in report.verdicts if v.status not in ("ok", "skip")]

@@ -31,17 +31,22 @@ def image_group() -> None:
               "(default: the build most nodes have, on a tie the first node's)")
 @inventory_option
 @set_option
+@click.option("--key-hours", type=click.FloatRange(min=0, min_open=True), default=4.0, show_default=True,
+              help="how long the receivers accept the source's node-to-node key (expiry-time=); each sync renews it")
 @click.option("--dry-run", is_flag=True, help="read the image IDs, print the plan, change nothing")
 @with_transport_options
 @json_option
 @pass_ctx
-def image_sync_cmd(c: Ctx, profile: str, from_node: str | None, sets: tuple[str, ...], dry_run: bool,
-                   connect_timeout_s: float, command_timeout_s: float, deadline_s: float, as_json: bool) -> None:
+def image_sync_cmd(c: Ctx, profile: str, from_node: str | None, sets: tuple[str, ...], key_hours: float,
+                   dry_run: bool, connect_timeout_s: float, command_timeout_s: float, deadline_s: float,
+                   as_json: bool) -> None:
     """Copy PROFILE's image from one node to the others over the fabric, verified by image ID.
 
     Runs `docker save IMAGE | ssh <fabric address> docker load` on the source
     node (streamed, no temporary file), as the community copies locally built
-    images (eugr/spark-vllm-docker build-and-copy.sh).
+    images (eugr/spark-vllm-docker build-and-copy.sh). The source's key may run
+    nothing else on the receivers (a forced command) and expires after
+    --key-hours; `sparkctl image revoke` takes it away at once.
     """
     from sparkctl.ops import image
     from sparkctl.plan.steps import describe
@@ -50,14 +55,14 @@ def image_sync_cmd(c: Ctx, profile: str, from_node: str | None, sets: tuple[str,
     res = c.resolve(profile, sets)
     with make_transport(inv, connect_timeout_s, command_timeout_s, deadline_s) as tr:
         if dry_run:
-            plan, *_ = image.plan(res, inv, tr, from_node)
+            plan, *_ = image.plan(res, inv, tr, from_node, key_hours)
             if as_json:
                 emit_json(plan.to_dict())
             else:
                 for line in describe(plan):
                     out.print(escape(line), markup=False)
             return
-        result = image.sync(res, inv, tr, from_node, progress=NodeProgress(quiet=as_json))
+        result = image.sync(res, inv, tr, from_node, key_hours=key_hours, progress=NodeProgress(quiet=as_json))
     if as_json:
         emit_json({"profile": result.profile, "image": result.image, "source": result.source,
                    "image_id": result.image_id, "copied": list(result.copied)})
@@ -66,3 +71,37 @@ def image_sync_cmd(c: Ctx, profile: str, from_node: str | None, sets: tuple[str,
                   f"{', '.join(result.copied)}, verified by image ID", markup=False)
     else:
         out.print(f"every node already has {result.image} as {result.image_id[:19]}", markup=False)
+
+
+@image_group.command("revoke")
+@inventory_option
+@click.option("--dry-run", is_flag=True, help="print the plan, change nothing")
+@with_transport_options
+@json_option
+@pass_ctx
+def image_revoke_cmd(c: Ctx, dry_run: bool, connect_timeout_s: float, command_timeout_s: float, deadline_s: float,
+                     as_json: bool) -> None:
+    """Take image sync's node-to-node key away from every node now (it also expires by itself).
+
+    Removes its lines from the authorized_keys sparkctl wrote, and its key,
+    known_hosts and gate. The next `image sync` grants it again.
+    """
+    from sparkctl.ops import image
+    from sparkctl.plan.imageplan import plan_image_revoke
+    from sparkctl.plan.steps import describe
+
+    inv = c.inventory()
+    if dry_run:
+        plan = plan_image_revoke(inv)
+        if as_json:
+            emit_json(plan.to_dict())
+        else:
+            for line in describe(plan):
+                out.print(escape(line), markup=False)
+        return
+    with make_transport(inv, connect_timeout_s, command_timeout_s, deadline_s) as tr:
+        nodes = image.revoke(inv, tr, progress=NodeProgress(quiet=as_json))
+    if as_json:
+        emit_json({"op": "image revoke", "nodes": list(nodes)})
+    else:
+        out.print(f"image sync's node-to-node key revoked on {', '.join(nodes)}", markup=False)

@@ -47,6 +47,10 @@ SUPERVISOR_LOG = f"{LOG_DIR}/supervisor.log"
 SUPERVISOR_KEY = f"{STATE_DIR}/id_supervisor"
 SUPERVISOR_KNOWN_HOSTS = f"{STATE_DIR}/known_hosts"
 NODE_AUTHORIZED_KEYS = f"{ETC_DIR}/authorized_keys"
+# image sync's node-to-node key (sparkctl.ops.nodessh IMAGE_SYNC): its own key, and the forced command on the peers
+IMAGE_SYNC_KEY = f"{STATE_DIR}/id_image_sync"
+IMAGE_SYNC_KNOWN_HOSTS = f"{STATE_DIR}/known_hosts.image-sync"
+IMAGE_SYNC_GATE = f"{OPT_DIR}/image-sync-gate.sh"
 
 # facts kept per image ID (an image's NCCL never changes): sparkctl.facts.nccl
 NCCL_CACHE_DIR = f"{STATE_DIR}/nccl-by-image"

@@ -37,6 +37,7 @@ from sparkctl.model.resources import Roots
 from sparkctl.plan.render import RenderedFile, Rendering, _env
 from sparkctl.model import watchdog
 from sparkctl.model.schema import LawsSpec
+from sparkctl.plan.imageplan import revoke_steps
 from sparkctl.plan.steps import FileRef, Plan, Step
 
 GID_WAIT_S = 30  # mlx5 fills a RoCE v2 GID within a second of the address; 30 s is a dead port
@@ -259,6 +260,9 @@ def plan_fabric_restore(inv: Inventory) -> Plan:
     nodes = tuple(n.name for n in inv.nodes)
     cmds = {n: _restore(inv, n) for n in nodes}
     return Plan("fabric restore", None, (
+        # sparkctl's node-to-node keys (image sync's, the supervisor's) reach the nodes over the fabric: they go
+        # with it, first, so that a node with nothing else to restore loses them too
+        *revoke_steps(inv),
         Step("restore", "restore", "run", nodes, "put back the netplan files, sysctl file and values, earlyoom's "
              "file, units", changes="fabric files, addresses, forwarding, DOCKER-USER rule, enabled units, "
              "earlyoom's arguments", commands=cmds, sudo=_fan(inv, cmds), timeout_s=APPLY_TIMEOUT_S),

@@ -119,24 +119,26 @@ def test_simulated_a_good_build_synced_from_one_node_makes_nccl_version_green(ri
 
 
 def test_simulated_image_sync_again_keeps_the_verified_key_and_reprovisions_a_tampered_one(ring) -> None:
-    """A second `image sync` verifies the node-to-node grant the first one left instead of provisioning it
-    again; a grant that is no longer intact (the line removed from a receiver) is provisioned afresh."""
-    from sparkctl.model.paths import NODE_AUTHORIZED_KEYS
+    """A second `image sync` verifies the key and known_hosts the first one put on the source instead of
+    putting them again, and authorizes the key on the receivers again (a fresh expiry); a receiver whose line
+    was removed gets it back, and a source whose key was removed gets it again."""
+    from sparkctl.model.paths import IMAGE_SYNC_KEY, NODE_AUTHORIZED_KEYS
 
     inv = ("-i", str(ring.inventory))
     good = image_id(ring, "spark-a")
     assert ring.sparkctl("sim", "image", "load", OLD, IMAGE, "--nccl", "2.28.9").returncode == 0
     dry = ring.sparkctl(*inv, "image", "sync", PROFILE, "--from", "spark-a", "--dry-run", check=True)
-    assert "in place as provisioned (kept)" in dry.stdout, dry.stdout
-    r = ring.sparkctl(*inv, "image", "sync", PROFILE, "--from", "spark-a", timeout=600, check=True)
-    assert "key verified in place on spark-c (kept)" in r.stderr and "authorized on" not in r.stderr, r.stderr
-    assert image_id(ring, OLD) == good
-
+    assert "in place as provisioned (kept)" in dry.stdout and "put image sync's node-to-node key" not in dry.stdout, dry.stdout
     assert ring.ssh(OLD, f": > {NODE_AUTHORIZED_KEYS}").returncode == 0  # the grant is gone from spark-c
-    assert ring.sparkctl("sim", "image", "load", OLD, IMAGE, "--nccl", "2.28.9").returncode == 0
     r = ring.sparkctl(*inv, "image", "sync", PROFILE, "--from", "spark-a", timeout=600, check=True)
-    assert "key authorized on spark-c" in r.stderr and "(kept)" not in r.stderr, r.stderr
+    assert image_id(ring, OLD) == good, r.stdout + r.stderr
+
+    assert ring.ssh("spark-a", f"rm -f {IMAGE_SYNC_KEY}").returncode == 0  # the key is gone from the source
+    assert ring.sparkctl("sim", "image", "load", OLD, IMAGE, "--nccl", "2.28.9").returncode == 0
+    dry = ring.sparkctl(*inv, "image", "sync", PROFILE, "--from", "spark-a", "--dry-run", check=True)
+    assert "to be put before the copy" in dry.stdout and "put image sync's node-to-node key" in dry.stdout, dry.stdout
+    r = ring.sparkctl(*inv, "image", "sync", PROFILE, "--from", "spark-a", timeout=600, check=True)
     assert image_id(ring, OLD) == good
-    mode = ring.ssh("spark-a", "stat -c %a /var/lib/sparkctl/id_supervisor; stat -c %a " + NODE_AUTHORIZED_KEYS)
+    mode = ring.ssh("spark-a", f"stat -c %a {IMAGE_SYNC_KEY}; stat -c %a " + NODE_AUTHORIZED_KEYS)
     assert mode.stdout.split() == ["600"], mode.stdout  # the key 0600 on the source; spark-a has no grant file
     assert ring.ssh(OLD, "stat -c %a " + NODE_AUTHORIZED_KEYS).stdout.strip() == "600"
