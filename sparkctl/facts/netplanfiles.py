@@ -23,34 +23,15 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
-from dataclasses import dataclass
-
 import yaml
 
 from sparkctl.facts.registry import NOT_FOUND, Fact, ProbeParseError, ScriptContext, q
-from sparkctl.model.paths import NETPLAN, NETPLAN_DIR, under
+from sparkctl.model.netplanfile import NetplanFile, foreign  # noqa: F401  (re-exported for the ops)
+from sparkctl.model.paths import NETPLAN_DIR, under
 
 # netplan's device sections (netplan doc/netplan-yaml.md, "Device types")
 DEVICE_TYPES = ("ethernets", "modems", "wifis", "bridges", "bonds", "tunnels", "vlans", "vrfs", "nm-devices",
                 "dummy-devices", "virtual-ethernets")
-
-
-@dataclass(frozen=True)
-class NetplanFile:
-    """One file of the node's netplan dir: its name, the SHA-256 of its bytes, the
-    interfaces it configures (definition ids, ``match: name:``, ``set-name:``, the
-    members of its bonds and bridges, the links of its vlans), and why it could
-    not be read (then ``interfaces`` is empty)."""
-
-    name: str
-    sha256: str = ""
-    interfaces: tuple[str, ...] = ()
-    renderer: str = ""  # the file's global ``renderer:``, "" when it sets none
-    error: str = ""
-
-    @property
-    def path(self) -> str:
-        return f"{NETPLAN_DIR}/{self.name}"
 
 
 def _names(section: str, ident: str, conf: object) -> list[str]:
@@ -137,12 +118,6 @@ def command_for(prefix: str, sudo: bool = False) -> str:
 
 def _command(ctx: ScriptContext, _item: str) -> str:
     return command_for(ctx.node.prefix, ctx.node.sudo)
-
-
-def foreign(files: tuple[NetplanFile, ...]) -> tuple[NetplanFile, ...]:
-    """Every file but sparkctl's own (``60-sparkctl-fabric.yaml``)."""
-    own = NETPLAN.rsplit("/", 1)[1]
-    return tuple(f for f in files if f.name != own)
 
 
 NETPLAN_FILES = Fact("netplan.files", "netplan files (/etc/netplan/*.yaml)", _command, parse_netplan_files,

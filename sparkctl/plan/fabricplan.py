@@ -26,8 +26,8 @@ from dataclasses import dataclass
 
 from sparkctl import __version__
 from sparkctl.errors import ConfigError
-from sparkctl.facts.netplanfiles import NetplanFile, foreign
 from sparkctl.model.inventory import Inventory
+from sparkctl.model.netplanfile import NetplanFile, foreign
 from sparkctl.model.paths import (
     EARLYOOM_DEFAULT,
     FABRIC_BACKUP,
