@@ -147,3 +147,22 @@ def test_real_netplan_merges_the_playbook_file_into_sparkctl_s_port(real_netplan
     assert r.returncode == 0, r.stderr
     text = (root / "run/systemd/network/10-netplan-enp1s0f0np0.network").read_text()
     assert "LinkLocalAddressing=ipv4" in text and "Address=10.20." in text
+
+
+def test_read_netplan_runs_the_fact_through_a_transport(tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    from sparkctl.ops.fabric import read_netplan
+    from sparkctl.transport.fake import LocalTransport
+
+    inv = _inv()
+    inv = type(inv)(**{**inv.__dict__, "nodes": tuple(replace(n, prefix=str(tmp_path / n.name), sudo=False)
+                                                      for n in inv.nodes)})
+    d = tmp_path / "spark-b/etc/netplan"
+    d.mkdir(parents=True)
+    (d / "40-cx7.yaml").write_text(playbook.static(1))
+    with LocalTransport(inv.names, sudo=False) as tr:
+        got = read_netplan(inv, tr)
+    assert got["spark-a"] == () and [f.name for f in got["spark-b"]] == ["40-cx7.yaml"]
+    plan, _ = plan_apply(inv, Roots.make(env={}), None, None, got)
+    assert next(s for s in plan.steps if s.id == "netplan-aside").nodes == ("spark-b",)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sparkctl.errors import LifecycleError
+from sparkctl.facts.batch import PRELUDE
 from sparkctl.facts.netplanfiles import NETPLAN_FILES, NetplanFile
 from sparkctl.facts.registry import ScriptContext
 from sparkctl.model.inventory import Inventory
@@ -42,7 +43,8 @@ def read_netplan(inv: Inventory, transport: Transport) -> dict[str, tuple[Netpla
         nodes = [n for n in cabled if inv.node(n).sudo == sudo]
         if not nodes:
             continue
-        cmds = {n: "sh -c " + fabricplan.q(NETPLAN_FILES.command(ScriptContext(inv.node(n)), "")) for n in nodes}
+        cmds = {n: "sh -c " + fabricplan.q(PRELUDE + NETPLAN_FILES.command(ScriptContext(inv.node(n)), ""))
+                for n in nodes}
         results = transport.run_all(cmds, sudo=sudo).raise_for(
             "reading the netplan files", LifecycleError, hint="fabric apply reads /etc/netplan before it plans")
         for n in nodes:
