@@ -284,10 +284,12 @@ def _apply(inv: Inventory, node: str, units: tuple[str, ...],
     ports = tuple(ep.netdev for ep in inv.endpoints(node))
     lines += _nm_ports(ports, managed=False)
     # stale addresses (an earlier plan, a hand-made one, a file just taken aside) go first
-    cx7 = _cx7_netdevs(inv, node)
-    flush = [*ports, *(p for f in aside for p in f.ports if p in cx7 and p not in ports)]
-    for nd in dict.fromkeys(flush):
+    for nd in ports:
         lines.append(f"ip -4 addr flush dev {q(nd)}")
+    # an uncabled port a file taken aside configured keeps no address of it either (when it exists)
+    for nd in dict.fromkeys(p for f in aside for p in f.ports if p not in ports):
+        sysfs = q(posixpath.join(n.sysfs_root, "class/net", nd))
+        lines.append(f"if [ -e {sysfs} ]; then ip -4 addr flush dev {q(nd)}; fi")
     lines += _reconfigure(ports)
     if _relay(inv, node):
         lines.append(f"sysctl -q -p {q(under(n.prefix, SYSCTL))}")

@@ -12,6 +12,7 @@ apply.py), and `fabric apply` must complete in the session that runs it.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 
 import pytest
@@ -53,8 +54,10 @@ def _apply_check_up_restore(sim: Sim, extra: str) -> None:
     assert all("40-cx7.yaml 600" in t for t in before.values()), before
     assert extra in sim.ssh("spark-a", "ip -4 -br addr").stdout  # the playbook's address is on the port
 
-    dry = sim.sparkctl("-i", inv, "fabric", "apply", PROFILE, "--dry-run", check=True)
-    assert "netplan-aside" in dry.stdout and PLAYBOOK in dry.stdout and "fabric backup" in dry.stdout, dry.stdout
+    dry = json.loads(sim.sparkctl("-i", inv, "fabric", "apply", PROFILE, "--dry-run", "--json", check=True).stdout)
+    aside = next(s for s in dry["steps"] if s["id"] == "netplan-aside")  # the file's fate, in the printed plan
+    assert aside["nodes"] == list(NODES) and all(f"{n}: {PLAYBOOK}" in aside["summary"] for n in NODES), aside
+    assert all(f"moved aside: {PLAYBOOK}" in aside["commands"][n] for n in NODES)
     assert _files(sim) == before  # a dry run changes nothing
 
     sim.sparkctl("-i", inv, "fabric", "apply", PROFILE, check=True, timeout=300)
