@@ -239,6 +239,8 @@ def _take_aside(inv: Inventory, node: str, found: tuple[ForeignNetplan, ...]) ->
             f'  echo {q(f.file.sha256 + "  " + under(n.prefix, f.file.path))} | sha256sum -c --status || '
             f'{{ echo {q(f"{f.file.path} changed since sparkctl read it: run fabric apply again")} >&2; exit 1; }}',
             f"  cmp -s {path} {kept} || cp -a {path} {kept}",
+            # restore then rebuilds the dir from $b/netplan even when the first apply found none
+            '  rm -f "$b/no-netplan-dir"',
             f"  rm -f {path}; echo {q('moved aside: ' + f.file.path)}",
             "fi",
         ]
