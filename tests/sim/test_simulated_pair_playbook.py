@@ -28,12 +28,12 @@ FILES = "cd /etc/netplan && for f in *.yaml; do stat -c '%n %a' \"$f\"; sha256su
 PLAYBOOK = "/etc/netplan/40-cx7.yaml"
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture  # one cluster at a time: each is down before the next comes up
 def pair_link_local(tmp_path_factory: pytest.TempPathFactory, host_lock: None) -> Iterator[Sim]:
     yield from _make_sim(tmp_path_factory.mktemp("pbll"), 2, ready=False, up_args=("--playbook", "link-local"))
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture  # one cluster at a time: each is down before the next comes up
 def pair_static_nm(tmp_path_factory: pytest.TempPathFactory, host_lock: None) -> Iterator[Sim]:
     yield from _make_sim(tmp_path_factory.mktemp("pbnm"), 2, ready=False,
                          up_args=("--playbook", "static", "--network-manager"))
