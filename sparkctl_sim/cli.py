@@ -59,7 +59,12 @@ def _sim_root() -> Path:
               help="pre-configured nodes (fabric addresses, routes, forwarding, no Docker firewall) "
                    "instead of fresh ones as they come out of the box")
 @click.option("--no-images", is_flag=True, help="with --ready: load no engine image (fresh nodes never get one)")
-def sim_up_cmd(nodes: str, inventory_out: str | None, rootless: bool, ready: bool, no_images: bool) -> None:
+@click.option("--playbook", type=click.Choice(["link-local", "static"]), default=None,
+              help="fresh nodes as NVIDIA's Connect-two-Sparks playbook leaves them (its /etc/netplan/40-cx7.yaml)")
+@click.option("--network-manager", is_flag=True,
+              help="the management link under NetworkManager, as a desktop install leaves it")
+def sim_up_cmd(nodes: str, inventory_out: str | None, rootless: bool, ready: bool, no_images: bool,
+               playbook: str | None, network_manager: bool) -> None:
     """Build (or converge) the simulated cluster and write its inventory.
 
     Nodes come up fresh: CX-7 ports cabled and up without fabric addresses, IP
@@ -77,7 +82,8 @@ def sim_up_cmd(nodes: str, inventory_out: str | None, rootless: bool, ready: boo
     inv_path = Path(inventory_out) if inventory_out else root / "inventory.yaml"
     text = sim_inventory_text(int(nodes), root, rootless)
     inv = loads_inventory(text, str(inv_path))
-    spec = dataclasses.replace(spec_from_inventory(inv, rootless), fresh=not ready)
+    spec = dataclasses.replace(spec_from_inventory(inv, rootless), fresh=not ready, playbook=playbook or "",
+                               network_manager=network_manager)
     status = cluster.up(spec, root, progress=lambda m: err_console().print(f"[dim]{escape(m)}[/]"))
     model = ensure_tiny_model(root / "models")
     if ready and not no_images:  # pre-configured nodes: as if the operator had already built every bundled image on each

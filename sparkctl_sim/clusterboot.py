@@ -94,7 +94,14 @@ def _prepare_node(p: SimPaths, spec: ClusterSpec, node: SimNode, rootless: bool)
         st = nodestate.default_state(node.name)
         st["kernel_release"] = node.kernel_release
         st["boot_time"] = time.time()
+        st["network_manager"] = spec.network_manager
         nodestate.create(nd.state, st)
+        # the node's disk as the operator left it before sparkctl came: the playbook's file,
+        # NetworkManager's files (written once, at the node's first boot)
+        from sparkctl_sim import playbook
+
+        playbook.lay_out(nd.private("/etc/netplan"), spec.playbook, [n.name for n in spec.nodes].index(node.name),
+                         spec.network_manager, node.name, cabled)
     with nodestate.edit(nd.state) as st:
         if st.get("boot_time") is None:
             st["boot_time"] = time.time()
@@ -210,9 +217,11 @@ def _install_tools(p: SimPaths, say: Progress) -> None:
     install_procshims(p.bin)
     # The node's python3 is this machine's interpreter (it has llama-cpp-python for
     # the tiny real engine); a real Spark has its own.
-    netplan = p.bin / "netplan"  # the real generator, applied with ip (sparkctl_sim.clusterinit)
-    netplan.write_text(f"#!/bin/sh\nexec {shlex.quote(sys.executable)} -m sparkctl_sim.clusterinit netplan \"$@\"\n")
-    netplan.chmod(0o755)
+    # netplan: the real generator, applied with ip; networkctl, nmcli: its backends (sparkctl_sim.netplansim)
+    for tool in ("netplan", "networkctl", "nmcli"):
+        w = p.bin / tool
+        w.write_text(f"#!/bin/sh\nexec {shlex.quote(sys.executable)} -m sparkctl_sim.clusterinit {tool} \"$@\"\n")
+        w.chmod(0o755)
     py = p.bin / "python3"
     py.write_text(f"#!/bin/sh\nexec {shlex.quote(sys.executable)} \"$@\"\n")
     py.chmod(0o755)

@@ -18,13 +18,13 @@ At boot, in the order a DGX OS (Ubuntu, systemd) brings a box up:
    started with the node's ``systemctl``, ordered by their ``After=`` on one
    another (systemd.unit(5): After= orders start-up, it does not pull in).
 
-``netplan apply`` copies the node's netplan files into a scratch root, runs the
-real generator from Debian's netplan.io (``netplan generate --root-dir``), reads
-the systemd-networkd ``.network`` files it wrote and applies their MTU,
-addresses and routes with ``ip``. Addresses it did not configure stay (stricter
-than networkd, which may drop foreign addresses; sparkctl flushes them itself).
-Then the node's simulated ``/sys/class/infiniband`` GID tables follow the new
-addresses, as the mlx5 driver fills a RoCE v2 GID for each IPv4 address.
+``netplan``, ``networkctl`` and ``nmcli`` are :mod:`sparkctl_sim.netplansim`:
+the real generator from Debian's netplan.io (``netplan generate --root-dir``)
+over the node's files, its networkd and NetworkManager output applied with
+``ip`` as those backends do, and ``netplan apply`` as netplan's apply.py does it
+(NetworkManager's links bounced). Then the node's simulated
+``/sys/class/infiniband`` GID tables follow the new addresses, as the mlx5
+driver fills a RoCE v2 GID for each IPv4 address.
 
 SIMULATION ONLY.
 """
@@ -33,11 +33,8 @@ from __future__ import annotations
 
 import json
 import os
-import re
-import shutil
 import subprocess
 import sys
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -81,75 +78,11 @@ def sysctl_boot(root: str = "/") -> dict[str, str]:
 # --------------------------------------------------------------------------- netplan
 
 
-def _generate(scratch: Path) -> list[Path]:
-    for d in NETPLAN_DIRS:
-        src = Path(d)
-        if src.is_dir():
-            dest = scratch / d.lstrip("/")
-            dest.mkdir(parents=True, exist_ok=True)
-            for f in sorted(src.glob("*.yaml")):
-                shutil.copy2(f, dest / f.name)
-    r = _run([REAL_NETPLAN, "generate", "--root-dir", str(scratch)], check=False)
-    if r.returncode != 0:
-        # netplan's own message (e.g. "Error in network definition: ...") and exit code
-        sys.stderr.write(r.stderr)
-        raise SystemExit(r.returncode or 1)
-    return sorted((scratch / "run/systemd/network").glob("*.network"))
-
-
-def _network_file(path: Path) -> dict[str, object]:
-    # networkd files repeat [Route] and Address=: split the sections by hand.
-    out: dict[str, object] = {"name": None, "addresses": [], "routes": [], "mtu": None}
-    section = ""
-    route: dict[str, str] = {}
-    for line in path.read_text().splitlines():
-        line = line.strip()
-        if not line or line.startswith("#"):
-            continue
-        if line.startswith("["):
-            if section == "Route" and route:
-                out["routes"].append(route)  # type: ignore[attr-defined]
-            section, route = line.strip("[]"), {}
-            continue
-        key, _, val = line.partition("=")
-        if section == "Match" and key == "Name":
-            out["name"] = val
-        elif section == "Network" and key == "Address":
-            out["addresses"].append(val)  # type: ignore[attr-defined]
-        elif section == "Route":
-            route[key] = val
-    if section == "Route" and route:
-        out["routes"].append(route)  # type: ignore[attr-defined]
-    link = path.with_suffix(".link")
-    if link.exists():
-        m = re.search(r"^MTUBytes=(\d+)", link.read_text(), re.MULTILINE)
-        out["mtu"] = int(m.group(1)) if m else None
-    m = re.search(r"^MTUBytes=(\d+)", path.read_text(), re.MULTILINE)
-    if m:
-        out["mtu"] = int(m.group(1))
-    return out
-
-
 def netplan_apply() -> list[str]:
-    """Parse the node's netplan files with the real generator and apply the result."""
-    applied = []
-    with tempfile.TemporaryDirectory(prefix="sparkctl-sim-netplan-") as tmp:
-        for f in _generate(Path(tmp)):
-            net = _network_file(f)
-            dev = net["name"]
-            if not dev or not Path("/sys/class/net", str(dev)).exists():
-                continue
-            if net["mtu"]:
-                _run(["ip", "link", "set", "dev", str(dev), "mtu", str(net["mtu"])])
-            _run(["ip", "link", "set", "dev", str(dev), "up"])
-            for addr in net["addresses"]:  # type: ignore[attr-defined]
-                _run(["ip", "addr", "replace", addr, "dev", str(dev)])
-            for rt in net["routes"]:  # type: ignore[attr-defined]
-                if rt.get("Destination") and rt.get("Gateway"):
-                    _run(["ip", "route", "replace", rt["Destination"], "via", rt["Gateway"], "dev", str(dev)])
-            applied.append(str(dev))
-    refresh_gids()
-    return applied
+    """`netplan apply` as canonical/netplan's apply.py does it (sparkctl_sim.netplansim)."""
+    from sparkctl_sim import netplansim
+
+    return netplansim.cmd_netplan_apply()
 
 
 def refresh_gids() -> None:
@@ -254,8 +187,10 @@ def boot(docker: bool) -> dict[str, object]:
     runtime_reset()
     netfilter_reset()
     report["sysctl"] = sysctl_boot()
-    report["netplan"] = netplan_apply() if any(Path(d).glob("*.yaml") for d in NETPLAN_DIRS
-                                                 if Path(d).is_dir()) else []
+    from sparkctl_sim import netplansim
+
+    report["netplan"] = netplansim.boot() if any(Path(d).glob("*.yaml") for d in NETPLAN_DIRS
+                                                   if Path(d).is_dir()) else []
     if docker:
         dockerd_start()
     started = {}
@@ -276,12 +211,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         if sub == ["apply"]:
             netplan_apply()
             return 0
+        if sub == ["generate"] and len(args) == 2:  # into the node's own /run (sparkctl_sim.netplansim)
+            from sparkctl_sim import netplansim
+
+            return netplansim.cmd_netplan_generate()
         if sub == ["generate"] or sub == []:
             # the real generator, untouched (netplan generate --root-dir DIR ...)
             return subprocess.run([REAL_NETPLAN, *args[1:]], check=False).returncode
         print(f"netplan {' '.join(sub)}: not simulated (apply, generate)", file=sys.stderr)
         return 1
-    print("usage: python3 -m sparkctl_sim.clusterinit boot [--docker] | netplan apply|generate", file=sys.stderr)
+    if args[:1] in (["networkctl"], ["nmcli"]):
+        from sparkctl_sim import netplansim
+
+        return (netplansim.cmd_networkctl if args[0] == "networkctl" else netplansim.cmd_nmcli)(args[1:])
+    print("usage: python3 -m sparkctl_sim.clusterinit boot [--docker] | netplan apply|generate | networkctl ... "
+          "| nmcli ...", file=sys.stderr)
     return 2
 
 

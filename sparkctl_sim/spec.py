@@ -56,4 +56,9 @@ class ClusterSpec:
     # forwarding off, Docker's iptables rules installed at boot. False: pre-configured
     # (addresses, routes and forwarding from the spec), the fast path of older tests.
     fresh: bool = False
+    # How NVIDIA's "Connect two Sparks" playbook left the nodes: "" none, "link-local" or
+    # "static" (its /etc/netplan/40-cx7.yaml: sparkctl_sim.playbook).
+    playbook: str = ""
+    # The management link under NetworkManager, as a desktop install leaves it (sparkctl_sim.netplansim).
+    network_manager: bool = False
     extra: dict[str, str] = field(default_factory=dict)

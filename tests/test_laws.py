@@ -159,3 +159,19 @@ def test_clock_remedy_is_safe_and_quotes_paths() -> None:
     kr = laws.remedy_kernel(ctx(facts={"spark-a": replace(bad, held_packages=[])}),
                             [laws.Verdict("kernel_pin", "spark-a", "fail", "", "")])
     assert kr is not None and not kr.safe  # sparkctl never upgrades or re-pins on its own
+
+
+def test_fabric_law_names_the_netplan_file_that_also_configures_a_port() -> None:
+    from sparkctl.facts.netplanfiles import describe_file
+    from sparkctl_sim import playbook
+
+    ll = describe_file("40-cx7.yaml", playbook.LINK_LOCAL.encode())  # enp1s0f0np0, enp1s0f1np1
+    own = describe_file("60-sparkctl-fabric.yaml", b"network: {version: 2, ethernets: {enp1s0f0np0: {}}}\n")
+    a = replace(healthy("spark-a"), netplan_files=(own, ll))
+    got = [v for v in laws.judge(ctx(facts={"spark-a": a})) if v.law == "fabric" and v.failed]
+    assert {v.node for v in got} == {"spark-a"}
+    assert sorted(v.observed for v in got) == [f"/etc/netplan/40-cx7.yaml also configures {nd}"
+                                               for nd in ("enp1s0f0np0", "enp1s0f1np1")]
+    assert all("takes /etc/netplan/40-cx7.yaml into its backup" in v.fix for v in got)
+    assert not [v for v in laws.judge(ctx(facts={"spark-a": replace(a, netplan_files=(own,))}))
+                if v.law == "fabric" and v.failed]  # sparkctl's own file is no foreign one

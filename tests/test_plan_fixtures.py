@@ -54,6 +54,13 @@ def plan_case(name: str) -> dict[str, Any]:
     roots = _roots()
     inv = _inventory(case["inventory"])
     record = _record(case.get("record"), inv, roots)
+    if case["op"] == "fabric-apply":  # the node's netplan files as read: {node: {file name: text}}
+        from sparkctl.facts.netplanfiles import describe_file
+        from sparkctl.ops.fabric import plan_apply
+
+        netplan = {n: tuple(describe_file(name, text.encode()) for name, text in files.items())
+                   for n, files in case.get("netplan", {}).items()}
+        return plan_apply(inv, roots, None, None, netplan)[0].to_dict()
     if case["op"] == "down":
         return planner.plan_down(inv, record, reset_clocks=bool(case.get("reset_clocks")), started_at=STARTED).to_dict()
     res = resolve(case["profile"], roots)

@@ -178,10 +178,14 @@ def plan_cmd(c: Ctx, action: str, profile: str | None, sets: tuple[str, ...], wa
         sets = (*sets, "serve.persist=true")
     res = c.resolve(profile, sets) if action != "down" and profile else None
     inv = c.inventory()
-    if action == "fabric":  # reads nothing from the hosts
-        from sparkctl.ops.fabric import plan_apply
+    if action == "fabric":  # reads the nodes' netplan files only (--assume-fresh: nothing)
+        from sparkctl.ops.fabric import plan_apply, read_netplan
 
-        fplan, _files = plan_apply(inv, c.roots(), res, secrets_from_env(res) if res else {})
+        netplan = None
+        if not assume_fresh:
+            with make_transport(inv, connect_timeout_s, command_timeout_s, deadline_s) as tr:
+                netplan = read_netplan(inv, tr)
+        fplan, _files = plan_apply(inv, c.roots(), res, secrets_from_env(res) if res else {}, netplan)
         if as_json:
             emit_json(fplan.to_dict())
         else:

@@ -47,8 +47,12 @@ def fabric_apply_cmd(c: Ctx, profile: str | None, sets: tuple[str, ...], dry_run
     inv = c.inventory()
     res = c.resolve(profile, sets) if profile else None
     secrets = secrets_from_env(res) if res else {}
-    if dry_run:
-        plan, _files = plan_apply(inv, c.roots(), res, secrets)
+    if dry_run:  # reads the nodes' netplan files (what happens to a foreign one is in the plan)
+        from sparkctl.ops.fabric import read_netplan
+
+        with make_transport(inv, connect_timeout_s, command_timeout_s, deadline_s) as tr:
+            netplan = read_netplan(inv, tr)
+        plan, _files = plan_apply(inv, c.roots(), res, secrets, netplan)
         if as_json:
             emit_json(plan.to_dict())
         else:

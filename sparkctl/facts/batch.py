@@ -39,6 +39,7 @@ from typing import Any
 
 from sparkctl.facts import engine as engine_fact
 from sparkctl.facts import nccl as nccl_fact
+from sparkctl.facts import netplanfiles
 from sparkctl.facts import watchdog as watchdog_fact
 from sparkctl.facts import gpu, net, pci, services, system
 from sparkctl.facts.nodefacts import GpuFacts, LinkFacts, NodeFacts, PcieFacts
@@ -60,7 +61,7 @@ REGISTRY = Registry((
     system.MEMINFO, system.DISK, services.WEIGHTS, gpu.GPU, gpu.GPU_CLOCKS, system.CLOCK_LOCK,
     net.IBDEV2NETDEV, net.NET_OPERSTATE, net.NET_MTU, net.NET_IPV4, net.NET_ETHTOOL, net.GIDS, pci.PCIE,
     services.ENGINES, services.PORTS, services.MODELS, services.ENGINE_UNIT,
-    engine_fact.ENGINE, nccl_fact.NCCL, watchdog_fact.WATCHDOG,
+    engine_fact.ENGINE, nccl_fact.NCCL, watchdog_fact.WATCHDOG, netplanfiles.NETPLAN_FILES,
 ))
 
 PRELUDE = """\
@@ -313,6 +314,7 @@ def _assemble(node: str, r: _Reader, due: list[tuple[Fact[Any], str]]) -> NodeFa
         engine_found=r.get(engine_fact.ENGINE),
         nccl_version=r.get(nccl_fact.NCCL),
         watchdog=r.get(watchdog_fact.WATCHDOG),
+        netplan_files=r.get(netplanfiles.NETPLAN_FILES),
         engine_unit=r.get(services.ENGINE_UNIT),
         unreadable=r.unreadable,
         not_available=r.not_available,

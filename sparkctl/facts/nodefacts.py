@@ -131,6 +131,7 @@ class NodeFacts:
     # the NCCL the engine loads (torch.cuda.nccl.version()); () none found; None not read
     nccl_version: tuple[int, ...] | None = None
     watchdog: object | None = None  # sparkctl.facts.watchdog.WatchdogFacts: earlyoom's state and arguments
+    netplan_files: tuple[object, ...] | None = None  # sparkctl.facts.netplanfiles.NetplanFile, in read order
     clock_lock_record: tuple[str, int] | None = None  # (boot_id, cap MHz) written when sparkctl locked the clock
     weights: WeightsSummary | None = None
     engine_unit: EngineUnit | None = None  # None: no engine unit file on the node

@@ -1,7 +1,8 @@
 """Fabric preparation on the hosts: run the ``fabric apply`` and ``fabric restore`` plans.
 
-The plans are pure (:mod:`sparkctl.plan.fabricplan`); this module renders what
-they push, takes the cluster lock, runs them with the one interpreter
+The plans are pure (:mod:`sparkctl.plan.fabricplan`); this module reads the one
+fact they need (each cabled node's netplan files: :func:`read_netplan`), renders
+what they push, takes the cluster lock, runs them with the one interpreter
 (:func:`sparkctl.ops.executor.run_plan`) and maps a failed step to an error
 naming its phase.
 """
@@ -11,6 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from sparkctl.errors import LifecycleError
+from sparkctl.facts.batch import PRELUDE
+from sparkctl.facts.netplanfiles import NETPLAN_FILES, NetplanFile
+from sparkctl.facts.registry import ScriptContext
 from sparkctl.model.inventory import Inventory
 from sparkctl.model.profiles import Resolved
 from sparkctl.model.resources import Roots
@@ -29,13 +34,33 @@ class FabricResult:
     steps: tuple[dict[str, Any], ...]
 
 
+def read_netplan(inv: Inventory, transport: Transport) -> dict[str, tuple[NetplanFile, ...]]:
+    """Each cabled node's netplan files (the fact ``netplan.files``), read as root where the node
+    allows sudo (netplan files are 0600 root). Reads only; a node that does not answer raises."""
+    cabled = [n.name for n in inv.nodes if inv.node_links(n.name)]
+    out: dict[str, tuple[NetplanFile, ...]] = {}
+    for sudo in (False, True):
+        nodes = [n for n in cabled if inv.node(n).sudo == sudo]
+        if not nodes:
+            continue
+        cmds = {n: "sh -c " + fabricplan.q(PRELUDE + NETPLAN_FILES.command(ScriptContext(inv.node(n)), ""))
+                for n in nodes}
+        results = transport.run_all(cmds, sudo=sudo).raise_for(
+            "reading the netplan files", LifecycleError, hint="fabric apply reads /etc/netplan before it plans")
+        for n in nodes:
+            out[n] = NETPLAN_FILES.parse(results[n].stdout)
+    return out
+
+
 def plan_apply(inv: Inventory, roots: Roots, res: Resolved | None = None,
-               secrets: dict[str, str] | None = None) -> tuple[Plan, fabricplan.FabricFiles]:
-    """The plan and the files of ``fabric apply`` (reads nothing from the hosts)."""
+               secrets: dict[str, str] | None = None,
+               netplan: dict[str, tuple[NetplanFile, ...]] | None = None) -> tuple[Plan, fabricplan.FabricFiles]:
+    """The plan and the files of ``fabric apply`` for the nodes' netplan files as read
+    (:func:`read_netplan`; None: as if no node had a foreign one)."""
     rendering = render(res, inv, roots, secrets or {}) if res is not None else None
     files = fabricplan.render_fabric(inv, roots, rendering)
     return (fabricplan.plan_fabric_apply(inv, files, res.name if res is not None else None,
-                                         res.profile.laws if res is not None else None), files)
+                                         res.profile.laws if res is not None else None, netplan), files)
 
 
 def _run(plan: Plan, inv: Inventory, transport: Transport, progress: Progress | None,
@@ -57,7 +82,7 @@ def _run(plan: Plan, inv: Inventory, transport: Transport, progress: Progress | 
 
 def apply(inv: Inventory, transport: Transport, roots: Roots, res: Resolved | None = None, *,
           secrets: dict[str, str] | None = None, progress: Progress | None = None) -> FabricResult:
-    plan, files = plan_apply(inv, roots, res, secrets)
+    plan, files = plan_apply(inv, roots, res, secrets, read_netplan(inv, transport))
     return _run(plan, inv, transport, progress, files.blobs())
 
 

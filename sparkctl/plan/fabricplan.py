@@ -3,9 +3,12 @@
 ``fabric apply`` takes a node as it comes out of the box to one whose fabric
 the laws accept: keep what it replaces (the node's netplan files, its sysctl
 file and values) under :data:`~sparkctl.model.paths.FABRIC_BACKUP` the first
-time, push the rendered netplan file (and on a ring's relays the sysctl file
-and the DOCKER-USER unit; with a profile, its clock-cap unit), flush stale
-addresses on the fabric ports, ``netplan apply``, apply the sysctl file now
+time, take foreign netplan files that configure fabric ports into that backup
+(or refuse, naming them: :func:`refuse_foreign`), push the rendered netplan
+file (and on a ring's relays the sysctl file and the DOCKER-USER unit; with a
+profile, its clock-cap unit), flush stale addresses on the fabric ports,
+``netplan generate`` and ``networkctl reconfigure`` of the fabric ports only
+(never ``netplan apply``: see :func:`_reconfigure`), apply the sysctl file now
 (``sysctl -p``; systemd-sysctl applies it at boot), enable the units, and wait
 until each cabled port has exactly one RoCE v2 IPv4 GID, its own address.
 ``fabric restore`` puts the kept state back. Both are plans of ``run`` and
@@ -22,7 +25,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from sparkctl import __version__
+from sparkctl.errors import ConfigError
 from sparkctl.model.inventory import Inventory
+from sparkctl.model.netplanfile import NetplanFile, foreign
 from sparkctl.model.paths import (
     EARLYOOM_DEFAULT,
     FABRIC_BACKUP,
@@ -157,12 +162,138 @@ def _backup(inv: Inventory, node: str) -> str:
     ])
 
 
-def _apply(inv: Inventory, node: str, units: tuple[str, ...]) -> str:
+# --------------------------------------------------------------------------- foreign netplan files
+#
+# netplan merges every file of /etc/netplan, concatenating a device's address lists across
+# files (netplan doc/netplan-generate.md). NVIDIA's "Connect two Sparks" playbook leaves
+# /etc/netplan/40-cx7.yaml on the CX-7 ports (link-local: [ipv4], or static
+# 192.168.100.x/24 and 192.168.101.x/24): left in place, a fabric port carries a second IPv4
+# address and RoCE v2 GID beside sparkctl's. A file that configures fabric ports only is
+# taken into the fabric backup (moved aside; `fabric restore` puts it back byte for byte):
+# nothing but the fabric depends on it. A file that also configures another interface (the
+# management link) is refused: moving it would cut that link at the next boot, and editing
+# it would leave a file that is no longer the operator's.
+
+
+@dataclass(frozen=True)
+class ForeignNetplan:
+    """A netplan file of a node, other than sparkctl's, that configures fabric ports."""
+
+    node: str
+    file: NetplanFile
+    ports: tuple[str, ...]  # the CX-7 netdevs it configures
+    others: tuple[str, ...]  # every other interface it configures
+
+    @property
+    def taken(self) -> bool:
+        return not self.others and not self.file.error
+
+
+def _cx7_netdevs(inv: Inventory, node: str) -> tuple[str, ...]:
+    return tuple(nd for port in inv.node(node).ports.values() for nd in port.netdevs)
+
+
+def foreign_netplan(inv: Inventory, netplan: Mapping[str, tuple[NetplanFile, ...]]) -> tuple[ForeignNetplan, ...]:
+    """Every foreign netplan file of a cabled node that configures one of its CX-7 ports (or that
+    sparkctl could not read, so cannot say it does not)."""
+    out = []
+    for node, files in netplan.items():
+        if not inv.node_links(node):
+            continue
+        cx7 = _cx7_netdevs(inv, node)
+        for f in foreign(files):
+            ports = tuple(i for i in f.interfaces if i in cx7)
+            if ports or f.error:
+                out.append(ForeignNetplan(node, f, ports, tuple(i for i in f.interfaces if i not in cx7)))
+    return tuple(out)
+
+
+def refuse_foreign(found: tuple[ForeignNetplan, ...]) -> None:
+    """Raise, naming each file, when a foreign netplan file cannot be taken into the backup."""
+    bad = [f for f in found if not f.taken]
+    if not bad:
+        return
+    lines = []
+    for f in bad:
+        what = (f"cannot be read ({f.file.error})" if f.file.error else
+                f"configures fabric port{'s' if len(f.ports) > 1 else ''} {', '.join(f.ports)} and also "
+                f"{', '.join(f.others)}")
+        lines.append(f"{f.node}: {f.file.path} {what}")
+    raise ConfigError(
+        "fabric apply: a netplan file configures the fabric ports beside sparkctl's, and sparkctl will not move "
+        "it (netplan merges every file's addresses: the port would carry two addresses and two GIDs):\n  "
+        + "\n  ".join(lines),
+        hint="move the CX-7 ports' part of that file into a file of its own (sparkctl then keeps it in the fabric "
+             "backup and `fabric restore` puts it back), or delete those ports from it; then run `fabric apply` "
+             "again. A file that configures fabric ports only is taken aside without asking.")
+
+
+def _take_aside(inv: Inventory, node: str, found: tuple[ForeignNetplan, ...]) -> str:
+    """Move each foreign file into the backup's copy of the netplan dir, refusing one that changed since read."""
+    n = inv.node(node)
+    b = q(under(n.prefix, FABRIC_BACKUP))
+    lines = ["set -e", f"b={b}"]
+    for f in found:
+        path, kept = q(under(n.prefix, f.file.path)), f'"$b/netplan/"{q(f.file.name)}'
+        lines += [
+            f"if [ -e {path} ]; then",
+            f'  echo {q(f.file.sha256 + "  " + under(n.prefix, f.file.path))} | sha256sum -c --status || '
+            f'{{ echo {q(f"{f.file.path} changed since sparkctl read it: run fabric apply again")} >&2; exit 1; }}',
+            f"  cmp -s {path} {kept} || cp -a {path} {kept}",
+            # restore then rebuilds the dir from $b/netplan even when the first apply found none
+            '  rm -f "$b/no-netplan-dir"',
+            f"  rm -f {path}; echo {q('moved aside: ' + f.file.path)}",
+            "fi",
+        ]
+    return "\n".join(lines)
+
+
+def _nm_ports(netdevs: tuple[str, ...], managed: bool) -> list[str]:
+    """Where NetworkManager runs (DGX OS is a desktop image), hand the ports to networkd or back.
+
+    `nmcli device set IF managed no|yes` changes that one device only (nmcli(1)); netplan's own
+    NetworkManager config keeps them unmanaged after a reboot (it lists networkd's devices as
+    unmanaged-devices for NetworkManager). Handing them back, NetworkManager first re-reads its
+    connection files (`nmcli connection reload`: loads what changed, activates nothing else)."""
+    if not netdevs:
+        return []
+    word = "yes" if managed else "no"
+    sets = "; ".join(f"nmcli device set {q(nd)} managed {word} || true" for nd in netdevs)
+    first = "nmcli connection reload || true; " if managed else ""
+    return [f'if command -v nmcli >/dev/null 2>&1 && [ "$(nmcli -t -f RUNNING general 2>/dev/null)" = running ]; '
+            f"then {first}{sets}; fi"]
+
+
+def _reconfigure(netdevs: tuple[str, ...]) -> list[str]:
+    """Apply the netplan files to the fabric ports only, never `netplan apply`.
+
+    `netplan apply` disconnects every interface named by a netplan-generated NetworkManager
+    profile and stops and restarts NetworkManager whenever such profiles exist
+    (canonical/netplan netplan_cli/cli/commands/apply.py, command_apply): on DGX OS the
+    management link the session runs on is one of them. `netplan generate` only writes the
+    backends' files; `networkctl reload` + `networkctl reconfigure PORTS` (what apply.py itself
+    runs for networkd) touch the named links alone. A session lost half-way leaves the
+    management link as it was, and running `fabric apply` again redoes every line."""
+    ports = " ".join(q(nd) for nd in netdevs)
+    return ["netplan generate",
+            "networkctl reload || { systemctl start systemd-networkd.service && networkctl reload; }",
+            f"networkctl reconfigure {ports}"]
+
+
+def _apply(inv: Inventory, node: str, units: tuple[str, ...],
+           aside: tuple[ForeignNetplan, ...] = ()) -> str:
     n = inv.node(node)
     lines = ["set -e"]
-    for ep in inv.endpoints(node):  # stale addresses (an earlier plan, a hand-made one) go first
-        lines.append(f"ip -4 addr flush dev {q(ep.netdev)}")
-    lines.append("netplan apply")
+    ports = tuple(ep.netdev for ep in inv.endpoints(node))
+    lines += _nm_ports(ports, managed=False)
+    # stale addresses (an earlier plan, a hand-made one, a file just taken aside) go first
+    for nd in ports:
+        lines.append(f"ip -4 addr flush dev {q(nd)}")
+    # an uncabled port a file taken aside configured keeps no address of it either (when it exists)
+    for nd in dict.fromkeys(p for f in aside for p in f.ports if p not in ports):
+        sysfs = q(posixpath.join(n.sysfs_root, "class/net", nd))
+        lines.append(f"if [ -e {sysfs} ]; then ip -4 addr flush dev {q(nd)}; fi")
+    lines += _reconfigure(ports)
     if _relay(inv, node):
         lines.append(f"sysctl -q -p {q(under(n.prefix, SYSCTL))}")
     if units:
@@ -189,15 +320,22 @@ def _watchdog(inv: Inventory, node: str, laws: LawsSpec) -> str:
 
 
 def plan_fabric_apply(inv: Inventory, fabric: FabricFiles, profile: str | None = None,
-                      laws: LawsSpec | None = None) -> Plan:
+                      laws: LawsSpec | None = None,
+                      netplan: Mapping[str, tuple[NetplanFile, ...]] | None = None) -> Plan:
     """Every node gets the memory watchdog (law memory_watchdog, from the profile's limits or the
-    defaults); the cabled ones their fabric."""
+    defaults); the cabled ones their fabric. ``netplan``: each node's netplan files as read
+    (:mod:`sparkctl.facts.netplanfiles`); a foreign file on the fabric ports is taken into the
+    backup, or the plan is refused (:func:`refuse_foreign`)."""
     order = [x.name for x in inv.nodes]
     nodes = tuple(sorted(fabric.files, key=order.index))
     every = tuple(order)
+    found = foreign_netplan(inv, netplan or {})
+    refuse_foreign(found)
+    aside_of = {n: tuple(f for f in found if f.node == n) for n in nodes}
+    aside = {n: _take_aside(inv, n, fs) for n, fs in aside_of.items() if fs}
     backup = {n: _backup(inv, n) for n in every}
     put = {n: tuple(FileRef(f.path, f.mode, f.sha256) for f in fabric.files[n]) for n in nodes}
-    apply = {n: _apply(inv, n, fabric.units.get(n, ())) for n in nodes}
+    apply = {n: _apply(inv, n, fabric.units.get(n, ()), aside_of.get(n, ())) for n in nodes}
     wait = {n: _gid_wait(inv, n) for n in nodes}
     guard = {n: _watchdog(inv, n, laws or LawsSpec()) for n in every}
     relays = [n for n in nodes if _relay(inv, n)]
@@ -205,11 +343,18 @@ def plan_fabric_apply(inv: Inventory, fabric: FabricFiles, profile: str | None =
         Step("backup", "backup", "run", every, "keep the netplan files, sysctl file and values, earlyoom's "
              "file it replaces (first apply only)", changes=f"{FABRIC_BACKUP} written", commands=backup,
              sudo=_fan(inv, backup), timeout_s=30)]
+    if aside:
+        which = "; ".join(f"{f.node}: {f.file.path} ({', '.join(f.ports)})" for fs in aside_of.values() for f in fs)
+        steps.append(Step("netplan-aside", "backup", "run", tuple(aside), "take the netplan files that configure "
+                          f"fabric ports into the fabric backup (`fabric restore` puts them back): {which}",
+                          changes="foreign netplan files moved into " + FABRIC_BACKUP, commands=aside,
+                          sudo=_fan(inv, aside), timeout_s=30))
     if nodes:
         steps += [
             Step("push", "push", "put", nodes, "push the rendered fabric files", changes="netplan file"
                  + (", sysctl file and DOCKER-USER unit on " + ", ".join(relays) if relays else ""), files=put),
-            Step("apply", "apply", "run", nodes, "flush stale fabric addresses, netplan apply, sysctl -p, enable units",
+            Step("apply", "apply", "run", nodes, "flush stale fabric addresses, netplan generate, networkctl "
+                 "reconfigure the fabric ports only (never netplan apply), sysctl -p, enable units",
                  changes="fabric addresses, routes, forwarding, rp_filter, DOCKER-USER rule, enabled units",
                  commands=apply, sudo=_fan(inv, apply), timeout_s=APPLY_TIMEOUT_S),
             Step("gids", "verify", "run", nodes, "wait for exactly one RoCE v2 IPv4 GID per cabled port",
@@ -247,8 +392,11 @@ def _restore(inv: Inventory, node: str) -> str:
     ]
     for ep in inv.endpoints(node):
         lines.append(f"ip -4 addr flush dev {q(ep.netdev)}")
+    ports = tuple(ep.netdev for ep in inv.endpoints(node))
+    if ports:  # the fabric ports only, as `fabric apply` did (see _reconfigure): never `netplan apply`
+        lines += _reconfigure(ports)
+        lines += _nm_ports(ports, managed=True)
     lines += [
-        f'if ls {nd}/*.yaml >/dev/null 2>&1; then netplan apply; fi',
         'while IFS= read -r kv; do [ -n "$kv" ] && sysctl -q -w "$(printf %s "$kv" | tr -d " ")" || true; '
         'done < "$b/sysctl.values"',
         'rm -rf "$b"; echo restored',

@@ -68,13 +68,14 @@ def host_lock() -> Iterator[None]:
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
-def _make_sim(tmp: Path, nodes: int, *, ready: bool = True, load_images: bool = True) -> Iterator[Sim]:
+def _make_sim(tmp: Path, nodes: int, *, ready: bool = True, load_images: bool = True,
+              up_args: tuple[str, ...] = ()) -> Iterator[Sim]:
     env = {**os.environ, "SPARKCTL_SIM_DIR": str(tmp / "sim"), "XDG_STATE_HOME": str(tmp / "state"),
            "SPARKCTL_SIM_SPEEDUP": "20", "SPARKCTL_SIM_LOAD_S": "1"}
     env.pop("SPARKCTL_INVENTORY", None)
     sim = Sim(tmp / "sim", tmp / "sim" / "inventory.yaml", env)
     r = sim.sparkctl("sim", "up", "--nodes", str(nodes), *(["--ready"] if ready else []),
-                     *([] if load_images else ["--no-images"]), timeout=300)
+                     *([] if load_images else ["--no-images"]), *up_args, timeout=300)
     try:
         assert r.returncode == 0, r.stdout + r.stderr
         # SIMULATION: a real Spark has no engine image until its operator builds or

@@ -42,7 +42,7 @@ def test_fresh_ring_needs_fabric_apply_then_serves_and_restores(fresh_ring) -> N
     assert "phase check" in msg and "sparkctl fabric apply" in msg, msg
 
     dry = sim.sparkctl("-i", inv, "fabric", "apply", PROFILE, "--dry-run", check=True)
-    assert "netplan apply" in dry.stdout and "60-sparkctl-fabric.yaml" in dry.stdout
+    assert "networkctl reconfigure" in dry.stdout and "60-sparkctl-fabric.yaml" in dry.stdout
     assert _snapshot(sim) == before  # a dry run changes nothing
 
     sim.sparkctl("-i", inv, "fabric", "apply", PROFILE, check=True, timeout=300)

@@ -6,6 +6,7 @@ Pure checks over NodeFacts and the active probes' results. Nothing here touches 
 from __future__ import annotations
 
 from sparkctl.model.inventory import Link
+from sparkctl.model.netplanfile import foreign
 from sparkctl.plan.laws.base import (
     AC_CYCLE_FIX,
     BANDWIDTH_FLOOR_GBPS,
@@ -51,13 +52,22 @@ def check_fabric(ctx: Context) -> list[Verdict]:
                 problems.append(f"address {lf.ipv4 or 'none'}")
             if lf.operstate == "up" and lf.gid_index_rocev2_ipv4 is None:
                 problems.append(f"no RoCEv2 IPv4 GID on {ep.rdma}")
+            # netplan merges every file's addresses for a device (netplan doc/netplan-generate.md): a foreign
+            # file on this port (NVIDIA's playbook leaves /etc/netplan/40-cx7.yaml) is a second address and GID
+            others = [nf.path for nf in foreign(getattr(f, "netplan_files", None) or ()) if ep.netdev in nf.interfaces]
+            if others:
+                problems.append(f"{', '.join(others)} also configures {ep.netdev}")
             if problems:
                 fix = []
                 if any(p.startswith("link") for p in problems):
                     fix.append(f"check the cable {cable} (seated at both ends?) and `ip link set {ep.netdev} up`")
                 if any(p.startswith("MTU") for p in problems):
                     fix.append(f"set MTU {mtu} on {ep.node}:{ep.netdev} (both ends must match)")
-                if any(p.startswith("address") for p in problems):
+                if others:
+                    fix.append(f"run `sparkctl fabric apply`: it takes {', '.join(others)} into its backup when the "
+                               "file configures fabric ports only (`fabric restore` puts it back), and refuses, "
+                               "naming it, when it configures another interface too")
+                if any(p.startswith("address") for p in problems) and not others:
                     fix.append("run `sparkctl fabric apply` (pushes and applies the netplan file on every node)")
                 if any(p.startswith("speed") for p in problems):
                     fix.append(AC_CYCLE_FIX)
