@@ -99,7 +99,7 @@ def test_a_file_that_also_configures_the_management_link_is_refused_by_name() ->
 
 
 def test_restore_reconfigures_the_ports_and_hands_them_back_to_network_manager() -> None:
-    cmd = fabricplan.plan_fabric_restore(_inv()).steps[0].commands["spark-a"]
+    cmd = next(s for s in fabricplan.plan_fabric_restore(_inv()).steps if s.id == "restore").commands["spark-a"]
     assert "netplan apply" not in cmd and "networkctl reconfigure" in cmd and "managed yes" in cmd
 
 
