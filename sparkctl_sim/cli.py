@@ -59,7 +59,11 @@ def _sim_root() -> Path:
               help="pre-configured nodes (fabric addresses, routes, forwarding, no Docker firewall) "
                    "instead of fresh ones as they come out of the box")
 @click.option("--no-images", is_flag=True, help="with --ready: load no engine image (fresh nodes never get one)")
-def sim_up_cmd(nodes: str, inventory_out: str | None, rootless: bool, ready: bool, no_images: bool) -> None:
+@click.option("--dpkg-lock-s", type=click.FloatRange(min=0), default=90.0, show_default=True,
+              help="fresh nodes: unattended-upgrades holds the dpkg lock this many (simulated) seconds "
+                   "after the first boot, as on a fresh Ubuntu box; 0: not held")
+def sim_up_cmd(nodes: str, inventory_out: str | None, rootless: bool, ready: bool, no_images: bool,
+               dpkg_lock_s: float) -> None:
     """Build (or converge) the simulated cluster and write its inventory.
 
     Nodes come up fresh: CX-7 ports cabled and up without fabric addresses, IP
@@ -77,7 +81,11 @@ def sim_up_cmd(nodes: str, inventory_out: str | None, rootless: bool, ready: boo
     inv_path = Path(inventory_out) if inventory_out else root / "inventory.yaml"
     text = sim_inventory_text(int(nodes), root, rootless)
     inv = loads_inventory(text, str(inv_path))
-    spec = dataclasses.replace(spec_from_inventory(inv, rootless), fresh=not ready)
+    speedup = float(os.environ.get("SPARKCTL_SIM_SPEEDUP") or 1.0)
+    if speedup <= 0:
+        raise ConfigError(f"SPARKCTL_SIM_SPEEDUP={speedup} must be > 0")
+    spec = dataclasses.replace(spec_from_inventory(inv, rootless), fresh=not ready,
+                               dpkg_lock_s=0.0 if ready else dpkg_lock_s, speedup=speedup)
     status = cluster.up(spec, root, progress=lambda m: err_console().print(f"[dim]{escape(m)}[/]"))
     model = ensure_tiny_model(root / "models")
     if ready and not no_images:  # pre-configured nodes: as if the operator had already built every bundled image on each

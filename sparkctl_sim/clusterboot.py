@@ -94,6 +94,10 @@ def _prepare_node(p: SimPaths, spec: ClusterSpec, node: SimNode, rootless: bool)
         st = nodestate.default_state(node.name)
         st["kernel_release"] = node.kernel_release
         st["boot_time"] = time.time()
+        if spec.fresh and spec.dpkg_lock_s > 0:  # a fresh box's first boot: unattended-upgrades runs
+            from sparkctl_sim import debpkg
+
+            debpkg.hold_lock_at_first_boot(st, spec.dpkg_lock_s, spec.speedup, st["boot_time"])
         nodestate.create(nd.state, st)
     with nodestate.edit(nd.state) as st:
         if st.get("boot_time") is None:

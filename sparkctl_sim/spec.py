@@ -56,4 +56,8 @@ class ClusterSpec:
     # forwarding off, Docker's iptables rules installed at boot. False: pre-configured
     # (addresses, routes and forwarding from the spec), the fast path of older tests.
     fresh: bool = False
+    # Fresh nodes: unattended-upgrades holds the dpkg lock this many simulated seconds after
+    # the first boot (sparkctl_sim.debpkg); one real second is `speedup` simulated ones.
+    dpkg_lock_s: float = 0.0
+    speedup: float = 1.0
     extra: dict[str, str] = field(default_factory=dict)

@@ -68,9 +68,10 @@ def host_lock() -> Iterator[None]:
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
-def _make_sim(tmp: Path, nodes: int, *, ready: bool = True, load_images: bool = True) -> Iterator[Sim]:
+def _make_sim(tmp: Path, nodes: int, *, ready: bool = True, load_images: bool = True,
+              speedup: str = "20") -> Iterator[Sim]:
     env = {**os.environ, "SPARKCTL_SIM_DIR": str(tmp / "sim"), "XDG_STATE_HOME": str(tmp / "state"),
-           "SPARKCTL_SIM_SPEEDUP": "20", "SPARKCTL_SIM_LOAD_S": "1"}
+           "SPARKCTL_SIM_SPEEDUP": speedup, "SPARKCTL_SIM_LOAD_S": "1"}
     env.pop("SPARKCTL_INVENTORY", None)
     sim = Sim(tmp / "sim", tmp / "sim" / "inventory.yaml", env)
     r = sim.sparkctl("sim", "up", "--nodes", str(nodes), *(["--ready"] if ready else []),
