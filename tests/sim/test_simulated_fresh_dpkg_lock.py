@@ -55,6 +55,6 @@ def test_simulated_fresh_nodes_fabric_apply_waits_for_the_dpkg_lock(fresh_pair_l
     ended = time.time()
     for n in NODES:
         assert ended >= _lock(sim, n)["until"]  # it could only install once the lock was gone
-        assert sim.ssh(n, "dpkg-query -W -f='${db:Status-Status}' earlyoom").stdout == "installed", n
+        assert sim.ssh(n, "dpkg-query -W -f '${db:Status-Status}' earlyoom").stdout == "installed", n
         assert sim.ssh(n, "systemctl is-active earlyoom").stdout.strip() == "active", n
     print(f"fabric apply waited for the dpkg lock: {ended - started:.1f} s")
