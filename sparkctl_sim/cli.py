@@ -68,7 +68,8 @@ def sim_up_cmd(nodes: str, inventory_out: str | None, rootless: bool, ready: boo
 
     Nodes come up fresh: CX-7 ports cabled and up without fabric addresses, IP
     forwarding off, Docker's iptables rules (FORWARD policy DROP, a DOCKER-USER
-    chain); `sparkctl fabric apply` prepares them. --ready skips that.
+    chain), the dpkg lock held by unattended-upgrades for a while (--dpkg-lock-s);
+    `sparkctl fabric apply` prepares them. --ready skips that.
     """
     from sparkctl.model.inventory import loads_inventory
     from sparkctl_sim import cluster
