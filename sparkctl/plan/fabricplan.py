@@ -116,10 +116,11 @@ def _forward_sh(pool: str, ports: tuple[str, ...]) -> tuple[str, str]:
 
 
 def _forward_stop_sh(pool: str) -> str:
-    """Remove FORWARD_CHAIN and its jump (and an older sparkctl's DOCKER-USER rule); Docker's own stay."""
+    """Remove FORWARD_CHAIN and its jump (and an older sparkctl's DOCKER-USER rule); Docker's own stay.
+    Safe under ``set -e`` (the restore script) when there is nothing left to remove."""
     ipt = "iptables -w"
     return (f"while {ipt} -D DOCKER-USER -j {FORWARD_CHAIN} 2>/dev/null; do :; done; "
-            f"{ipt} -F {FORWARD_CHAIN} 2>/dev/null; {ipt} -X {FORWARD_CHAIN} 2>/dev/null; "
+            f"{{ {ipt} -F {FORWARD_CHAIN} && {ipt} -X {FORWARD_CHAIN}; }} 2>/dev/null || true; "
             f"while {ipt} -D DOCKER-USER {_docker_user_rule(pool)} 2>/dev/null; do :; done; true")
 
 
