@@ -63,13 +63,17 @@ def _sim_root() -> Path:
               help="fresh nodes as NVIDIA's Connect-two-Sparks playbook leaves them (its /etc/netplan/40-cx7.yaml)")
 @click.option("--network-manager", is_flag=True,
               help="the management link under NetworkManager, as a desktop install leaves it")
+@click.option("--dpkg-lock-s", type=click.FloatRange(min=0), default=90.0, show_default=True,
+              help="fresh nodes: unattended-upgrades holds the dpkg lock this many (simulated) seconds "
+                   "after the first boot, as on a fresh Ubuntu box; 0: not held")
 def sim_up_cmd(nodes: str, inventory_out: str | None, rootless: bool, ready: bool, no_images: bool,
-               playbook: str | None, network_manager: bool) -> None:
+               playbook: str | None, network_manager: bool, dpkg_lock_s: float) -> None:
     """Build (or converge) the simulated cluster and write its inventory.
 
     Nodes come up fresh: CX-7 ports cabled and up without fabric addresses, IP
     forwarding off, Docker's iptables rules (FORWARD policy DROP, a DOCKER-USER
-    chain); `sparkctl fabric apply` prepares them. --ready skips that.
+    chain), the dpkg lock held by unattended-upgrades for a while (--dpkg-lock-s);
+    `sparkctl fabric apply` prepares them. --ready skips that.
     """
     from sparkctl.model.inventory import loads_inventory
     from sparkctl_sim import cluster
@@ -82,8 +86,12 @@ def sim_up_cmd(nodes: str, inventory_out: str | None, rootless: bool, ready: boo
     inv_path = Path(inventory_out) if inventory_out else root / "inventory.yaml"
     text = sim_inventory_text(int(nodes), root, rootless)
     inv = loads_inventory(text, str(inv_path))
+    speedup = float(os.environ.get("SPARKCTL_SIM_SPEEDUP") or 1.0)
+    if speedup <= 0:
+        raise ConfigError(f"SPARKCTL_SIM_SPEEDUP={speedup} must be > 0")
     spec = dataclasses.replace(spec_from_inventory(inv, rootless), fresh=not ready, playbook=playbook or "",
-                               network_manager=network_manager)
+                               network_manager=network_manager, dpkg_lock_s=0.0 if ready else dpkg_lock_s,
+                               speedup=speedup)
     status = cluster.up(spec, root, progress=lambda m: err_console().print(f"[dim]{escape(m)}[/]"))
     model = ensure_tiny_model(root / "models")
     if ready and not no_images:  # pre-configured nodes: as if the operator had already built every bundled image on each

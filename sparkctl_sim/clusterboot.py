@@ -95,6 +95,10 @@ def _prepare_node(p: SimPaths, spec: ClusterSpec, node: SimNode, rootless: bool)
         st["kernel_release"] = node.kernel_release
         st["boot_time"] = time.time()
         st["network_manager"] = spec.network_manager
+        if spec.fresh and spec.dpkg_lock_s > 0:  # a fresh box's first boot: unattended-upgrades runs
+            from sparkctl_sim import debpkg
+
+            debpkg.hold_lock_at_first_boot(st, spec.dpkg_lock_s, spec.speedup, st["boot_time"])
         nodestate.create(nd.state, st)
         # the node's disk as the operator left it before sparkctl came: the playbook's file,
         # NetworkManager's files (written once, at the node's first boot)

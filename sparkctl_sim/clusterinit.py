@@ -3,7 +3,7 @@
 Runs INSIDE a node (its network and mount namespaces, entered by
 :mod:`sparkctl_sim.clusterboot` after sshd is up, or through the ``netplan``
 wrapper on the session PATH): ``python3 -m sparkctl_sim.clusterinit
-boot [--docker] | netplan apply|generate``.
+boot [--docker] | dockerd | netplan apply|generate`` (``dockerd``: a Docker restart's rules).
 
 At boot, in the order a DGX OS (Ubuntu, systemd) brings a box up:
 
@@ -16,7 +16,9 @@ At boot, in the order a DGX OS (Ubuntu, systemd) brings a box up:
    ``iptables`` in the node's own netns (below);
 4. every unit enabled into ``multi-user.target.wants`` (``systemctl enable``),
    started with the node's ``systemctl``, ordered by their ``After=`` on one
-   another (systemd.unit(5): After= orders start-up, it does not pull in).
+   another (systemd.unit(5): After= orders start-up, it does not pull in); those
+   ordered ``Before=network-pre.target`` or ``Before=docker.service`` start right
+   after systemd-sysctl, ahead of 2. and 3.
 
 ``netplan``, ``networkctl`` and ``nmcli`` are :mod:`sparkctl_sim.netplansim`:
 the real generator from Debian's netplan.io (``netplan generate --root-dir``)
@@ -106,27 +108,36 @@ def refresh_gids() -> None:
 # --------------------------------------------------------------------------- dockerd
 
 
-def dockerd_start() -> None:
-    """The filter-table rules dockerd installs when it starts, with the real iptables.
+def _ensure_jump(chain: str, target: str) -> None:
+    """moby daemon/libnetwork/iptables/iptables.go EnsureJumpRule: delete the jump if it is
+    there, then insert it at the top of the chain (so it is first after every start)."""
+    if _run(["iptables", "-w", "-C", chain, "-j", target], check=False).returncode == 0:
+        _run(["iptables", "-w", "-D", chain, "-j", target])
+    _run(["iptables", "-w", "-I", chain, "-j", target])
 
-    moby: libnetwork/drivers/bridge/setup_ip_forwarding.go sets net.ipv4.ip_forward=1
-    and the FORWARD policy to DROP when forwarding was off and the daemon turned it on
-    (integration/network/bridge/iptablesdoc/generated/new-daemon.md: "setupIPForwarding
-    sets the POLICY to DROP if the sysctl net.ipv4.ip_forward was not set to '1'");
-    libnetwork/iptables: FORWARD jumps to DOCKER-USER first, then DOCKER-FORWARD, and
-    dockerd never touches rules in DOCKER-USER (the operator's chain). The sim is
-    stricter in one way: it sets DROP whenever it finds forwarding off at its start.
+
+def dockerd_start() -> None:
+    """The filter-table rules dockerd installs at each start, with the real iptables.
+
+    moby daemon/libnetwork/drivers/bridge/setup_ip_forwarding.go (setupIPv4Forwarding):
+    dockerd writes net.ipv4.ip_forward=1 and sets the FORWARD policy to DROP only when it
+    found forwarding off (``changed && wantFilterForwardDrop``); when systemd-sysctl turned
+    it on first (every reboot of a relay with sparkctl's sysctl file) the policy stays
+    ACCEPT, as here. Then (moby daemon/libnetwork/drivers/bridge/internal/iptabler/iptabler.go,
+    daemon/libnetwork/firewall_linux.go setupUserChain) it creates DOCKER-FORWARD and
+    DOCKER-USER when missing (NewChain: a chain that exists is kept, never flushed) and
+    re-inserts the FORWARD jumps at the top, DOCKER-FORWARD first, then DOCKER-USER, so
+    DOCKER-USER is always the first rule of FORWARD after a start or restart.
     """
     fwd = Path("/proc/sys/net/ipv4/ip_forward")
     if fwd.read_text().strip() != "1":
         fwd.write_text("1\n")
-        _run(["iptables", "-P", "FORWARD", "DROP"])
-    for chain in ("DOCKER-USER", "DOCKER-FORWARD", "DOCKER"):
-        if _run(["iptables", "-n", "-L", chain], check=False).returncode != 0:
-            _run(["iptables", "-N", chain])
-    for pos, target in ((1, "DOCKER-USER"), (2, "DOCKER-FORWARD")):
-        if _run(["iptables", "-C", "FORWARD", "-j", target], check=False).returncode != 0:
-            _run(["iptables", "-I", "FORWARD", str(pos), "-j", target])
+        _run(["iptables", "-w", "-P", "FORWARD", "DROP"])
+    for chain in ("DOCKER-FORWARD", "DOCKER", "DOCKER-USER"):
+        if _run(["iptables", "-w", "-n", "-L", chain], check=False).returncode != 0:
+            _run(["iptables", "-w", "-N", chain])
+    _ensure_jump("FORWARD", "DOCKER-FORWARD")
+    _ensure_jump("FORWARD", "DOCKER-USER")
 
 
 def netfilter_reset() -> None:
@@ -182,21 +193,52 @@ def runtime_reset() -> None:
         f.unlink(missing_ok=True)
 
 
+def _before(unit_text: str) -> set[str]:
+    out: set[str] = set()
+    for line in unit_text.splitlines():
+        key, sep, val = line.partition("=")
+        if sep and key.strip() == "Before":
+            out |= set(val.split())
+    return out
+
+
+# A unit ordered Before= one of these starts ahead of the network and dockerd (systemd.special(7):
+# network-pre.target is "before any network interface is configured", a firewall's place).
+EARLY = {"network-pre.target", DOCKER_UNIT}
+
+
+def early_units(root: str = "/") -> list[str]:
+    """The enabled units ordered Before=network-pre.target or docker.service."""
+    wants = Path(root, WANTS.lstrip("/"))
+    out = []
+    for n in enabled_units(root):
+        try:
+            if _before((wants / n).read_text(errors="replace")) & EARLY:
+                out.append(n)
+        except OSError:
+            continue
+    return out
+
+
 def boot(docker: bool) -> dict[str, object]:
+    """systemd-sysctl, the early units, networkd (netplan), dockerd, then the other enabled units."""
     report: dict[str, object] = {}
     runtime_reset()
     netfilter_reset()
     report["sysctl"] = sysctl_boot()
+    started = {}
+    early = early_units()
+    for unit in early:
+        started[unit] = _run(["systemctl", "start", unit], check=False).returncode
     from sparkctl_sim import netplansim
 
     report["netplan"] = netplansim.boot() if any(Path(d).glob("*.yaml") for d in NETPLAN_DIRS
                                                    if Path(d).is_dir()) else []
     if docker:
         dockerd_start()
-    started = {}
     for unit in enabled_units():
-        r = _run(["systemctl", "start", unit], check=False)
-        started[unit] = r.returncode
+        if unit not in early:
+            started[unit] = _run(["systemctl", "start", unit], check=False).returncode
     report["units"] = started
     return report
 
@@ -205,6 +247,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:1] == ["boot"]:
         print(json.dumps(boot("--docker" in args)))
+        return 0
+    if args[:1] == ["dockerd"]:  # what dockerd does to the filter table at a (re)start
+        dockerd_start()
         return 0
     if args[:1] == ["netplan"]:
         sub = args[1:2]
@@ -224,8 +269,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         from sparkctl_sim import netplansim
 
         return (netplansim.cmd_networkctl if args[0] == "networkctl" else netplansim.cmd_nmcli)(args[1:])
-    print("usage: python3 -m sparkctl_sim.clusterinit boot [--docker] | netplan apply|generate | networkctl ... "
-          "| nmcli ...", file=sys.stderr)
+    print("usage: python3 -m sparkctl_sim.clusterinit boot [--docker] | dockerd | netplan apply|generate "
+          "| networkctl ... | nmcli ...", file=sys.stderr)
     return 2
 
 

@@ -11,6 +11,16 @@ package database is its state file (``packages``), not /var/lib/dpkg:
   ``${Version}`` are the fields it knows. Stricter than a real node: every
   package of the base image is unknown here.
 * ``apt-get update`` (root) changes nothing: the simulated lists are always current.
+* The dpkg frontend lock: a fresh node (``sparkctl sim up --dpkg-lock-s N``) has it held by
+  a simulated unattended-upgrades for N (simulated) seconds after its first boot, as a
+  fresh Ubuntu box does. ``apt-get install`` takes it as apt does (apt-pkg/deb/debsystem.cc
+  ``debSystem::Lock``/``GetLockMaybeWait``, apt-pkg/contrib/fileutl.cc ``GetLock``):
+  without ``-o DPkg::Lock::Timeout=S`` (default 0) it fails at once, exit 100, with apt's
+  two errors; with it, it retries once a second for S seconds, printing "Waiting for cache
+  lock: ..." each time unless ``-qq`` (OpTextProgress shows nothing at quiet >= 2), then
+  fails with the second error alone. tests/test_real_tools.py holds a real lock against the
+  real apt-get and compares the texts. The second counts SIMULATED time: one real second
+  is ``speedup`` of them (the lock record's, from SPARKCTL_SIM_SPEEDUP at ``sim up``).
 * ``apt-get install [-y] [-q...] [--no-install-recommends] PKG...`` needs root
   (the dpkg frontend lock, as apt-get says it) and knows one package, earlyoom:
   it writes what Debian's package installs (the unit, the conffile
@@ -31,6 +41,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -90,6 +101,80 @@ EARLYOOM_ARGS="-r 3600"
 # See more at `earlyoom -h'
 """
 KNOWN = {"earlyoom": EARLYOOM_VERSION}
+LOCK_FRONTEND = "/var/lib/dpkg/lock-frontend"
+# unattended-upgrades' process name as /proc/PID/comm has it (15 characters at most), as apt
+# prints it; the pid is fictional (the simulated holder is a record, not a process).
+UNATTENDED_COMM = "unattended-upgr"
+UNATTENDED_PID = 1187
+
+
+def hold_lock_at_first_boot(state: dict[str, object], seconds: float, speedup: float, now: float) -> None:
+    """unattended-upgrades holds the dpkg lock for ``seconds`` (simulated) from ``now``, this boot only."""
+    state["dpkg_lock"] = {"pid": UNATTENDED_PID, "comm": UNATTENDED_COMM, "boot_id": state.get("boot_id"),
+                          "until": now + seconds / speedup, "speedup": speedup}
+
+
+def lock_holder(state: dict[str, object], now: float) -> dict[str, object] | None:
+    lk = state.get("dpkg_lock")
+    if not isinstance(lk, dict) or lk.get("boot_id") != state.get("boot_id"):
+        return None  # a reboot ended it
+    return lk if now < float(lk.get("until", 0)) else None
+
+
+def _options(args: Sequence[str]) -> tuple[list[str], dict[str, str], int]:
+    """apt's command line (apt-pkg/contrib/cmndline.cc): words, ``-o KEY=VALUE`` (keys are
+    case-insensitive), and the quiet level (-q, -qq, -q=N)."""
+    words: list[str] = []
+    opts: dict[str, str] = {}
+    quiet = 0
+    it = iter(args)
+    for a in it:
+        if a in ("-o", "--option"):
+            kv = next(it, "")
+        elif a.startswith("-o") and not a.startswith("--"):
+            kv = a[2:].lstrip("=")
+        elif a.startswith("--option="):
+            kv = a.partition("=")[2]
+        elif a.startswith("-q=") or a.startswith("--quiet="):
+            quiet = int(a.partition("=")[2] or 0)
+            continue
+        elif re.fullmatch(r"-q+", a):
+            quiet += len(a) - 1
+            continue
+        elif a == "--quiet":
+            quiet += 1
+            continue
+        else:
+            if not a.startswith("-"):
+                words.append(a)
+            continue
+        key, _, val = kv.partition("=")
+        opts[key.lower()] = val
+    return words, opts, quiet
+
+
+def _take_lock(state_path: str, timeout_s: int, quiet: int) -> bool:
+    """debSystem::Lock on the frontend lock: False (messages printed) when it stays held."""
+    held = lock_holder(nodestate.load(state_path), time.time())
+    if held is None:
+        return True
+    busy = f"Could not get lock {LOCK_FRONTEND}. It is held by process {held['pid']} ({held['comm']})"
+    refused = (f"E: Unable to acquire the dpkg frontend lock ({LOCK_FRONTEND}), "
+               "is another process using it?")
+    if timeout_s <= 0:
+        print(f"E: {busy}\n{refused}", file=sys.stderr)
+        return False
+    step_s = 1.0 / float(held.get("speedup") or 1.0)
+    for _ in range(timeout_s):  # GetLockMaybeWait: try, say so, sleep one second
+        if lock_holder(nodestate.load(state_path), time.time()) is None:
+            return True
+        if quiet < 2:
+            print(f"Waiting for cache lock: {busy}...", flush=True)
+        time.sleep(step_s)
+    if lock_holder(nodestate.load(state_path), time.time()) is None:
+        return True
+    print(refused, file=sys.stderr)
+    return False
 
 
 def installed(state: dict[str, object]) -> dict[str, str]:
@@ -150,7 +235,7 @@ def dpkg_query(args: Sequence[str], state: dict[str, object]) -> tuple[str, str,
 
 
 def apt_get(args: Sequence[str], state_path: str, *, euid: int, root: str, unit_dir: str) -> int:
-    words = [a for a in args if not a.startswith("-")]
+    words, opts, quiet = _options(args)
     if not words:
         print("E: No operation specified", file=sys.stderr)
         return 100
@@ -168,6 +253,12 @@ def apt_get(args: Sequence[str], state_path: str, *, euid: int, root: str, unit_
         print("E: Could not open lock file /var/lib/dpkg/lock-frontend - open (13: Permission denied)\n"
               "E: Unable to acquire the dpkg frontend lock (/var/lib/dpkg/lock-frontend), are you root?",
               file=sys.stderr)
+        return 100
+    try:
+        timeout_s = int(opts.get("dpkg::lock::timeout", "0"))
+    except ValueError:
+        timeout_s = 0  # apt's FindI: a value that is not a number reads as the default
+    if not _take_lock(state_path, timeout_s, quiet):
         return 100
     for p in pkgs:
         if p not in KNOWN:

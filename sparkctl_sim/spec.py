@@ -61,4 +61,8 @@ class ClusterSpec:
     playbook: str = ""
     # The management link under NetworkManager, as a desktop install leaves it (sparkctl_sim.netplansim).
     network_manager: bool = False
+    # Fresh nodes: unattended-upgrades holds the dpkg lock this many simulated seconds after
+    # the first boot (sparkctl_sim.debpkg); one real second is `speedup` simulated ones.
+    dpkg_lock_s: float = 0.0
+    speedup: float = 1.0
     extra: dict[str, str] = field(default_factory=dict)

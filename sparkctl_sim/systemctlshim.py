@@ -355,12 +355,16 @@ def _stop(units: Units, name: str) -> int:
     kill_signal = int(cur.get("KillSignal") or signal.SIGTERM)
     units.update(name, stop_requested=True, ActiveState="deactivating", SubState="stop-sigterm")
     pid = int(cur.get("MainPID") or 0)
-    if unit is not None and pid:
+    # systemd.service(5): ExecStop= runs when an active unit stops, a oneshot kept active by
+    # RemainAfterExit=yes included (it has no main process left: that is how such a unit undoes
+    # what its ExecStart= did)
+    remain = unit is not None and unit.type == "oneshot" and cur["ActiveState"] == "active"
+    if unit is not None and (pid or remain):
         try:
             env = _service_env(unit)
         except ShimError:
             env = {"PATH": os.environ.get("PATH", os.defpath)}
-        _run_control(units, unit, "ExecStop", dict(env, MAINPID=str(pid)), timeout_s)
+        _run_control(units, unit, "ExecStop", dict(env, MAINPID=str(pid)) if pid else env, timeout_s)
     if pid and _alive(pid, cur.get("main_start")):
         _killpg(pid, kill_signal)
         _killpg(pid, signal.SIGCONT)  # SendSIGCONT=yes: a stopped process must see the signal

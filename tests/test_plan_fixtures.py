@@ -17,8 +17,9 @@ import yaml
 from sparkctl.model.inventory import load_inventory
 from sparkctl.model.profiles import resolve
 from sparkctl.model.resources import Roots
+from sparkctl.ops import fabric
 from sparkctl.ops.supervise import split_plan
-from sparkctl.plan import planner
+from sparkctl.plan import fabricplan, planner
 from sparkctl.plan.render import render
 
 REPO = Path(__file__).resolve().parent.parent
@@ -63,6 +64,11 @@ def plan_case(name: str) -> dict[str, Any]:
         return plan_apply(inv, roots, None, None, netplan)[0].to_dict()
     if case["op"] == "down":
         return planner.plan_down(inv, record, reset_clocks=bool(case.get("reset_clocks")), started_at=STARTED).to_dict()
+    if case["op"] == "fabric-restore":
+        return fabricplan.plan_fabric_restore(inv).to_dict()
+    if case["op"] == "fabric-apply":
+        return fabric.plan_apply(inv, roots, resolve(case["profile"], roots) if case.get("profile") else None,
+                                 {})[0].to_dict()
     res = resolve(case["profile"], roots)
     rendering = render(res, inv, roots, secrets={})
     f = case.get("facts", {})
@@ -132,3 +138,16 @@ def test_the_fixtures_say_what_the_issue_asks() -> None:
                                                 "reset-clocks"]  # nothing may come back at boot once down ran
     assert next(s["nodes"] for s in down["steps"] if s["id"] == "stop") == ["spark-a", "spark-b", "spark-c",
                                                                            "spark-d"]  # the head first
+
+
+def test_the_fabric_fixtures_say_what_the_issue_asks() -> None:
+    """Issue 18: relays forward fabric to fabric only (a unit before network and docker, its chain
+    gone after restore); apt-get waits, bounded, for the dpkg lock."""
+    apply = plan_case("fabric-apply")
+    watchdog = next(s for s in apply["steps"] if s["id"] == "watchdog")
+    assert all("apt-get -o DPkg::Lock::Timeout=300 install" in c for c in watchdog["commands"].values())
+    assert "waiting up to 300 s for the dpkg lock" in watchdog["summary"]
+    push = next(s for s in apply["steps"] if s["id"] == "push")
+    assert all(any(f["path"].endswith("sparkctl-fabric-forward.service") for f in fs) for fs in push["files"].values())
+    restore = plan_case("fabric-restore")
+    assert all("iptables -w -X SPARKCTL-FABRIC" in c for c in restore["steps"][0]["commands"].values())

@@ -126,6 +126,17 @@ def test_rendered_units_pass_systemd_analyze_verify(where: str, systemd_base: Pa
     assert (r.returncode, r.stdout + r.stderr) == (0, ""), f"{where}: systemd-analyze verify:\n{r.stdout}{r.stderr}"
 
 
+def test_the_relay_forward_unit_passes_systemd_analyze_verify(systemd_base: Path, tmp_path: Path) -> None:
+    from sparkctl.plan.fabricplan import render_fabric
+
+    inv = load_inventory(REPO / "inventory.yaml")
+    units = [(Path(f.path).name, f.text) for f in render_fabric(inv, Roots.make(env={})).files["spark-b"]
+             if f.path.endswith(".service")]
+    assert [n for n, _ in units] == ["sparkctl-fabric-forward.service"]
+    r = _verify(systemd_base, units, tmp_path)
+    assert (r.returncode, r.stdout + r.stderr) == (0, ""), f"systemd-analyze verify:\n{r.stdout}{r.stderr}"
+
+
 def test_systemd_analyze_verify_refuses_a_broken_unit(systemd_base: Path, tmp_path: Path) -> None:
     text = "[Service]\nExecStart=/bin/sh -c true\nStandardOutput=append:relative/engine.log\nNoSuchKey=1\n"
     r = _verify(systemd_base, [("broken.service", text)], tmp_path)
@@ -226,3 +237,51 @@ def test_shellcheck_refuses_a_broken_script(tmp_path: Path) -> None:
     path.write_text("#!/bin/sh\nUNUSED=1\nrm -rf $1/*\n")
     r = _shellcheck(path)
     assert r.returncode != 0 and "SC2034" in r.stdout and "SC2086" in r.stdout
+
+
+# --------------------------------------------------------------------------- apt and the dpkg lock
+
+
+def _real_apt_on_held_lock(tmp: Path, extra: list[str]) -> subprocess.CompletedProcess[str]:
+    """The real apt-get against a dpkg admin dir whose frontend lock this process holds (fcntl)."""
+    import fcntl
+    import os
+
+    (tmp / "status").touch()
+    fd = os.open(tmp / "lock-frontend", os.O_RDWR | os.O_CREAT, 0o640)
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_EX)
+        return subprocess.run(["apt-get", "-o", f"Dir::State::status={tmp / 'status'}", *extra,
+                               "install", "-y", "earlyoom"], capture_output=True, text=True, timeout=60)
+    finally:
+        os.close(fd)
+
+
+def test_the_simulated_dpkg_lock_says_what_the_real_apt_get_says(tmp_path: Path, capsys: pytest.CaptureFixture[str]
+                                                                  ) -> None:
+    """sparkctl_sim.debpkg's held lock, without and with DPkg::Lock::Timeout, beside the real apt-get's."""
+    import os
+    import re
+    import time
+
+    from sparkctl_sim import debpkg, nodestate
+
+    _need("apt-get", "apt")
+    if os.geteuid() != 0:
+        pytest.skip("apt-get takes the dpkg lock as root only")
+    state = tmp_path / "state.json"
+    st = nodestate.default_state("spark-a")
+    debpkg.hold_lock_at_first_boot(st, 3600, 100.0, time.time())
+    nodestate.create(state, st)
+
+    def norm(text: str, lock: str) -> str:  # the lock's path and its holder differ, nothing else
+        return re.sub(r"process \d+ \([^)]*\)", "process PID (NAME)", text.replace(lock, "LOCK"))
+
+    for extra, timeout in (([], 0), (["-o", "DPkg::Lock::Timeout=2"], 2)):
+        real = _real_apt_on_held_lock(tmp_path, extra)
+        assert debpkg._take_lock(str(state), timeout, quiet=0) is False
+        sim = capsys.readouterr()
+        assert real.returncode == 100 and "Could not get lock" in real.stderr + real.stdout
+        real_lock = str(tmp_path / "lock-frontend")
+        assert norm(sim.err, debpkg.LOCK_FRONTEND) == norm(real.stderr, real_lock), (extra, real.stderr)
+        assert norm(sim.out, debpkg.LOCK_FRONTEND) == norm(real.stdout, real_lock), (extra, real.stdout)

@@ -104,8 +104,9 @@ def test_install_refreshes_stale_package_lists_once(tmp_path: Path) -> None:
     env = {**os.environ, "PATH": f"{tmp_path}:/usr/bin:/bin"}
     assert subprocess.run(["sh", "-c", install_command()], env=env).returncode == 0
     lines = log.read_text().splitlines()
-    assert lines == ["install -y -qq --no-install-recommends earlyoom", "update -qq",
-                     "install -y -qq --no-install-recommends earlyoom"]
+    wait = "-o DPkg::Lock::Timeout=300"  # every call waits (bounded) for the dpkg lock
+    assert lines == [f"{wait} install -y -qq --no-install-recommends earlyoom", f"{wait} update -qq",
+                     f"{wait} install -y -qq --no-install-recommends earlyoom"]
     (tmp_path / "installed").touch()
     log.unlink()
     assert subprocess.run(["sh", "-c", install_command()], env=env).returncode == 0 and not log.exists()

@@ -64,12 +64,27 @@ PACKAGE = "earlyoom"
 INSTALLED_TEST = "[ \"$(dpkg-query -W --showformat='${db:Status-Status}' earlyoom 2>/dev/null)\" = installed ]"
 
 
+# On a fresh box unattended-upgrades holds the dpkg frontend lock for minutes after the first
+# boot, and apt-get does not wait for it by default: "DPkg::Lock::Timeout" is 0 (apt
+# apt-pkg/deb/debsystem.cc debSystem::Lock; only the `apt` binary defaults to waiting,
+# apt-private/private-cmndline.cc), so it fails at once with "Could not get lock
+# /var/lib/dpkg/lock-frontend. It is held by process N (unattended-upgr)" (exit 100). With
+# the option set it retries once a second up to that many seconds (GetLockMaybeWait, apt >= 1.9.11).
+DPKG_LOCK_TIMEOUT_S = 300
+APT_GET = f"apt-get -o DPkg::Lock::Timeout={DPKG_LOCK_TIMEOUT_S}"
+
+
 def install_command() -> str:
-    """Install Debian's earlyoom when dpkg does not have it (root). Its maintainer scripts
-    enable and start the unit with Debian's arguments; :func:`configure_command` sets ours."""
-    install = f"DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends {PACKAGE}"
+    """Install Debian's earlyoom when dpkg does not have it (root), waiting (bounded) for the
+    dpkg lock. Its maintainer scripts enable and start the unit with Debian's arguments;
+    :func:`configure_command` sets ours."""
+    install = f"DEBIAN_FRONTEND=noninteractive {APT_GET} install -y -qq --no-install-recommends {PACKAGE}"
+    # apt-get -qq prints nothing while it waits (apt's OpTextProgress shows no progress at
+    # quiet >= 2): say it here, where the step's output keeps it
+    say = (f"echo 'installing {PACKAGE}: apt-get waits up to {DPKG_LOCK_TIMEOUT_S} s for the dpkg lock "
+           "(unattended-upgrades holds it for minutes after a fresh box boots)' >&2")
     # a box whose package lists are stale or empty ("Unable to locate package"): refresh once, retry
-    return f"if ! {INSTALLED_TEST}; then {install} || {{ apt-get update -qq && {install}; }}; fi"
+    return f"if ! {INSTALLED_TEST}; then {say}; {install} || {{ {APT_GET} update -qq && {install}; }}; fi"
 
 
 def configure_command(law: LawsSpec, prefix: str) -> str:

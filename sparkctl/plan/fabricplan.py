@@ -47,7 +47,9 @@ from sparkctl.plan.steps import FileRef, Plan, Step
 
 GID_WAIT_S = 30  # mlx5 fills a RoCE v2 GID within a second of the address; 30 s is a dead port
 APPLY_TIMEOUT_S = 120
-APT_TIMEOUT_S = 600  # apt-get install on a fresh box: index refresh not included, a slow mirror
+# apt-get install on a fresh box, twice when the lists need a refresh: each waits up to
+# watchdog.DPKG_LOCK_TIMEOUT_S for the dpkg lock, then a slow mirror
+APT_TIMEOUT_S = 2 * watchdog.DPKG_LOCK_TIMEOUT_S + 300
 q = shlex.quote
 
 
@@ -71,8 +73,61 @@ def _relay(inv: Inventory, node: str) -> bool:
     return inv.topology == "ring" and bool(inv.routes_for(node))
 
 
+# sparkctl's own chain for what a relay may forward, jumped to from the top of DOCKER-USER.
+FORWARD_CHAIN = "SPARKCTL-FABRIC"
+
+
 def _docker_user_rule(pool: str) -> str:
+    """The pool->pool accept that sparkctl put straight into DOCKER-USER before FORWARD_CHAIN (removed)."""
     return f"-s {q(pool)} -d {q(pool)} -j ACCEPT"
+
+
+def forward_rules(pool: str, ports: tuple[str, ...]) -> tuple[str, ...]:
+    """The rules of FORWARD_CHAIN: fabric to fabric only, whatever FORWARD policy dockerd chose.
+
+    dockerd sets the FORWARD policy to DROP only when it turned forwarding on itself (moby
+    daemon/libnetwork/drivers/bridge/setup_ip_forwarding.go); after a reboot systemd-sysctl
+    has done it first and the policy stays ACCEPT. So the relay accepts pool->pool between
+    its fabric ports and drops anything else into or out of them (the management LAN, a
+    docker bridge); traffic that touches no fabric port returns to DOCKER-USER untouched,
+    so Docker's own bridge rules decide it as before."""
+    rules = [f"-A {FORWARD_CHAIN} -i {i} -o {o} -s {pool} -d {pool} -j ACCEPT" for i in ports for o in ports]
+    rules += [f"-A {FORWARD_CHAIN} -i {i} -j DROP" for i in ports]
+    rules += [f"-A {FORWARD_CHAIN} -o {o} -j DROP" for o in ports]
+    return tuple(rules)
+
+
+def _forward_sh(pool: str, ports: tuple[str, ...]) -> tuple[str, str]:
+    """(start, stop) shell of the forward unit, with the real iptables.
+
+    The chain is replaced in one iptables-restore commit (``--noflush`` keeps every other
+    chain; declaring the chain flushes it), so a re-apply never opens a gap. DOCKER-USER
+    is created when dockerd has not started yet (it keeps a chain it finds, and never
+    flushes it: moby daemon/libnetwork/firewall_linux.go setupUserChain), and so is the
+    FORWARD jump to it (dockerd's EnsureJumpRule deletes and re-inserts it at the top at
+    every start: daemon/libnetwork/iptables/iptables.go), so the rules hold from before
+    dockerd's first start and through each of its restarts."""
+    ipt = "iptables -w"
+    restore = " ".join(q(line) for line in ("*filter", f":{FORWARD_CHAIN} - [0:0]", *forward_rules(pool, ports),
+                                            "COMMIT"))
+    start = "; ".join([
+        "set -e",
+        f"printf '%s\\n' {restore} | iptables-restore -w --noflush",
+        f"{ipt} -N DOCKER-USER 2>/dev/null || true",
+        f"{ipt} -C DOCKER-USER -j {FORWARD_CHAIN} 2>/dev/null || {ipt} -I DOCKER-USER 1 -j {FORWARD_CHAIN}",
+        f"{ipt} -C FORWARD -j DOCKER-USER 2>/dev/null || {ipt} -I FORWARD 1 -j DOCKER-USER",
+        f"while {ipt} -D DOCKER-USER {_docker_user_rule(pool)} 2>/dev/null; do :; done",
+    ])
+    return start, _forward_stop_sh(pool)
+
+
+def _forward_stop_sh(pool: str) -> str:
+    """Remove FORWARD_CHAIN and its jump (and an older sparkctl's DOCKER-USER rule); Docker's own stay.
+    Safe under ``set -e`` (the restore script) when there is nothing left to remove."""
+    ipt = "iptables -w"
+    return (f"while {ipt} -D DOCKER-USER -j {FORWARD_CHAIN} 2>/dev/null; do :; done; "
+            f"{{ {ipt} -F {FORWARD_CHAIN} && {ipt} -X {FORWARD_CHAIN}; }} 2>/dev/null || true; "
+            f"while {ipt} -D DOCKER-USER {_docker_user_rule(pool)} 2>/dev/null; do :; done; true")
 
 
 def render_fabric(inv: Inventory, roots: Roots, profile_rendering: Rendering | None = None) -> FabricFiles:
@@ -81,16 +136,14 @@ def render_fabric(inv: Inventory, roots: Roots, profile_rendering: Rendering | N
     files: dict[str, tuple[RenderedFile, ...]] = {}
     units: dict[str, tuple[str, ...]] = {}
     pool = inv.fabric_pool
-    rule = _docker_user_rule(pool)
     for n in inv.nodes:
         links = inv.node_links(n.name)
         if not links:
             continue
+        accept_sh, remove_sh = _forward_sh(pool, tuple(ep.netdev for ep in inv.endpoints(n.name)))
         ctx = dict(version=__version__, r=_NodeRef(n.name), node=n.name, inv=inv, links=links,
-                   routes=inv.routes_for(n.name), mtu=inv.mtu, pool=pool,
-                   accept_sh=f"iptables -N DOCKER-USER 2>/dev/null; iptables -C DOCKER-USER {rule} 2>/dev/null "
-                             f"|| iptables -I DOCKER-USER 1 {rule}",
-                   remove_sh=f"while iptables -D DOCKER-USER {rule} 2>/dev/null; do :; done; true")
+                   routes=inv.routes_for(n.name), mtu=inv.mtu, pool=pool, chain=FORWARD_CHAIN,
+                   accept_sh=accept_sh, remove_sh=remove_sh)
         want = [(NETPLAN, "fabric-netplan.yaml.j2", 0o600)]
         node_units: list[str] = []
         if _relay(inv, n.name):
@@ -359,7 +412,8 @@ def plan_fabric_apply(inv: Inventory, fabric: FabricFiles, profile: str | None =
                  commands=apply, sudo=_fan(inv, apply), timeout_s=APPLY_TIMEOUT_S),
             Step("gids", "verify", "run", nodes, "wait for exactly one RoCE v2 IPv4 GID per cabled port",
                  commands=wait, sudo=_fan(inv, wait), timeout_s=GID_WAIT_S + 15)]
-    steps.append(Step("watchdog", "watchdog", "run", every, "install earlyoom if missing (apt-get), write "
+    steps.append(Step("watchdog", "watchdog", "run", every, "install earlyoom if missing (apt-get, waiting up to "
+                      f"{watchdog.DPKG_LOCK_TIMEOUT_S} s for the dpkg lock), write "
                       f"{EARLYOOM_DEFAULT} from laws.min_free_gib, enable and (re)start it (law memory_watchdog)",
                       changes="earlyoom installed, configured, enabled", commands=guard, sudo=_fan(inv, guard),
                       timeout_s=APT_TIMEOUT_S))
@@ -377,8 +431,8 @@ def _restore(inv: Inventory, node: str) -> str:
         "set -e",
         f'b={b}; [ -e "$b/complete" ] || {{ echo "no fabric backup on this node ($b): nothing to restore" >&2; exit 3; }}',
         f"systemctl disable --now {q(posixpath.basename(FORWARD_UNIT))} >/dev/null 2>&1 || true",
-        # the unit's ExecStop does it too; a unit already gone (or never started) must not leave the rule
-        f"while iptables -D DOCKER-USER {_docker_user_rule(inv.fabric_pool)} 2>/dev/null; do :; done",
+        # the unit's ExecStop does it too; a unit already gone (or never started) must not leave the rules
+        _forward_stop_sh(inv.fabric_pool),
         'while read -r u s; do [ "$s" = enabled ] || systemctl disable "$u" >/dev/null 2>&1 || true; done < "$b/units"',
         f"rm -f {ours}",
         "systemctl daemon-reload",

@@ -69,9 +69,9 @@ def host_lock() -> Iterator[None]:
 
 
 def _make_sim(tmp: Path, nodes: int, *, ready: bool = True, load_images: bool = True,
-              up_args: tuple[str, ...] = ()) -> Iterator[Sim]:
+              up_args: tuple[str, ...] = (), speedup: str = "20") -> Iterator[Sim]:
     env = {**os.environ, "SPARKCTL_SIM_DIR": str(tmp / "sim"), "XDG_STATE_HOME": str(tmp / "state"),
-           "SPARKCTL_SIM_SPEEDUP": "20", "SPARKCTL_SIM_LOAD_S": "1"}
+           "SPARKCTL_SIM_SPEEDUP": speedup, "SPARKCTL_SIM_LOAD_S": "1"}
     env.pop("SPARKCTL_INVENTORY", None)
     sim = Sim(tmp / "sim", tmp / "sim" / "inventory.yaml", env)
     r = sim.sparkctl("sim", "up", "--nodes", str(nodes), *(["--ready"] if ready else []),

@@ -13,7 +13,7 @@ pytestmark = pytest.mark.e2e
 PROFILE = "ds41f-tp4-ring"
 WAIVE = ("--waive", "page_size", "--reason", "stock 4 KiB kernel")
 NODES = ("spark-a", "spark-b", "spark-c", "spark-d")
-RULE = "-s 10.20.0.0/16 -d 10.20.0.0/16 -j ACCEPT"
+RULE = "-j SPARKCTL-FABRIC"  # the relay's own chain, from DOCKER-USER (fabricplan.forward_rules)
 SNAPSHOT = ("find /etc/netplan /etc/sysctl.d -type f 2>/dev/null | sort | xargs -r sha256sum; "
             "sysctl net.ipv4.ip_forward net.ipv4.conf.all.rp_filter net.ipv4.conf.default.rp_filter; "
             "ls /etc/systemd/system/multi-user.target.wants 2>/dev/null")
@@ -49,7 +49,7 @@ def test_fresh_ring_needs_fabric_apply_then_serves_and_restores(fresh_ring) -> N
     assert RULE in sim.ssh("spark-b", "iptables -S DOCKER-USER").stdout
     assert sim.ssh("spark-a", "systemctl is-enabled sparkctl-clock-cap.service").stdout.strip() == "enabled"
 
-    # Docker's FORWARD DROP with no DOCKER-USER rule: the node across cannot be reached, check says why.
+    # Docker's FORWARD DROP with sparkctl's chain unhooked: the node across cannot be reached, check says why.
     for n in NODES:
         sim.ssh(n, f"iptables -D DOCKER-USER {RULE}")
     r = sim.sparkctl("-i", inv, "check", PROFILE, *WAIVE, timeout=300)
