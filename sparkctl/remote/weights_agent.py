@@ -44,6 +44,15 @@ keeps N ranges in flight and a file's hash tail, fsync and rename overlap the
 next file's transfer. Each chunk's SHA-256 is hashed from the receive buffer
 too and kept in the hash cache, so a manifest after the fetch reads nothing.
 
+Over a network that fails: a body that stops at any byte is asked for again
+from that byte (what is on disk is kept); 429/408/5xx answers are waited out
+(the Hub's ``RateLimit``, else ``Retry-After`` in seconds or as an HTTP-date,
+else 1, 2, 4, 8 s backoff; capped at 300 s; 5 waits in a row per request at
+most, renewed while bytes arrive); a storage URL that expires mid-file (401,
+403, 410 from the host the Hub redirected to) is resolved again from the
+Hub's URL. Every failure ends as an ``error`` event naming the file and
+what happened, never a traceback (:func:`main`).
+
 How a pull from a peer works: the manifest carries, besides each file's
 SHA-256, the SHA-256 of every chunk (``chunk_bytes``, 32 MiB by default; one
 read of the source computes both). Each connection hashes its chunk from the
