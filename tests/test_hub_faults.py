@@ -212,6 +212,29 @@ def test_an_expired_storage_url_is_resolved_again_from_the_hub(tmp_path: Path) -
     assert _tree(tmp_path / "a" / "models" / "m") == FILES
 
 
+def test_a_job_stopped_mid_chunk_asks_the_next_run_for_the_rest_of_that_chunk_only(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    chunk = 512 * 1024
+    # a connection reads 64 KiB at a time here: a stop after 100 kB lands inside the first chunk, at 128 KiB
+    monkeypatch.setattr(agent, "RECV_BUF", 64 * 1024)
+    with LocalHub([make_repo(REPO_ID, FILES)]) as h:
+        url = hub.resolve_url(h.endpoint, REPO_ID, "main", BIG)
+        dest = tmp_path / "x"
+        quiet = agent.Emitter(open(os.devnull, "w"))
+        with pytest.raises(agent.Interrupted):
+            agent.fetch_file(url, str(dest), emit=quiet, connections=1, chunk_bytes=chunk, sha256=BIG_SHA,
+                             max_bytes=100_000)
+        side = json.loads((tmp_path / "x.part.json").read_text())
+        kept = {int(i): n for i, n in side["partial"].items()}
+        assert side["done"] == [] and kept == {0: 128 * 1024}, side
+        before = len(h.storage_gets(BIG_SHA))
+        res = agent.fetch_file(url, str(dest), emit=quiet, connections=2, chunk_bytes=chunk, sha256=BIG_SHA)
+        asked = h.storage_gets(BIG_SHA)[before:]
+    assert dest.read_bytes() == FILES[BIG] and not (tmp_path / "x.part.json").exists()
+    assert f"bytes={kept[0]}-{chunk - 1}" in asked, asked  # from the byte on disk, not the chunk's start
+    assert res["bytes"] == len(FILES[BIG]) - kept[0] and res["resumed_bytes"] == kept[0]
+
+
 def test_a_fault_that_does_not_pass_fails_the_file_with_its_name_and_no_traceback(
         local_hub: LocalHub, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     local_hub.refuse(503, times=1000, path=BIG_SHA)

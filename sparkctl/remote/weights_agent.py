@@ -31,7 +31,8 @@ How a download works (the "download laws" of the field report, after
 scripts/pget.py): the file is cut into chunks fetched with HTTP ``Range``
 requests by N threads, each on its own keep-alive connection, written at their
 offsets into ``PATH.part`` (a sparse file). ``PATH.part.json`` lists the chunks
-that are complete, so an interrupted download resumes chunk by chunk. While
+that are complete, and how far a chunk cut short got, so an interrupted
+download resumes from the bytes on disk. While
 chunks land, a hasher thread follows the contiguous completed prefix and feeds
 SHA-256, so verification costs little beyond the transfer. The size (and the
 SHA-256 when known) is checked before the atomic rename to PATH; a mismatch
@@ -572,14 +573,27 @@ def _content_range(resp: http.client.HTTPResponse) -> tuple[int, int, int | None
 
 
 class _Sidecar:
-    """PATH.part.json: which chunks of PATH.part are complete."""
+    """PATH.part.json: which chunks of PATH.part are complete, and how far a chunk cut short got.
+
+    ``partial`` (chunk -> bytes from its start) is what a job that was
+    stopped, or gave a chunk up, had written of it: the next run asks for the
+    rest only (``Range`` from the bytes on disk). Not kept for verified
+    chunks (a pull's): a chunk's hash cannot be resumed, the chunk is fetched whole.
+    """
 
     def __init__(self, path: str, size: int, chunk_bytes: int, key: str, verified: bool = False) -> None:
         self.path = path
         # verified: every chunk listed in "done" matched the manifest's hash (what a relay may serve)
         self.meta = {"version": 1, "size": size, "chunk_bytes": chunk_bytes, "key": key, "verified": verified}
         self.done: set[int] = set()
+        self.partial: dict[int, int] = {}
         self.lock = threading.Lock()
+
+    def _write(self) -> None:
+        data: dict = {**self.meta, "done": sorted(self.done)}
+        if self.partial:
+            data["partial"] = {str(i): n for i, n in sorted(self.partial.items())}
+        atomic_write_json(self.path, data)
 
     def load(self) -> bool:
         """Adopt the recorded chunks if the sidecar describes this same download."""
@@ -591,12 +605,29 @@ class _Sidecar:
         if any(data.get(k) != v for k, v in self.meta.items()):
             return False
         self.done = {int(i) for i in data.get("done", [])}
+        chunk, size = int(self.meta["chunk_bytes"]), int(self.meta["size"])
+        try:
+            partial = {int(i): int(n) for i, n in (data.get("partial") or {}).items()}
+        except (TypeError, ValueError, AttributeError):
+            partial = {}
+        self.partial = {} if self.meta["verified"] else {
+            i: n for i, n in partial.items()
+            if i not in self.done and 0 <= i * chunk < size and 0 < n < min(chunk, size - i * chunk)}
         return True
 
     def mark(self, index: int) -> None:
         with self.lock:
             self.done.add(index)
-            atomic_write_json(self.path, {**self.meta, "done": sorted(self.done)})
+            self.partial.pop(index, None)
+            self._write()
+
+    def mark_partial(self, index: int, nbytes: int) -> None:
+        """Chunk ``index`` has its first ``nbytes`` on disk (it was cut short; the next run continues it)."""
+        if self.meta["verified"] or nbytes <= 0:
+            return
+        with self.lock:
+            self.partial[index] = nbytes
+            self._write()
 
 
 class Slots:
@@ -843,7 +874,6 @@ def fetch_file(
     # needs, so a sync after this fetch reads no byte of it again (the hash cache holds both)
     digests: dict[int, str] = {}
     if ranged:
-        source.url = final_url
         digest = _fetch_ranged(
             source, part, sidecar_path, total, emit=emit, meter=meter, connections=connections,
             chunk_bytes=chunk_bytes, key=sha256 or url, max_bytes=max_bytes, stop=stop, timeout_s=timeout_s,
@@ -1014,11 +1044,15 @@ def _fetch_ranged(
         with open(part, "wb") as f:
             f.truncate(total)  # sparse: chunks land at their offsets
         atomic_write_json(sidecar_path, {**sidecar.meta, "done": []})
-    meter.base_bytes = sum(min(chunk_bytes, total - i * chunk_bytes) for i in sidecar.done)
+    if not resumed:
+        sidecar.partial = {}
+    meter.base_bytes = sum(min(chunk_bytes, total - i * chunk_bytes) for i in sidecar.done) + \
+        sum(sidecar.partial.values())
     if totals is not None:
         totals.base_bytes += meter.base_bytes
     if resumed:
-        emit("resume", file=meter.fixed.get("file"), chunks_done=len(sidecar.done), chunks_total=n_chunks)
+        emit("resume", file=meter.fixed.get("file"), chunks_done=len(sidecar.done), chunks_total=n_chunks,
+             partial_bytes=sum(sidecar.partial.values()))
     todo: queue.Queue[int] = queue.Queue()
     for i in range(n_chunks):
         if i not in sidecar.done:
@@ -1095,10 +1129,13 @@ def _fetch_ranged(
                         drained.set()  # every chunk of this file is on a connection
                     first = index * chunk_bytes
                     last = min(first + chunk_bytes, total) - 1
+                    kept = sidecar.partial.get(index, 0)
                     _fetch_chunk(client, url, fd, first, last, view, meter, totals, max_bytes, stop, retries,
                                  total, chunk_hashes[index] if chunk_hashes is not None else None, headers,
-                                 record=None if chunk_digests is None else (chunk_digests, index), emit=emit,
-                                 label=str(meter.fixed.get("file") or os.path.basename(part)))
+                                 # a chunk continued from an earlier run has no digest of its own
+                                 record=None if chunk_digests is None or kept else (chunk_digests, index), emit=emit,
+                                 label=str(meter.fixed.get("file") or os.path.basename(part)), resume_at=kept,
+                                 keep=lambda n, index=index: sidecar.mark_partial(index, n))
                 finally:
                     if slots is not None:
                         slots.release()
@@ -1162,6 +1199,7 @@ def _fetch_chunk(
     totals: Meter | None, max_bytes: int | None, stop: threading.Event, retries: int, total: int | None = None,
     expect: str | None = None, headers: dict[str, str] | None = None,
     record: tuple[dict[int, str], int] | None = None, emit: Emitter | None = None, label: str | None = None,
+    resume_at: int = 0, keep: Callable[[int], None] | None = None,
 ) -> None:
     """Bytes ``first``..``last`` into ``fd`` at their offset; with ``expect``, hashed on the way and checked.
 
@@ -1171,14 +1209,19 @@ def _fetch_chunk(
     bounded); a refusal (401/403/410) from the storage host the Hub redirected
     to has the URL resolved again (:class:`_Source`). ``record`` (digests,
     index): the chunk's SHA-256, hashed on the way too, is stored at
-    ``digests[index]`` once the chunk is complete.
+    ``digests[index]`` once the chunk is complete. ``resume_at``: the chunk's
+    first bytes already on disk from an earlier run (not with ``expect`` or
+    ``record``: their hash would miss them); ``keep(n)`` hears how many bytes
+    of the chunk are on disk when it ends unfinished (stopped, or given up).
     """
     source = url if isinstance(url, _Source) else None
     what = f"{label or 'download'}: bytes {first}-{last}"
     patience = Patience(what, stop, emit, retries)
-    mismatches = 0
-    pos = first
+    pos = first + max(0, resume_at)
     h = hashlib.sha256() if expect is not None or record is not None else None
+    if h is not None and pos != first:
+        raise AgentError(f"{what}: a hashed chunk cannot resume from byte {pos}")
+    mismatches = 0
 
     def uncount(n: int) -> None:
         for m in (meter, totals):
@@ -1186,79 +1229,86 @@ def _fetch_chunk(
                 with m.lock:
                     m.session_bytes -= n
 
-    while True:
-        if stop.is_set():
-            raise Interrupted("stopped")
-        src = source.url if source is not None else str(url)
-        try:
-            resp = client.get(src, {**(headers or {}), "Range": f"bytes={pos}-{last}"})
-        except (OSError, http.client.HTTPException) as exc:
-            patience.wait(f"network: {exc.__class__.__name__}: {exc}")
-            continue
-        if resp.status in RETRY_STATUSES:
-            _drain(resp, client)
-            patience.wait(f"HTTP {resp.status} {resp.reason}", resp.status, resp.getheader)
-            continue
-        if resp.status in EXPIRED_STATUSES and source is not None and source.redirected:
-            _drain(resp, client)
-            source.refresh(src, resp.status)
-            continue
-        if resp.status != 206:
-            body = _body_text(resp, 200)
-            client.close()
-            raise AgentError(f"{what}: HTTP {resp.status} {resp.reason} (expected 206)" + (f": {body}" if body else ""))
-        got_first, got_last, got_total = _content_range(resp)
-        if (got_first, got_last) != (pos, last):
-            client.close()
-            raise AgentError(f"{what}: asked for bytes {pos}-{last}, got {got_first}-{got_last}")
-        if total is not None and got_total is not None and got_total != total:
-            client.close()
-            raise AgentError(f"{what}: the server has {got_total} bytes, expected {total}")
-        began = pos
-        cut: str | None = None
-        while pos <= last:
+    try:
+        while True:
             if stop.is_set():
                 raise Interrupted("stopped")
+            src = source.url if source is not None else str(url)
             try:
-                n = resp.readinto(view[: min(len(view), last + 1 - pos)])
+                resp = client.get(src, {**(headers or {}), "Range": f"bytes={pos}-{last}"})
             except (OSError, http.client.HTTPException) as exc:
-                cut = f"{exc.__class__.__name__}: {exc}"
-                break
-            if not n:
-                cut = "the connection closed"
-                break
-            os.pwrite(fd, view[:n], pos)
-            if h is not None:
-                h.update(view[:n])  # from the receive buffer: the bytes are never read back
-            pos += n
-            meter.add(n)
-            if totals is not None:
-                totals.add(n)
-            counted = totals if totals is not None else meter
-            if max_bytes is not None and counted.session_bytes >= max_bytes:
-                raise Interrupted(f"stopped after {counted.session_bytes} bytes (--max-bytes)")
-        if cut is not None:
-            client.close()
-            if pos > began:
-                patience.progress()  # bytes came: the budget starts again (huggingface_hub http_get does too)
-            patience.wait(f"network: the body stopped at byte {pos} ({cut}); resuming from there")
-            continue
-        digest = h.hexdigest() if h is not None else None
-        if expect is not None and digest != expect:
-            # a mismatch is fetched again twice at most: a relay may have served a chunk of a
-            # download that restarted under it; a source with bad bytes will not improve
-            mismatches += 1
-            client.close()
-            message = f"{label or 'download'}: sha256 mismatch in bytes {first}-{last}: got {digest}, expected {expect}"
-            if mismatches > 2:
-                raise ChunkMismatch(message)
-            uncount(pos - first)
-            pos, h = first, hashlib.sha256()
-            patience.wait(message + "; fetching the chunk again")
-            continue
-        if record is not None and digest is not None:
-            record[0][record[1]] = digest
-        return
+                patience.wait(f"network: {exc.__class__.__name__}: {exc}")
+                continue
+            if resp.status in RETRY_STATUSES:
+                _drain(resp, client)
+                patience.wait(f"HTTP {resp.status} {resp.reason}", resp.status, resp.getheader)
+                continue
+            if resp.status in EXPIRED_STATUSES and source is not None and source.redirected:
+                _drain(resp, client)
+                source.refresh(src, resp.status)
+                continue
+            if resp.status != 206:
+                body = _body_text(resp, 200)
+                client.close()
+                raise AgentError(f"{what}: HTTP {resp.status} {resp.reason} (expected 206)"
+                                 + (f": {body}" if body else ""))
+            got_first, got_last, got_total = _content_range(resp)
+            if (got_first, got_last) != (pos, last):
+                client.close()
+                raise AgentError(f"{what}: asked for bytes {pos}-{last}, got {got_first}-{got_last}")
+            if total is not None and got_total is not None and got_total != total:
+                client.close()
+                raise AgentError(f"{what}: the server has {got_total} bytes, expected {total}")
+            began = pos
+            cut: str | None = None
+            while pos <= last:
+                if stop.is_set():
+                    raise Interrupted("stopped")
+                try:
+                    n = resp.readinto(view[: min(len(view), last + 1 - pos)])
+                except (OSError, http.client.HTTPException) as exc:
+                    cut = f"{exc.__class__.__name__}: {exc}"
+                    break
+                if not n:
+                    cut = "the connection closed"
+                    break
+                os.pwrite(fd, view[:n], pos)
+                if h is not None:
+                    h.update(view[:n])  # from the receive buffer: the bytes are never read back
+                pos += n
+                meter.add(n)
+                if totals is not None:
+                    totals.add(n)
+                counted = totals if totals is not None else meter
+                if max_bytes is not None and counted.session_bytes >= max_bytes:
+                    raise Interrupted(f"stopped after {counted.session_bytes} bytes (--max-bytes)")
+            if cut is not None:
+                client.close()
+                if pos > began:
+                    patience.progress()  # bytes came: the budget starts again (huggingface_hub http_get does too)
+                patience.wait(f"network: the body stopped at byte {pos} ({cut}); resuming from there")
+                continue
+            digest = h.hexdigest() if h is not None else None
+            if expect is not None and digest != expect:
+                # a mismatch is fetched again twice at most: a relay may have served a chunk of a
+                # download that restarted under it; a source with bad bytes will not improve
+                mismatches += 1
+                client.close()
+                message = (f"{label or 'download'}: sha256 mismatch in bytes {first}-{last}: got {digest}, "
+                           f"expected {expect}")
+                if mismatches > 2:
+                    raise ChunkMismatch(message)
+                uncount(pos - first)
+                pos, h = first, hashlib.sha256()
+                patience.wait(message + "; fetching the chunk again")
+                continue
+            if record is not None and digest is not None:
+                record[0][record[1]] = digest
+            return
+    except AgentError:
+        if keep is not None and pos > first:
+            keep(pos - first)  # what is on disk of this chunk: the next run asks for the rest only
+        raise
 
 
 class _StreamCut(AgentError):
