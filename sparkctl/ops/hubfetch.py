@@ -40,7 +40,6 @@ from sparkctl.plan.render import under
 from sparkctl.transport.ssh import Transport
 
 INFO_TIMEOUT_S = 60.0
-TOKEN_ENV = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")  # huggingface_hub utils/_auth.py _get_token_from_environment
 
 
 @dataclass(frozen=True)
@@ -97,8 +96,8 @@ def find_token(environ: Mapping[str, str] | None = None) -> HubToken | None:
     except FileNotFoundError:
         return None
     except (OSError, UnicodeDecodeError) as exc:
-        raise HubError(f"{path}: the Hub token file cannot be read ({exc.__class__.__name__})", Ref(key="HF_TOKEN_PATH"),
-                       hint="fix its permissions, or set HF_TOKEN") from None
+        raise HubError(f"{path}: the Hub token file cannot be read ({exc.__class__.__name__})",
+                       Ref(key="HF_TOKEN_PATH"), hint="fix its permissions, or set HF_TOKEN") from None
     return HubToken(value, path) if value is not None else None
 
 
