@@ -211,8 +211,9 @@ class Patience:
     """
 
     def __init__(self, what: str, stop: threading.Event | StopScope, emit: Emitter | None = None,
-                 retries: int = RETRIES, max_total_s: float | None = None) -> None:
+                 retries: int = RETRIES, max_total_s: float | None = None, file: str | None = None) -> None:
         self.what, self.stop, self.emit, self.retries = what, stop, emit, retries
+        self.file = file or what  # the file the events name (``what`` may add the byte range)
         self.max_total_s = max_total_s  # a step that must answer within a timeout waits no longer than this
         self.tries = 0
         self.waited_s = 0.0
@@ -228,7 +229,7 @@ class Patience:
                              f"this step waits: run it again later")
         self.tries += 1
         if self.emit is not None:
-            self.emit("retry", file=self.what, status=status, wait_s=round(delay, 3), basis=basis, attempt=self.tries,
+            self.emit("retry", file=self.file, status=status, wait_s=round(delay, 3), basis=basis, attempt=self.tries,
                       message=f"{self.what}: {why}; trying again in {delay:.1f} s ({basis}, "
                               f"retry {self.tries} of {self.retries})")
         deadline = time.monotonic() + delay
@@ -1216,7 +1217,7 @@ def _fetch_chunk(
     """
     source = url if isinstance(url, _Source) else None
     what = f"{label or 'download'}: bytes {first}-{last}"
-    patience = Patience(what, stop, emit, retries)
+    patience = Patience(what, stop, emit, retries, file=label)
     pos = first + max(0, resume_at)
     h = hashlib.sha256() if expect is not None or record is not None else None
     if h is not None and pos != first:
