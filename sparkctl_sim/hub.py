@@ -30,17 +30,37 @@ client's source (huggingface_hub 2.4: hf_api.py, file_download.py, utils/_http.p
   link rate and ``per_conn_Bps`` each connection (a CDN's per-flow limit).
 
 Tokens: ``Authorization: Bearer <token>`` (``build_hf_headers``). The storage
-host needs none (its URLs are signed on the Hub; here they are unguessable
-enough for a test), and a client must not send the Hub token there.
+host needs none: its URLs are signed by the Hub, and a client must not send
+the Hub token there.
+
+Faults of a real network, as knobs a test sets (each cited where it is set up):
+
+* :meth:`LocalHub.cut_body`: the next answers stop after N bytes of their body
+  and the connection closes (a proxy or CDN edge that drops a long transfer;
+  huggingface_hub's ``http_get`` catches the ``RemoteProtocolError`` this gives
+  and resumes with ``Range`` from the bytes it has);
+* :meth:`LocalHub.refuse`: the next answers are 429 or 5xx, with or without
+  ``Retry-After`` (in seconds or as an HTTP-date) or the Hub's ``RateLimit``
+  header (huggingface_hub ``utils/_http.py`` retries 408/429/5xx and reads both;
+  the Hub's limits are counted over 5-minute windows, hub docs "rate-limits");
+* ``url_ttl_s``: the storage URL the Hub redirects to is signed and expires
+  that many seconds after the redirect, then answers 403 ``AccessDenied`` as
+  the CloudFront/S3 edges of cdn-lfs.hf.co do (``Expires=``/``Signature=``
+  query; huggingface_hub issue #4430 shows the body). Checked when a request
+  starts, as a CDN checks it: a transfer already running is not cut.
 """
 
 from __future__ import annotations
 
+import email.utils
 import functools
 import hashlib
+import hmac
 import http.server
 import json
 import os
+import secrets
+import socket
 import socketserver
 import threading
 import time
@@ -56,6 +76,11 @@ LFS_MIN_BYTES = 10 * 1024 * 1024  # the Hub's default: files over 10 MB go to LF
 def git_blob_sha1(data: bytes) -> str:
     """The git object id of a blob: sha1 of ``blob <size>\\0`` and the bytes."""
     return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+def http_date(seconds_from_now: float) -> str:
+    """An HTTP-date (IMF-fixdate, RFC 9110 section 5.6.7) this many seconds from now: a Retry-After form."""
+    return email.utils.formatdate(time.time() + seconds_from_now, usegmt=True)
 
 
 def lfs_pointer(sha256: str, size: int) -> bytes:
@@ -119,6 +144,26 @@ def repo_from_dir(repo_id: str, root: Path, **kw: object) -> HubRepo:
     return make_repo(repo_id, files, **kw)  # type: ignore[arg-type]
 
 
+@dataclass
+class Fault:
+    """What the next ``times`` matching requests get instead of a normal answer."""
+
+    kind: str  # "cut": the body stops after ``cut_at`` bytes; "status": answered ``status``
+    server: str  # "hub", "storage" or "any"
+    times: int
+    cut_at: int = 0
+    status: int = 503
+    retry_after: str | None = None  # the Retry-After header as sent (seconds or an HTTP-date)
+    ratelimit_reset_s: int | None = None  # the Hub's RateLimit header: '"resolvers";r=0;t=N'
+    path: str | None = None  # only requests whose path contains this
+
+    def matches(self, kind: str, server: str, path: str, body_bytes: int | None = None) -> bool:
+        """Whether this fault answers the request (a cut only a body longer than its cut)."""
+        return (self.times > 0 and self.kind == kind and self.server in ("any", server)
+                and (self.path is None or self.path in path)
+                and (body_bytes is None or self.cut_at < body_bytes))
+
+
 class _Shaper:
     """A token bucket shared by every storage connection (the link's rate)."""
 
@@ -155,7 +200,7 @@ class LocalHub:
 
     def __init__(self, repos: Iterable[HubRepo], host: str = "127.0.0.1", *, tokens: Mapping[str, Iterable[str]] | None = None,
                  rate_Bps: float | None = None, per_conn_Bps: float | None = None, no_ranges: bool = False,
-                 port: int = 0, storage_port: int = 0) -> None:
+                 port: int = 0, storage_port: int = 0, url_ttl_s: float | None = None) -> None:
         self.repos = {r.repo_id: r for r in repos}
         self.tokens = {t: set(ids) for t, ids in (tokens or {}).items()}  # token -> repo ids it may read
         self.shaper = _Shaper(rate_Bps)
@@ -164,6 +209,12 @@ class LocalHub:
         self.requests: list[tuple[str, str, str, str | None, int]] = []  # (server, method, path, Range, status)
         self.blobs: dict[str, HubFile] = {}
         self.storage_saw_token = 0  # requests that brought the Hub token to the storage host (must stay 0)
+        self.url_ttl_s = url_ttl_s  # storage URLs expire this long after the redirect (None: after an hour)
+        self._key = secrets.token_bytes(16)  # signs storage URLs
+        self._faults: list[Fault] = []
+        self._fault_lock = threading.Lock()
+        self.faults_served: list[tuple[str, str, str]] = []  # (kind, server, path) of every fault answered
+        self.expired: list[str] = []  # storage paths refused because their signature had expired
         for r in self.repos.values():
             for f in r.files.values():
                 if f.lfs:
@@ -201,6 +252,76 @@ class LocalHub:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
+    # ----------------------------------------------------------------- faults
+
+    def cut_body(self, at_byte: int, times: int = 1, server: str = "storage", path: str | None = None) -> None:
+        """The next ``times`` answers with a body longer than ``at_byte`` stop after that many bytes of it.
+
+        The headers promise the whole body (Content-Length), as a transfer cut by
+        the network does; the client sees EOF before the promised length. Bytes
+        count from the start of the body sent (a ranged answer's first byte is 0).
+        """
+        self._add(Fault("cut", server, times, cut_at=at_byte, path=path))
+
+    def refuse(self, status: int, times: int = 1, *, retry_after: str | float | None = None,
+               ratelimit_reset_s: int | None = None, server: str = "storage", path: str | None = None) -> None:
+        """The next ``times`` requests are answered ``status`` (429, 503 ...), with the headers given.
+
+        ``retry_after`` goes out as given: a number of seconds, or an HTTP-date
+        (:func:`http_date` makes one) as RFC 9110 section 10.2.3 allows both.
+        """
+        ra = None if retry_after is None else (str(int(retry_after)) if isinstance(retry_after, (int, float))
+                                               else retry_after)
+        self._add(Fault("status", server, times, status=status, retry_after=ra, ratelimit_reset_s=ratelimit_reset_s,
+                        path=path))
+
+    def clear_faults(self) -> None:
+        with self._fault_lock:
+            self._faults.clear()
+
+    def _add(self, fault: Fault) -> None:
+        with self._fault_lock:
+            self._faults.append(fault)
+
+    def _take_fault(self, kind: str, server: str, path: str, before: int | None = None) -> Fault | None:
+        """The next fault of ``kind`` for this request (a cut: of a body of ``before`` bytes), used up by one."""
+        with self._fault_lock:
+            for f in self._faults:
+                if f.matches(kind, server, path, before):
+                    f.times -= 1
+                    self.faults_served.append((f.kind, server, path))
+                    return f
+        return None
+
+    # ----------------------------------------------------------------- signed storage URLs
+
+    def _signature(self, sha256: str, expires: int) -> str:
+        return hmac.new(self._key, f"{sha256}:{expires}".encode(), hashlib.sha256).hexdigest()
+
+    def signed_url(self, sha256: str, repo_id: str) -> str:
+        """Where the Hub redirects an LFS file: the storage host, signed, valid for ``url_ttl_s``.
+
+        Whole seconds, as CloudFront's ``Expires`` is: a TTL below one second
+        is rounded up, so an expiry test waits at least that long.
+        """
+        ttl = self.url_ttl_s if self.url_ttl_s is not None else 3600.0
+        expires = int(time.time() + ttl + 0.999)
+        return (f"{self.storage}/blobs/{sha256}?repo={urllib.parse.quote(repo_id, safe='')}"
+                f"&Expires={expires}&Signature={self._signature(sha256, expires)}")
+
+    def check_signature(self, sha256: str, query: Mapping[str, list[str]]) -> str | None:
+        """None when the URL is signed and not expired; else why it is refused."""
+        try:
+            expires = int(query["Expires"][0])
+            sig = query["Signature"][0]
+        except (KeyError, IndexError, ValueError):
+            return "MissingKey"
+        if not hmac.compare_digest(sig, self._signature(sha256, expires)):
+            return "SignatureDoesNotMatch"
+        if time.time() > expires:
+            return "Expired"
+        return None
+
     def storage_gets(self, sha256: str) -> list[str | None]:
         """The Range headers of every GET the storage host answered for one blob (for tests)."""
         return [rng for srv, m, p, rng, _ in self.requests
@@ -222,9 +343,36 @@ class _Base(http.server.BaseHTTPRequestHandler):
             self.send_header(k, v)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
-        if body and not head:
-            self.wfile.write(body)
         self.server.hub.requests.append((self.role, self.command, self.path, self.headers.get("Range"), status))
+        cut = self.server.hub._take_fault("cut", self.role, self.path, before=len(body)) \
+            if status == 200 and not head else None
+        if cut is not None:  # an API answer cut as a file's can be
+            self.wfile.write(body[:cut.cut_at])
+            self.wfile.flush()
+            self.close_connection = True
+            self.connection.shutdown(socket.SHUT_RDWR)
+        elif body and not head:
+            self.wfile.write(body)
+
+    def _fault_status(self, head: bool) -> bool:
+        """Answer the next status fault for this server, if one is set; True when it answered."""
+        f = self.server.hub._take_fault("status", self.role, self.path)
+        if f is None:
+            return False
+        h = {"Content-Type": "text/plain"}
+        if f.retry_after is not None:
+            h["Retry-After"] = f.retry_after
+        if f.ratelimit_reset_s is not None:
+            # the Hub's form (hub docs "rate-limits"; parsed by huggingface_hub utils/_http.py)
+            h["RateLimit"] = f'"resolvers";r=0;t={f.ratelimit_reset_s}'
+            h["RateLimit-Policy"] = '"fixed window";"resolvers";q=3000;w=300'
+        reason = {429: "Too Many Requests", 500: "Internal Server Error", 502: "Bad Gateway",
+                  503: "Service Unavailable", 504: "Gateway Timeout"}.get(f.status, "Error")
+        if f.status >= 500:  # an edge that fails closes the connection (and says so); keep-alive survives a 429
+            h["Connection"] = "close"
+            self.close_connection = True
+        self._send(f.status, f"{f.status} {reason}\n".encode(), h, head)
+        return True
 
     def _error(self, status: int, code: str | None, message: str, head: bool = False) -> None:
         h = {"Content-Type": "application/json", "X-Error-Message": message}
@@ -265,12 +413,14 @@ class _Base(http.server.BaseHTTPRequestHandler):
         if head:
             return
         hub = self.server.hub
+        cut = hub._take_fault("cut", self.role, self.path, before=count)
+        end = last if cut is None else first + cut.cut_at - 1
         pos, step = first, 256 * 1024
         t0 = time.monotonic()
         sent = 0
         try:
-            while pos <= last:
-                n = min(step, last + 1 - pos)
+            while pos <= end:
+                n = min(step, end + 1 - pos)
                 if self.role == "storage":
                     hub.shaper.take(n)
                     if hub.per_conn_Bps:
@@ -280,6 +430,11 @@ class _Base(http.server.BaseHTTPRequestHandler):
                 self.wfile.write(data[pos:pos + n])
                 pos += n
                 sent += n
+            if cut is not None:
+                # the rest of the promised body never comes: the connection ends here
+                self.wfile.flush()
+                self.close_connection = True
+                self.connection.shutdown(socket.SHUT_RDWR)
         except (BrokenPipeError, ConnectionResetError):
             self.close_connection = True
 
@@ -327,6 +482,8 @@ class _HubHandler(_Base):
         return None, "/".join(parts[:2]), parts[2:]
 
     def _route(self, head: bool) -> None:
+        if self._fault_status(head):
+            return
         u = urllib.parse.urlsplit(self.path)
         query = urllib.parse.parse_qs(u.query)
         parts = [urllib.parse.unquote(p) for p in u.path.split("/") if p]
@@ -371,7 +528,7 @@ class _HubHandler(_Base):
                 self._error(404, "EntryNotFound", f"{path} does not exist on \"{rev}\"", head)
                 return
             if f.lfs:
-                loc = f"{self.server.hub.storage}/blobs/{f.sha256}?repo={urllib.parse.quote(rid, safe='')}"
+                loc = self.server.hub.signed_url(f.sha256, rid)
                 self._send(302, b"", {"Location": loc, "X-Repo-Commit": commit, "X-Linked-Size": str(len(f.data)),
                                       "X-Linked-Etag": f'"{f.sha256}"', "ETag": f'"{f.blob_id}"'}, head)
                 return
@@ -424,12 +581,26 @@ class _StorageHandler(_Base):
         self._blob(head=False)
 
     def _blob(self, head: bool) -> None:
-        parts = [p for p in urllib.parse.urlsplit(self.path).path.split("/") if p]
+        hub = self.server.hub
+        u = urllib.parse.urlsplit(self.path)
+        parts = [p for p in u.path.split("/") if p]
         if self.headers.get("Authorization"):
-            self.server.hub.storage_saw_token += 1
-        f = self.server.hub.blobs.get(parts[1]) if len(parts) == 2 and parts[0] == "blobs" else None
+            hub.storage_saw_token += 1
+        if self._fault_status(head):
+            return
+        f = hub.blobs.get(parts[1]) if len(parts) == 2 and parts[0] == "blobs" else None
         if f is None:
             self._send(404, b"NoSuchKey", {"Content-Type": "text/plain"}, head)
+            return
+        why = hub.check_signature(f.sha256, urllib.parse.parse_qs(u.query))
+        if why is not None:
+            # CloudFront's answer to an expired or bad signed URL: 403 with an XML AccessDenied body
+            # (huggingface_hub issue #4430 quotes it from cdn-lfs-us-1.hf.co)
+            if why == "Expired":
+                hub.expired.append(self.path)
+            body = (f"<?xml version=\"1.0\" encoding=\"UTF-8\"?><Error><Code>AccessDenied</Code>"
+                    f"<Message>Access denied ({why})</Message></Error>").encode()
+            self._send(403, body, {"Content-Type": "application/xml"}, head)
             return
         self._send_bytes(f.data, {"ETag": f'"{f.sha256}"', "Content-Type": "application/octet-stream"}, head,
                          ranges=not self.server.hub.no_ranges)

@@ -221,6 +221,9 @@ def _cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.Capture
                    f"  - {{name: spark-a, host: 192.0.2.1, prefix: {tmp_path / 'a'}}}\n")
     monkeypatch.setattr(cli_weights, "make_transport", lambda inv, *a: LocalTransport(inv.names, sudo=False))
     monkeypatch.setenv("HF_ENDPOINT", endpoint)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))  # no token file of this machine's
+    for name in ("HUGGING_FACE_HUB_TOKEN", "HF_TOKEN_PATH", "HF_HUB_DISABLE_IMPLICIT_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
     if token:
         monkeypatch.setenv("HF_TOKEN", token)
     else:

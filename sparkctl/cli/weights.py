@@ -65,7 +65,9 @@ def weights_fetch_cmd(c: Ctx, profile: str, node: str | None, revision: str | No
     """Download the profile's model from the Hugging Face Hub onto NODE, verified and resumable.
 
     The repository is model.id at model.revision (HF_ENDPOINT names a mirror;
-    HF_TOKEN, never printed, opens gated and private repositories), laid out
+    the token, found as huggingface_hub finds it (HF_TOKEN, HUGGING_FACE_HUB_TOKEN,
+    HF_TOKEN_PATH or $HF_HOME/token) and never printed, opens gated and
+    private repositories), laid out
     as `hf download --local-dir` does in model.local_dir (default
     model.weights_path), with a manifest of the commit and every file's hash.
     Then `sparkctl weights sync PROFILE` gives the other nodes the files over
@@ -74,7 +76,7 @@ def weights_fetch_cmd(c: Ctx, profile: str, node: str | None, revision: str | No
     import os
 
     from sparkctl.ops import hub
-    from sparkctl.ops.hubfetch import fetch_model, resolve
+    from sparkctl.ops.hubfetch import fetch_model, find_token, resolve
     from sparkctl.ops.weights import fetch
 
     res = c.resolve(profile)
@@ -96,11 +98,13 @@ def weights_fetch_cmd(c: Ctx, profile: str, node: str | None, revision: str | No
                       f"{rep.dest}", markup=False)
         return
     endpoint = os.environ.get("HF_ENDPOINT") or hub.DEFAULT_ENDPOINT
-    token = os.environ.get("HF_TOKEN") or None  # a secret: it goes to the agent's stdin, nowhere else
+    found = find_token()  # where huggingface_hub finds it; a secret: it goes to the agent's stdin, nowhere else
+    token, token_from = (found.value, found.source) if found is not None else (None, "HF_TOKEN")
     with make_transport(inv, connect_timeout_s, command_timeout_s, deadline_s) as tr:
         plan = resolve(inv, tr, node, repo_id=m.id, revision=revision or m.revision,
                        include=list(include) or m.files.include, exclude=list(exclude) or m.files.exclude,
-                       local_dir=hub.local_dir_of(m.weights_path, m.local_dir), endpoint=endpoint, token=token)
+                       local_dir=hub.local_dir_of(m.weights_path, m.local_dir), endpoint=endpoint, token=token,
+                       token_from=token_from)
         if dry_run:
             if as_json:
                 emit_json({"node": plan.node, "repo_id": plan.revision.repo_id, "revision": plan.revision.revision,
@@ -115,12 +119,16 @@ def weights_fetch_cmd(c: Ctx, profile: str, node: str | None, revision: str | No
             err_console().print(f"{escape(node)}: {len(plan.files)} files of {escape(m.id)}@"
                                 f"{escape(plan.revision.commit[:12])}, {plan.total_bytes:,} bytes")
         rep2 = fetch_model(inv, tr, plan, token=token, connections=connections, chunk_mb=chunk_mb,
-                           progress=_weights_progress(as_json))
+                           progress=_weights_progress(as_json), token_from=token_from,
+                           note=None if as_json else lambda m: err_console().print(f"[yellow]wait:[/] {escape(m)}"))
     if as_json:
         emit_json(asdict(rep2))
         return
     for n in rep2.notices:
         err_console().print(f"[yellow]note:[/] {escape(n)}")
+    if rep2.retries or rep2.resolved:
+        err_console().print(f"[yellow]note:[/] {rep2.retries} waits for the network or the Hub, "
+                            f"{rep2.resolved} expired storage URLs resolved again")
     for f in rep2.corrupt:
         err_console().print(f"[yellow]{escape(f)}: differed from the Hub; deleted and fetched again[/]")
     out.print(f"{node}: {rep2.repo_id}@{rep2.commit[:12]}: {rep2.fetched} fetched, {rep2.skipped} already complete, "

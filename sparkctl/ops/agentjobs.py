@@ -113,6 +113,7 @@ class _Job:
     offset: int = 0
     final: dict | None = None
     started_at: float = field(default_factory=time.monotonic)
+    last_log: str | None = None  # the last line the job wrote that was not an event (what it said dying)
 
 
 class _Agent:
@@ -193,8 +194,11 @@ def _absorb(job: _Job, evs: list[dict]) -> list[dict] | None:
     for ev in evs:
         if ev.get("event") in ("done", "error"):
             job.final = ev
+        elif ev.get("event") == "log" and str(ev.get("text") or "").strip():
+            job.last_log = str(ev["text"]).strip()[:300]
     if job.final is None and tail.get("alive") is False:
-        job.final = {"event": "error", "message": f"the {job.phase} job (pid {job.pid}) ended without a result"}
+        said = f"; its last words: {job.last_log}" if job.last_log else ""
+        job.final = {"event": "error", "message": f"the {job.phase} job (pid {job.pid}) ended without a result{said}"}
     return evs
 
 

@@ -151,9 +151,14 @@ def select(files: Sequence[HubFile], include: Sequence[str], exclude: Sequence[s
 
 
 def http_error(status: int, code: str | None, message: str | None, repo_id: str, revision: str, *,
-               token_set: bool, endpoint: str, path: str | None = None) -> HubError:
-    """The one-line error (and hint) for a refusal of the Hub, as ``hf_raise_for_status`` tells them apart."""
+               token_set: bool, endpoint: str, path: str | None = None, token_from: str = "HF_TOKEN") -> HubError:
+    """The one-line error (and hint) for a refusal of the Hub, as ``hf_raise_for_status`` tells them apart.
+
+    ``token_from`` names where the token was found (an environment variable,
+    or the token file's path): the message says which token was refused.
+    """
     ref = Ref(key="model.id" if code != "RevisionNotFound" else "model.revision")
+    who = token_from if token_from.isupper() and "/" not in token_from else f"the token in {token_from}"
     what = f"{repo_id}@{revision}" + (f": {path}" if path else "")
     if code == "RevisionNotFound":
         return HubError(f"revision {revision!r} of {repo_id} not found on {endpoint}", ref,
@@ -163,12 +168,13 @@ def http_error(status: int, code: str | None, message: str | None, repo_id: str,
     if code == "GatedRepo" or status in (401, 403):
         if not token_set:
             return HubError(f"{what}: the repository is gated or private and no token was given (HTTP {status})", ref,
-                            hint="set HF_TOKEN to a token of an account with access (it is never printed)")
+                            hint="set HF_TOKEN to a token of an account with access, or log in with `hf auth login` "
+                                 "(it writes $HF_HOME/token, read as huggingface_hub reads it); it is never printed")
         if code == "GatedRepo" or status == 403:
-            return HubError(f"{what}: HF_TOKEN has no access to this repository (HTTP {status})", ref,
+            return HubError(f"{what}: {who} has no access to this repository (HTTP {status})", ref,
                             hint=f"accept the conditions at {endpoint}/{repo_id} with the token's account, "
                                  "or use a token that has access")
-        return HubError(f"{what}: HF_TOKEN was refused (HTTP {status})", ref,
+        return HubError(f"{what}: {who} was refused (HTTP {status})", ref,
                         hint="the token is invalid or expired: make a new one (read access)")
     if status == 404 or code == "RepoNotFound":
         hint = "check model.id; a private repository also answers 404 to a token without access"

@@ -31,7 +31,8 @@ How a download works (the "download laws" of the field report, after
 scripts/pget.py): the file is cut into chunks fetched with HTTP ``Range``
 requests by N threads, each on its own keep-alive connection, written at their
 offsets into ``PATH.part`` (a sparse file). ``PATH.part.json`` lists the chunks
-that are complete, so an interrupted download resumes chunk by chunk. While
+that are complete, and how far a chunk cut short got, so an interrupted
+download resumes from the bytes on disk. While
 chunks land, a hasher thread follows the contiguous completed prefix and feeds
 SHA-256, so verification costs little beyond the transfer. The size (and the
 SHA-256 when known) is checked before the atomic rename to PATH; a mismatch
@@ -43,6 +44,15 @@ previous one has every chunk on a connection, so a repository of many files
 keeps N ranges in flight and a file's hash tail, fsync and rename overlap the
 next file's transfer. Each chunk's SHA-256 is hashed from the receive buffer
 too and kept in the hash cache, so a manifest after the fetch reads nothing.
+
+Over a network that fails: a body that stops at any byte is asked for again
+from that byte (what is on disk is kept); 429/408/5xx answers are waited out
+(the Hub's ``RateLimit``, else ``Retry-After`` in seconds or as an HTTP-date,
+else 1, 2, 4, 8 s backoff; capped at 300 s; 5 waits in a row per request at
+most, renewed while bytes arrive); a storage URL that expires mid-file (401,
+403, 410 from the host the Hub redirected to) is resolved again from the
+Hub's URL. Every failure ends as an ``error`` event naming the file and
+what happened, never a traceback (:func:`main`).
 
 How a pull from a peer works: the manifest carries, besides each file's
 SHA-256, the SHA-256 of every chunk (``chunk_bytes``, 32 MiB by default; one
@@ -67,6 +77,8 @@ file's size and mtime are unchanged, the same quick check rsync makes.
 from __future__ import annotations
 
 import argparse
+import datetime
+import email.utils
 import hashlib
 import http.client
 import http.server
@@ -74,6 +86,7 @@ import ipaddress
 import json
 import os
 import queue
+import re
 import signal
 import socketserver
 import sys
@@ -112,6 +125,153 @@ class HttpRefused(AgentError):
     def __init__(self, message: str, status: int, code: str | None, server_message: str | None) -> None:
         super().__init__(message)
         self.status, self.code, self.server_message = status, code, server_message
+
+
+# --------------------------------------------------------------------------- retries
+
+# Answers worth waiting for: huggingface_hub's _DEFAULT_RETRY_ON_STATUS_CODES (utils/_http.py).
+# Its http_get retries only 408 and 429 for the bytes, so a 503 from the CDN fails the file there
+# (tests/test_hub.py shows it); the agent waits for every one of them, a bounded number of times.
+RETRY_STATUSES = frozenset((408, 429, 500, 502, 503, 504))
+# A storage URL refused: CloudFront and S3 answer 403 AccessDenied once a signed URL's Expires
+# has passed (huggingface_hub issue #4430 quotes cdn-lfs-us-1.hf.co's body); other stores answer
+# 401 or 410 Gone. From a host the Hub redirected to, the agent asks the Hub for a fresh URL.
+EXPIRED_STATUSES = frozenset((401, 403, 410))
+RETRIES = 5  # waits per request before the file fails (huggingface_hub http_backoff: max_retries=5)
+BACKOFF_FIRST_S = 1.0  # then doubling (huggingface_hub: base_wait_time=1)
+BACKOFF_MAX_S = 8.0  # huggingface_hub: max_wait_time=8
+RETRY_AFTER_MAX_S = 300.0  # the Hub counts its rate limits over 5-minute windows (hub docs "rate-limits")
+MAX_RESOLVES = 8  # fresh storage URLs per file: a store that refuses each fresh URL is not expiring them
+# the Hub's RateLimit header, '"api";r=0;t=55' (huggingface_hub utils/_http.py _RATELIMIT_REGEX)
+_RATELIMIT = re.compile(r"\"(?P<kind>\w+)\"\s*;\s*r\s*=\s*(?P<r>\d+)\s*;\s*t\s*=\s*(?P<t>\d+)")
+
+
+def parse_retry_after(value: str | None, now: float | None = None) -> float | None:
+    """Seconds a ``Retry-After`` value asks for, or None when it says nothing readable.
+
+    Both forms of RFC 9110 section 10.2.3: delay-seconds (``120``) and an
+    HTTP-date (``Wed, 21 Oct 2015 07:28:00 GMT``; a date past is 0).
+    huggingface_hub reads only the first (``_parse_retry_after``); a CDN may send either.
+    """
+    if value is None or not value.strip():
+        return None
+    v = value.strip()
+    if v.isdigit():
+        return float(int(v))
+    try:
+        when = email.utils.parsedate_to_datetime(v)
+    except (TypeError, ValueError, IndexError, OverflowError):
+        return None
+    if when is None:  # Python 3.8/3.9 return None for what they cannot read
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=datetime.timezone.utc)
+    return max(0.0, when.timestamp() - (time.time() if now is None else now))
+
+
+def parse_ratelimit_reset(value: str | None) -> float | None:
+    """Seconds until the Hub's quota comes back, from its ``RateLimit`` header when nothing remains (``r=0``)."""
+    m = _RATELIMIT.search(value or "")
+    if m is None or int(m.group("r")) != 0:
+        return None
+    return float(int(m.group("t")))
+
+
+def backoff_s(attempt: int) -> float:
+    """The wait before try ``attempt + 2`` when the server names none: 1, 2, 4, 8, 8 ... seconds."""
+    return min(BACKOFF_MAX_S, BACKOFF_FIRST_S * (2 ** min(attempt, 16)))
+
+
+def wait_before_retry(status: int | None, header: Callable[[str], str | None] | None, attempt: int,
+                      now: float | None = None) -> tuple[float, str]:
+    """(seconds, basis) to wait before the next try: the server's word, capped, else the backoff.
+
+    A 429 with the Hub's ``RateLimit`` header waits for its reset (as
+    huggingface_hub does); else ``Retry-After`` in either form; either capped
+    at ``RETRY_AFTER_MAX_S``, so a far date costs one window, not a day.
+    """
+    if header is not None:
+        reset = parse_ratelimit_reset(header("RateLimit")) if status == 429 else None
+        if reset is not None:
+            return min(reset, RETRY_AFTER_MAX_S), "RateLimit"
+        after = parse_retry_after(header("Retry-After"), now)
+        if after is not None:
+            return min(after, RETRY_AFTER_MAX_S), "Retry-After"
+    return backoff_s(attempt), "backoff"
+
+
+class Patience:
+    """The retry budget of one request: ``retries`` waits, renewed whenever bytes arrive.
+
+    A transfer that makes progress between cuts goes on (huggingface_hub's
+    ``http_get`` resets its count when data comes in); one that fails
+    ``retries + 1`` times in a row without a byte raises :class:`AgentError`
+    naming ``what`` and the last failure. The wait is cut short by ``stop``
+    (then :class:`Interrupted`), and each wait is an event the operator sees.
+    """
+
+    def __init__(self, what: str, stop: threading.Event | StopScope, emit: Emitter | None = None,
+                 retries: int = RETRIES, max_total_s: float | None = None, file: str | None = None) -> None:
+        self.what, self.stop, self.emit, self.retries = what, stop, emit, retries
+        self.file = file or what  # the file the events name (``what`` may add the byte range)
+        self.max_total_s = max_total_s  # a step that must answer within a timeout waits no longer than this
+        self.tries = 0
+        self.waited_s = 0.0
+
+    def wait(self, why: str, status: int | None = None, header: Callable[[str], str | None] | None = None) -> None:
+        if self.stop.is_set():
+            raise Interrupted("stopped")
+        if self.tries >= self.retries:
+            raise AgentError(f"{self.what}: {why} (gave up after {self.tries + 1} tries in a row)")
+        delay, basis = wait_before_retry(status, header, self.tries)
+        if self.max_total_s is not None and self.waited_s + delay > self.max_total_s:
+            raise AgentError(f"{self.what}: {why}; the server asks to wait {delay:.0f} s ({basis}), longer than "
+                             f"this step waits: run it again later")
+        self.tries += 1
+        if self.emit is not None:
+            self.emit("retry", file=self.file, status=status, wait_s=round(delay, 3), basis=basis, attempt=self.tries,
+                      message=f"{self.what}: {why}; trying again in {delay:.1f} s ({basis}, "
+                              f"retry {self.tries} of {self.retries})")
+        deadline = time.monotonic() + delay
+        while not self.stop.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            time.sleep(min(left, 0.1))
+        self.waited_s += delay
+        if self.stop.is_set():
+            raise Interrupted("stopped")
+
+    def progress(self) -> None:
+        self.tries = 0
+
+
+def _drain(resp: http.client.HTTPResponse, client: Client) -> None:
+    """Read a small answer we do not keep (so the connection can serve the next); drop a large or broken one."""
+    try:
+        length = int(resp.getheader("Content-Length") or -1)
+        if 0 <= length <= 64 * 1024:
+            resp.read()
+            return
+    except (OSError, http.client.HTTPException, ValueError):
+        pass
+    client.close()
+
+
+def _request(client: Client, url: str, headers: dict[str, str], patience: Patience,
+             method: str = "GET") -> http.client.HTTPResponse:
+    """``client.get`` until the answer is not one to wait for: network errors and ``RETRY_STATUSES``, bounded."""
+    while True:
+        try:
+            resp = client.get(url, headers, method)
+        except (OSError, http.client.HTTPException) as exc:
+            patience.wait(f"network: {exc.__class__.__name__}: {exc}")
+            continue
+        if resp.status in RETRY_STATUSES:
+            _drain(resp, client)
+            patience.wait(f"HTTP {resp.status} {resp.reason}", resp.status, resp.getheader)
+            continue
+        return resp
 
 
 # --------------------------------------------------------------------------- events
@@ -362,14 +522,23 @@ class Client:
             if u.scheme not in ("http", "https") or not u.hostname:
                 raise AgentError(f"not an http(s) URL: {url}")
             port = u.port or (443 if u.scheme == "https" else 80)
-            conn = self._conn(u.scheme, u.hostname, port)
             target = (u.path or "/") + (f"?{u.query}" if u.query else "")
-            try:
-                conn.request(method, target, headers={"User-Agent": "sparkctl-weights-agent", **headers})
-                resp = conn.getresponse()
-            except (OSError, http.client.HTTPException):
-                self.close()  # a stale keep-alive connection; the caller retries on a fresh one
-                raise
+            for fresh in (False, True):
+                reused = (u.scheme, u.hostname, port) in self._conns
+                conn = self._conn(u.scheme, u.hostname, port)
+                try:
+                    conn.request(method, target, headers={"User-Agent": "sparkctl-weights-agent", **headers})
+                    resp = conn.getresponse()
+                    break
+                except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError):
+                    self.close()
+                    if fresh or not reused:
+                        raise
+                    # a keep-alive connection the server closed while idle: once more on a new one,
+                    # as urllib3 does for a pooled connection found dead (not a failure of the server)
+                except (OSError, http.client.HTTPException):
+                    self.close()  # the caller waits and retries on a fresh connection
+                    raise
             if resp.status in (301, 302, 303, 307, 308):
                 location = resp.getheader("Location")
                 resp.read()
@@ -405,14 +574,27 @@ def _content_range(resp: http.client.HTTPResponse) -> tuple[int, int, int | None
 
 
 class _Sidecar:
-    """PATH.part.json: which chunks of PATH.part are complete."""
+    """PATH.part.json: which chunks of PATH.part are complete, and how far a chunk cut short got.
+
+    ``partial`` (chunk -> bytes from its start) is what a job that was
+    stopped, or gave a chunk up, had written of it: the next run asks for the
+    rest only (``Range`` from the bytes on disk). Not kept for verified
+    chunks (a pull's): a chunk's hash cannot be resumed, the chunk is fetched whole.
+    """
 
     def __init__(self, path: str, size: int, chunk_bytes: int, key: str, verified: bool = False) -> None:
         self.path = path
         # verified: every chunk listed in "done" matched the manifest's hash (what a relay may serve)
         self.meta = {"version": 1, "size": size, "chunk_bytes": chunk_bytes, "key": key, "verified": verified}
         self.done: set[int] = set()
+        self.partial: dict[int, int] = {}
         self.lock = threading.Lock()
+
+    def _write(self) -> None:
+        data: dict = {**self.meta, "done": sorted(self.done)}
+        if self.partial:
+            data["partial"] = {str(i): n for i, n in sorted(self.partial.items())}
+        atomic_write_json(self.path, data)
 
     def load(self) -> bool:
         """Adopt the recorded chunks if the sidecar describes this same download."""
@@ -424,12 +606,29 @@ class _Sidecar:
         if any(data.get(k) != v for k, v in self.meta.items()):
             return False
         self.done = {int(i) for i in data.get("done", [])}
+        chunk, size = int(self.meta["chunk_bytes"]), int(self.meta["size"])
+        try:
+            partial = {int(i): int(n) for i, n in (data.get("partial") or {}).items()}
+        except (TypeError, ValueError, AttributeError):
+            partial = {}
+        self.partial = {} if self.meta["verified"] else {
+            i: n for i, n in partial.items()
+            if i not in self.done and 0 <= i * chunk < size and 0 < n < min(chunk, size - i * chunk)}
         return True
 
     def mark(self, index: int) -> None:
         with self.lock:
             self.done.add(index)
-            atomic_write_json(self.path, {**self.meta, "done": sorted(self.done)})
+            self.partial.pop(index, None)
+            self._write()
+
+    def mark_partial(self, index: int, nbytes: int) -> None:
+        """Chunk ``index`` has its first ``nbytes`` on disk (it was cut short; the next run continues it)."""
+        if self.meta["verified"] or nbytes <= 0:
+            return
+        with self.lock:
+            self.partial[index] = nbytes
+            self._write()
 
 
 class Slots:
@@ -490,11 +689,102 @@ def _fsync_dir(path: str) -> None:
         os.close(fd)
 
 
+def _read_all(resp: http.client.HTTPResponse, limit: int) -> bytes:
+    """A whole (small) body; a body that stops before its Content-Length raises, never returns short.
+
+    ``HTTPResponse.read(amt)`` returns what arrived when the connection ends
+    early; ``read()`` raises ``IncompleteRead``: only the latter tells a cut
+    answer from a whole one.
+    """
+    if resp.length is not None:
+        if resp.length > limit:
+            raise AgentError(f"an answer of {resp.length} bytes, more than the {limit} expected")
+        return resp.read()
+    return resp.read(limit)
+
+
+def _body_text(resp: http.client.HTTPResponse, limit: int = 512) -> str:
+    """The start of a refusal's body, for the message (a body that breaks off says less, never raises)."""
+    try:
+        return resp.read(limit).decode("utf-8", "replace").strip()
+    except (OSError, http.client.HTTPException):
+        return ""
+
+
+def _probe(client: Client, url: str, headers: dict[str, str], patience: Patience) -> http.client.HTTPResponse:
+    """The answer to ``Range: bytes=0-0`` (redirects followed); the body of a 206 or 416 read, any other left.
+
+    A 200 is a server that ignores ranges (the caller streams this very
+    answer); a refusal's body is the caller's to quote.
+    """
+    while True:
+        resp = _request(client, url, {**headers, "Range": "bytes=0-0"}, patience)
+        if resp.status not in (206, 416):
+            return resp
+        try:
+            _read_all(resp, 64 * 1024)
+        except (OSError, http.client.HTTPException) as exc:
+            client.close()
+            patience.wait(f"network: the answer stopped: {exc.__class__.__name__}: {exc}")
+            continue
+        return resp
+
+
+class _Source:
+    """Where one file's bytes come from: the URL the Hub redirected to, asked for again when it expires.
+
+    The Hub redirects an LFS file to a signed storage URL that expires
+    (cdn-lfs.hf.co's carry ``Expires=``). A file fetched in ranges for longer
+    than that gets 403 from the storage host on its next chunk: that chunk's
+    connection asks the Hub again (the file's own URL, with the token) for a
+    fresh redirect, and every connection of the file takes the new URL on its
+    next request. huggingface_hub's ``http_get`` keeps the expired URL and
+    fails the file (tests/test_hub.py shows it); huggingface.js refetches
+    (huggingface.js issue #1277), as the agent does.
+    """
+
+    def __init__(self, origin: str, url: str, headers: dict[str, str], *, label: str, timeout_s: float,
+                 stop: threading.Event | StopScope, emit: Emitter, retries: int) -> None:
+        self.origin, self.url = origin, url
+        self.headers = headers  # the Hub's (with the token; Client drops it on the way to another host)
+        self.label, self.timeout_s, self.stop, self.emit, self.retries = label, timeout_s, stop, emit, retries
+        self.lock = threading.Lock()
+        self.resolves = 0
+
+    @property
+    def redirected(self) -> bool:
+        return self.url != self.origin
+
+    def refresh(self, seen: str, status: int) -> None:
+        """A fresh URL in place of ``seen``, refused with ``status``; raises when the Hub will not give one."""
+        with self.lock:
+            if self.url != seen:
+                return  # another connection of this file resolved it meanwhile
+            if self.resolves >= MAX_RESOLVES:
+                raise AgentError(f"{self.label}: the storage host refused {MAX_RESOLVES} fresh URLs in a row "
+                                 f"(HTTP {status}): not an expiry")
+            client = Client(self.timeout_s)
+            try:
+                resp = _probe(client, self.origin, self.headers, Patience(self.label, self.stop, self.emit,
+                                                                          self.retries))
+                fresh = client.last_url or self.origin
+            finally:
+                client.close()
+            if resp.status not in (200, 206, 416) or fresh == seen:
+                raise HttpRefused(f"{self.label}: the storage URL was refused (HTTP {status}) and the Hub's "
+                                  f"answer for a fresh one is HTTP {resp.status} {resp.reason}", resp.status,
+                                  resp.getheader("X-Error-Code"), resp.getheader("X-Error-Message"))
+            self.resolves += 1
+            self.url = fresh
+            self.emit("resolved", file=self.label, status=status,
+                      message=f"{self.label}: the storage URL expired (HTTP {status}): resolved again from the Hub")
+
+
 def fetch_file(
     url: str, dest: str, *, emit: Emitter, connections: int = 8, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     sha256: str | None = None, size: int | None = None, cache: HashCache | None = None,
     max_bytes: int | None = None, stop: threading.Event | None = None, timeout_s: float = 60.0,
-    retries: int = 4, interval_s: float = 1.0, label: str | None = None, totals: Meter | None = None,
+    retries: int = RETRIES, interval_s: float = 1.0, label: str | None = None, totals: Meter | None = None,
     chunks: list[str] | None = None, headers: dict[str, str] | None = None, drop_cache: bool = False,
     slots: Slots | None = None, drained: threading.Event | None = None,
 ) -> dict:
@@ -544,26 +834,26 @@ def fetch_file(
     start = time.monotonic()
     meter = Meter(emit, interval_s, file=label)
     probe_client = Client(timeout_s)
-    resp = _with_retries(lambda: probe_client.get(url, {**hdrs, "Range": "bytes=0-0"}), retries, stop)
+    patience = Patience(label, stop, emit, retries)
+    resp = _probe(probe_client, url, hdrs, patience)
     final_url = probe_client.last_url or url
+    source = _Source(url, final_url, hdrs, label=label, timeout_s=timeout_s, stop=stop, emit=emit, retries=retries)
     if urllib.parse.urlsplit(final_url).netloc != urllib.parse.urlsplit(url).netloc:
         hdrs = {k: v for k, v in hdrs.items() if k.lower() != "authorization"}  # the storage host gets no token
     if resp.status == 206:
         _, _, total = _content_range(resp)
-        resp.read()
         probe_client.close()
         if total is None:
             raise AgentError(f"{url}: the server did not say the file's size")
         ranged = True
     elif resp.status == 416:  # an empty file has no byte 0
-        resp.read()
         probe_client.close()
         total, ranged = 0, True
     elif resp.status == 200:
         length = resp.getheader("Content-Length")
         total, ranged = (int(length) if length is not None else None), False
     else:
-        body = resp.read(512).decode("utf-8", "replace").strip()
+        body = _body_text(resp)
         probe_client.close()
         raise HttpRefused(f"{label}: HTTP {resp.status} {resp.reason}" + (f": {body[:200]}" if body else ""),
                           resp.status, resp.getheader("X-Error-Code"), resp.getheader("X-Error-Message"))
@@ -586,7 +876,7 @@ def fetch_file(
     digests: dict[int, str] = {}
     if ranged:
         digest = _fetch_ranged(
-            final_url, part, sidecar_path, total, emit=emit, meter=meter, connections=connections,
+            source, part, sidecar_path, total, emit=emit, meter=meter, connections=connections,
             chunk_bytes=chunk_bytes, key=sha256 or url, max_bytes=max_bytes, stop=stop, timeout_s=timeout_s,
             retries=retries, totals=totals, headers=hdrs, drop_cache=drop_cache, slots=slots, drained=drained,
             chunk_digests=digests,
@@ -595,8 +885,27 @@ def fetch_file(
         if drained is not None:
             drained.set()  # one stream, already open: the next file may start beside it
         try:
-            digest = _fetch_stream(resp, part, sidecar_path, meter=meter, max_bytes=max_bytes, stop=stop, totals=totals,
-                                   drop_cache=drop_cache)
+            while True:
+                try:
+                    digest = _fetch_stream(resp, part, sidecar_path, meter=meter, max_bytes=max_bytes, stop=stop,
+                                           totals=totals, drop_cache=drop_cache, total=total)
+                    break
+                except _StreamCut as cut:
+                    # no ranges: what arrived cannot be continued, only fetched again from byte 0
+                    probe_client.close()
+                    if cut.got:
+                        patience.progress()
+                    for m in (meter, totals):
+                        if m is not None:
+                            with m.lock:
+                                m.session_bytes -= cut.got
+                    patience.wait(f"{cut}; the server ignores Range: from byte 0 again")
+                    resp = _request(probe_client, url, hdrs, patience)
+                    if resp.status != 200:
+                        body = _body_text(resp)
+                        raise HttpRefused(f"{label}: HTTP {resp.status} {resp.reason}" + (f": {body[:200]}" if body
+                                          else ""), resp.status, resp.getheader("X-Error-Code"),
+                                          resp.getheader("X-Error-Message"))
         finally:
             probe_client.close()
 
@@ -713,21 +1022,8 @@ def _fetch_verified(
     }
 
 
-def _with_retries(fn, retries: int, stop: threading.Event):  # type: ignore[no-untyped-def]
-    delay = 0.25
-    for attempt in range(retries + 1):
-        try:
-            return fn()
-        except (OSError, http.client.HTTPException) as exc:
-            if attempt == retries or stop.is_set():
-                raise AgentError(f"network: {exc.__class__.__name__}: {exc}") from None
-            time.sleep(delay)
-            delay = min(delay * 2, 4.0)
-    raise AssertionError("unreachable")
-
-
 def _fetch_ranged(
-    url: str, part: str, sidecar_path: str, total: int, *, emit: Emitter, meter: Meter, connections: int,
+    url: str | _Source, part: str, sidecar_path: str, total: int, *, emit: Emitter, meter: Meter, connections: int,
     chunk_bytes: int, key: str, max_bytes: int | None, stop: threading.Event, timeout_s: float, retries: int,
     totals: Meter | None, chunk_hashes: list[str] | None = None, headers: dict[str, str] | None = None,
     drop_cache: bool = False, slots: Slots | None = None, drained: threading.Event | None = None,
@@ -749,11 +1045,15 @@ def _fetch_ranged(
         with open(part, "wb") as f:
             f.truncate(total)  # sparse: chunks land at their offsets
         atomic_write_json(sidecar_path, {**sidecar.meta, "done": []})
-    meter.base_bytes = sum(min(chunk_bytes, total - i * chunk_bytes) for i in sidecar.done)
+    if not resumed:
+        sidecar.partial = {}
+    meter.base_bytes = sum(min(chunk_bytes, total - i * chunk_bytes) for i in sidecar.done) + \
+        sum(sidecar.partial.values())
     if totals is not None:
         totals.base_bytes += meter.base_bytes
     if resumed:
-        emit("resume", file=meter.fixed.get("file"), chunks_done=len(sidecar.done), chunks_total=n_chunks)
+        emit("resume", file=meter.fixed.get("file"), chunks_done=len(sidecar.done), chunks_total=n_chunks,
+             partial_bytes=sum(sidecar.partial.values()))
     todo: queue.Queue[int] = queue.Queue()
     for i in range(n_chunks):
         if i not in sidecar.done:
@@ -830,9 +1130,13 @@ def _fetch_ranged(
                         drained.set()  # every chunk of this file is on a connection
                     first = index * chunk_bytes
                     last = min(first + chunk_bytes, total) - 1
+                    kept = sidecar.partial.get(index, 0)
                     _fetch_chunk(client, url, fd, first, last, view, meter, totals, max_bytes, stop, retries,
                                  total, chunk_hashes[index] if chunk_hashes is not None else None, headers,
-                                 record=None if chunk_digests is None else (chunk_digests, index))
+                                 # a chunk continued from an earlier run has no digest of its own
+                                 record=None if chunk_digests is None or kept else (chunk_digests, index), emit=emit,
+                                 label=str(meter.fixed.get("file") or os.path.basename(part)), resume_at=kept,
+                                 keep=lambda n, index=index: sidecar.mark_partial(index, n))
                 finally:
                     if slots is not None:
                         slots.release()
@@ -892,36 +1196,83 @@ class ChunkMismatch(AgentError):
 
 
 def _fetch_chunk(
-    client: Client, url: str, fd: int, first: int, last: int, view: memoryview, meter: Meter,
+    client: Client, url: str | _Source, fd: int, first: int, last: int, view: memoryview, meter: Meter,
     totals: Meter | None, max_bytes: int | None, stop: threading.Event, retries: int, total: int | None = None,
     expect: str | None = None, headers: dict[str, str] | None = None,
-    record: tuple[dict[int, str], int] | None = None,
+    record: tuple[dict[int, str], int] | None = None, emit: Emitter | None = None, label: str | None = None,
+    resume_at: int = 0, keep: Callable[[int], None] | None = None,
 ) -> None:
     """Bytes ``first``..``last`` into ``fd`` at their offset; with ``expect``, hashed on the way and checked.
 
-    ``record`` (digests, index): the chunk's SHA-256, hashed on the way too, is
-    stored at ``digests[index]`` once the chunk is complete.
+    A body that stops at any byte is asked for again from that byte (``Range:
+    bytes=pos-last``: what is on disk stays and is not counted twice); 429
+    and 5xx answers are waited out (:class:`Patience`: Retry-After honoured,
+    bounded); a refusal (401/403/410) from the storage host the Hub redirected
+    to has the URL resolved again (:class:`_Source`). ``record`` (digests,
+    index): the chunk's SHA-256, hashed on the way too, is stored at
+    ``digests[index]`` once the chunk is complete. ``resume_at``: the chunk's
+    first bytes already on disk from an earlier run (not with ``expect`` or
+    ``record``: their hash would miss them); ``keep(n)`` hears how many bytes
+    of the chunk are on disk when it ends unfinished (stopped, or given up).
     """
-    delay = 0.25
-    for attempt in range(retries + 1):
-        pos = first
-        try:
-            resp = client.get(url, {**(headers or {}), "Range": f"bytes={first}-{last}"})
+    source = url if isinstance(url, _Source) else None
+    what = f"{label or 'download'}: bytes {first}-{last}"
+    patience = Patience(what, stop, emit, retries, file=label)
+    pos = first + max(0, resume_at)
+    h = hashlib.sha256() if expect is not None or record is not None else None
+    if h is not None and pos != first:
+        raise AgentError(f"{what}: a hashed chunk cannot resume from byte {pos}")
+    mismatches = 0
+
+    def uncount(n: int) -> None:
+        for m in (meter, totals):
+            if m is not None:
+                with m.lock:
+                    m.session_bytes -= n
+
+    try:
+        while True:
+            if stop.is_set():
+                raise Interrupted("stopped")
+            src = source.url if source is not None else str(url)
+            try:
+                resp = client.get(src, {**(headers or {}), "Range": f"bytes={pos}-{last}"})
+            except (OSError, http.client.HTTPException) as exc:
+                patience.wait(f"network: {exc.__class__.__name__}: {exc}")
+                continue
+            if resp.status in RETRY_STATUSES:
+                _drain(resp, client)
+                patience.wait(f"HTTP {resp.status} {resp.reason}", resp.status, resp.getheader)
+                continue
+            if resp.status in EXPIRED_STATUSES and source is not None and source.redirected:
+                _drain(resp, client)
+                source.refresh(src, resp.status)
+                continue
             if resp.status != 206:
-                resp.read()
-                raise AgentError(f"{url}: HTTP {resp.status} for bytes {first}-{last} (expected 206)")
+                body = _body_text(resp, 200)
+                client.close()
+                raise AgentError(f"{what}: HTTP {resp.status} {resp.reason} (expected 206)"
+                                 + (f": {body}" if body else ""))
             got_first, got_last, got_total = _content_range(resp)
-            if (got_first, got_last) != (first, last):
-                raise AgentError(f"{url}: asked for bytes {first}-{last}, got {got_first}-{got_last}")
+            if (got_first, got_last) != (pos, last):
+                client.close()
+                raise AgentError(f"{what}: asked for bytes {pos}-{last}, got {got_first}-{got_last}")
             if total is not None and got_total is not None and got_total != total:
-                raise AgentError(f"{url}: the server has {got_total} bytes, expected {total}")
-            h = hashlib.sha256() if expect is not None or record is not None else None
+                client.close()
+                raise AgentError(f"{what}: the server has {got_total} bytes, expected {total}")
+            began = pos
+            cut: str | None = None
             while pos <= last:
                 if stop.is_set():
                     raise Interrupted("stopped")
-                n = resp.readinto(view[: min(len(view), last + 1 - pos)])
+                try:
+                    n = resp.readinto(view[: min(len(view), last + 1 - pos)])
+                except (OSError, http.client.HTTPException) as exc:
+                    cut = f"{exc.__class__.__name__}: {exc}"
+                    break
                 if not n:
-                    raise http.client.IncompleteRead(b"", last + 1 - pos)
+                    cut = "the connection closed"
+                    break
                 os.pwrite(fd, view[:n], pos)
                 if h is not None:
                     h.update(view[:n])  # from the receive buffer: the bytes are never read back
@@ -932,61 +1283,83 @@ def _fetch_chunk(
                 counted = totals if totals is not None else meter
                 if max_bytes is not None and counted.session_bytes >= max_bytes:
                     raise Interrupted(f"stopped after {counted.session_bytes} bytes (--max-bytes)")
-            if record is not None and h is not None:
-                record[0][record[1]] = h.hexdigest()
-            if expect is not None and h is not None and h.hexdigest() != expect:
-                raise ChunkMismatch(f"{url}: sha256 mismatch in bytes {first}-{last}: got {h.hexdigest()}, "
-                                    f"expected {expect}")
+            if cut is not None:
+                client.close()
+                if pos > began:
+                    patience.progress()  # bytes came: the budget starts again (huggingface_hub http_get does too)
+                patience.wait(f"network: the body stopped at byte {pos} ({cut}); resuming from there")
+                continue
+            digest = h.hexdigest() if h is not None else None
+            if expect is not None and digest != expect:
+                # a mismatch is fetched again twice at most: a relay may have served a chunk of a
+                # download that restarted under it; a source with bad bytes will not improve
+                mismatches += 1
+                client.close()
+                message = (f"{label or 'download'}: sha256 mismatch in bytes {first}-{last}: got {digest}, "
+                           f"expected {expect}")
+                if mismatches > 2:
+                    raise ChunkMismatch(message)
+                uncount(pos - first)
+                pos, h = first, hashlib.sha256()
+                patience.wait(message + "; fetching the chunk again")
+                continue
+            if record is not None and digest is not None:
+                record[0][record[1]] = digest
             return
-        except (OSError, http.client.HTTPException, ChunkMismatch) as exc:
-            client.close()
-            # bytes of a failed attempt are fetched again; do not count them twice
-            with meter.lock:
-                meter.session_bytes -= pos - first
-            if totals is not None:
-                with totals.lock:
-                    totals.session_bytes -= pos - first
-            # a mismatch is fetched again twice at most: a relay may have served a chunk of a
-            # download that restarted under it; a source with bad bytes will not improve
-            if attempt == retries or stop.is_set() or (isinstance(exc, ChunkMismatch) and attempt >= 2):
-                if isinstance(exc, ChunkMismatch):
-                    raise
-                raise AgentError(f"network: bytes {first}-{last}: {exc.__class__.__name__}: {exc}") from None
-            time.sleep(delay)
-            delay = min(delay * 2, 4.0)
+    except AgentError:
+        if keep is not None and pos > first:
+            keep(pos - first)  # what is on disk of this chunk: the next run asks for the rest only
+        raise
+
+
+class _StreamCut(AgentError):
+    """A stream without ranges that stopped after ``got`` bytes."""
+
+    def __init__(self, message: str, got: int) -> None:
+        super().__init__(message)
+        self.got = got
 
 
 def _fetch_stream(
     resp: http.client.HTTPResponse, part: str, sidecar_path: str, *, meter: Meter, max_bytes: int | None,
-    stop: threading.Event, totals: Meter | None, drop_cache: bool = False,
+    stop: threading.Event, totals: Meter | None, drop_cache: bool = False, total: int | None = None,
 ) -> str:
-    """The fallback for servers without Range: one stream from byte 0, hashed in order."""
+    """The fallback for servers without Range: one stream from byte 0, hashed in order.
+
+    A stream that stops early (an error, or the end before ``total`` bytes)
+    raises :class:`_StreamCut`; the caller asks again from byte 0.
+    """
     _discard(sidecar_path)  # chunk records mean nothing without ranges
     hasher = hashlib.sha256()
     buf = bytearray(RECV_BUF)
     view = memoryview(buf)
-    try:
-        with open(part, "wb") as f:
-            while True:
-                if stop.is_set():
-                    raise Interrupted("stopped")
+    got = 0
+    with open(part, "wb") as f:
+        while True:
+            if stop.is_set():
+                raise Interrupted("stopped")
+            try:
                 n = resp.readinto(view)
-                if not n:
-                    break
-                f.write(view[:n])
-                hasher.update(view[:n])
-                meter.add(n)
-                if drop_cache and meter.session_bytes % FLUSH_BYTES < n:  # about every FLUSH_BYTES
-                    f.flush()
-                    os.fdatasync(f.fileno())
-                    drop_pages(f.fileno())
-                if totals is not None:
-                    totals.add(n)
-                counted = totals if totals is not None else meter
-                if max_bytes is not None and counted.session_bytes >= max_bytes:
-                    raise Interrupted(f"stopped after {counted.session_bytes} bytes (--max-bytes)")
-    except (OSError, http.client.HTTPException) as exc:
-        raise AgentError(f"network: {exc.__class__.__name__}: {exc}") from None
+            except (OSError, http.client.HTTPException) as exc:
+                raise _StreamCut(f"network: the stream stopped at byte {got}: {exc.__class__.__name__}: {exc}",
+                                 got) from None
+            if not n:
+                if total is not None and got < total:
+                    raise _StreamCut(f"network: the stream stopped at byte {got} of {total}", got)
+                break
+            got += n
+            f.write(view[:n])
+            hasher.update(view[:n])
+            meter.add(n)
+            if drop_cache and meter.session_bytes % FLUSH_BYTES < n:  # about every FLUSH_BYTES
+                f.flush()
+                os.fdatasync(f.fileno())
+                drop_pages(f.fileno())
+            if totals is not None:
+                totals.add(n)
+            counted = totals if totals is not None else meter
+            if max_bytes is not None and counted.session_bytes >= max_bytes:
+                raise Interrupted(f"stopped after {counted.session_bytes} bytes (--max-bytes)")
     return hasher.hexdigest()
 
 
@@ -1448,6 +1821,7 @@ def pull(
 
 HUB_MANIFEST = ".sparkctl/hub-manifest.json"  # sparkctl.ops.hub.MANIFEST_REL: beside the files, synced with them
 API_MAX_BYTES = 64 * MIB  # a revision listing of a huge repository is a few MB
+INFO_WAIT_MAX_S = 30.0  # hub-info's waits in all (sparkctl.ops.hubfetch gives the command 60 s)
 
 
 class HubFailed(AgentError):
@@ -1492,10 +1866,17 @@ def git_blob_sha1_file(path: str) -> tuple[str, str]:
 def hub_info(url: str, token: str | None, dest: str, timeout_s: float = 30.0) -> dict:
     """The Hub's answer to the revision API (status, error code, JSON), the free space and what is at ``dest``."""
     client = Client(timeout_s)
+    # sparkctl waits INFO_TIMEOUT_S (60 s) for this one command: the waits stay well inside it
+    patience = Patience("the Hub's revision listing", threading.Event(), max_total_s=INFO_WAIT_MAX_S)
     try:
-        resp = _with_retries(lambda: client.get(url, {**_auth(token), "Accept": "application/json"}), 2,
-                             threading.Event())
-        body = resp.read(API_MAX_BYTES)
+        while True:
+            resp = _request(client, url, {**_auth(token), "Accept": "application/json"}, patience)
+            try:
+                body = _read_all(resp, API_MAX_BYTES)
+                break
+            except (OSError, http.client.HTTPException) as exc:
+                client.close()
+                patience.wait(f"network: the answer stopped: {exc.__class__.__name__}: {exc}")
     finally:
         client.close()
     doc = None
@@ -1592,11 +1973,13 @@ def hub_fetch(
                 failed.append({"file": rel, "message": str(exc)})
             emit("failed", file=rel, message=str(exc))
             return
-        except AgentError as exc:
+        except (AgentError, OSError, http.client.HTTPException, ValueError) as exc:
+            # any failure of one file is a result naming it; the other files go on
+            message = str(exc) if isinstance(exc, AgentError) else f"{rel}: {exc.__class__.__name__}: {exc}"
             _discard(target)
             with lock:
-                failed.append({"file": rel, "message": str(exc)})
-            emit("failed", file=rel, message=str(exc))
+                failed.append({"file": rel, "message": message})
+            emit("failed", file=rel, message=message)
             return
         with lock:
             counts["fetched"] += 1
@@ -1627,8 +2010,8 @@ def hub_fetch(
     each_file(starts(), stop, connections)
     fetched, skipped = counts["fetched"], counts["skipped"]
     if failed:
-        names = ", ".join(f["file"] for f in failed[:5]) + (" ..." if len(failed) > 5 else "")
-        raise HubFailed(f"{len(failed)} of {len(files)} files failed and were deleted: {names}", failed)
+        why = "; ".join(f["message"] for f in failed[:3]) + (f"; and {len(failed) - 3} more" if len(failed) > 3 else "")
+        raise HubFailed(f"{len(failed)} of {len(files)} files failed: {why}", failed)
     mpath = os.path.join(dest, *HUB_MANIFEST.split("/"))
     os.makedirs(os.path.dirname(mpath), exist_ok=True)
     tmp = f"{mpath}.tmp.{os.getpid()}"
@@ -1848,6 +2231,27 @@ def _load_manifest(arg: str) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The command line; every failure is an ``error`` event, never a traceback.
+
+    A failure the code did not foresee is still reported as one event naming
+    what raised (the operator reads it in sparkctl's message), and a thread's
+    uncaught exception becomes a ``warning`` event instead of a printout.
+    """
+    def thread_failed(args: threading.ExceptHookArgs) -> None:
+        Emitter()("warning", message=f"thread {args.thread.name if args.thread else '?'}: "
+                                      f"{getattr(args.exc_type, '__name__', args.exc_type)}: {args.exc_value}")
+
+    threading.excepthook = thread_failed
+    try:
+        return _main(argv)
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as exc:  # noqa: BLE001 - the last line of defence: a result, not a traceback
+        Emitter()("error", message=f"weights agent: unexpected {exc.__class__.__name__}: {exc}")
+        return EXIT_ERROR
+
+
+def _main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     emit = Emitter()
     if args.cmd == "tail":

@@ -25,7 +25,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from sparkctl_sim.hub import LocalHub, make_repo, tiny_repo
+from sparkctl_sim.hub import LocalHub, http_date, make_repo, tiny_repo
 from sparkctl_sim.spec import ClusterSpec
 
 pytestmark = [pytest.mark.e2e, pytest.mark.needs_root]
@@ -46,8 +46,9 @@ def hub(sim_ring) -> Iterator[LocalHub]:
 
 
 def _run(sim, hub: LocalHub, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    env = {**sim.env, "HF_ENDPOINT": hub.endpoint}
-    env.pop("HF_TOKEN", None)
+    env = {**sim.env, "HF_ENDPOINT": hub.endpoint, "HF_HOME": str(sim.root / "operator-hf-home")}
+    for name in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_TOKEN_PATH"):
+        env.pop(name, None)
     r = subprocess.run([sys.executable, "-m", "sparkctl.cli.main", "-i", str(sim.inventory), *args], env=env,
                        capture_output=True, text=True, timeout=300)
     if check:
@@ -135,3 +136,63 @@ def test_simulated_ring_hub_refusals_are_one_line(sim_ring, hub: LocalHub) -> No
         r = _run(sim_ring, empty, "weights", "fetch", PROFILE, check=False)
     assert r.returncode != 0 and "repository sparkctl/tiny-llama not found" in r.stderr + r.stdout
     assert "Traceback" not in r.stderr
+
+
+# each fault of a real network, as the local hub serves it (sparkctl_sim/hub.py cites the real ones)
+FAULTS = {
+    "a body cut mid-chunk": lambda h, sha: h.cut_body(40_000, times=3, path=sha),
+    "the 1-byte probe cut": lambda h, sha: h.cut_body(0, times=1, path=sha),
+    "429 with Retry-After in seconds": lambda h, sha: h.refuse(429, 2, retry_after=1, path=sha),
+    "503 with Retry-After as an HTTP-date": lambda h, sha: h.refuse(503, 1, retry_after=http_date(1), path=sha),
+    "503 without Retry-After": lambda h, sha: h.refuse(503, 2, path=sha),
+    "the Hub's 503 on /resolve/": lambda h, sha: h.refuse(503, 1, server="hub", path="/resolve/"),
+}
+
+
+def test_simulated_ring_weights_fetch_through_each_hub_fault_is_byte_identical(sim_ring, hub: LocalHub) -> None:
+    import shutil
+
+    tiny = hub.repos["sparkctl/tiny-llama"]
+    gguf = tiny.files["tiny-llama.gguf"]
+    for name, fault in FAULTS.items():
+        shutil.rmtree(_on(sim_ring, "spark-a"), ignore_errors=True)
+        hub.clear_faults()
+        served = len(hub.faults_served)
+        fault(hub, gguf.sha256)
+        r = _run(sim_ring, hub, "weights", "fetch", PROFILE, "--chunk-mb", "0.0625", "--connections", "2",
+                 check=False)
+        assert r.returncode == 0 and "Traceback" not in r.stdout + r.stderr, (name, r.stdout + r.stderr)
+        assert len(hub.faults_served) > served, f"{name}: never served"
+        assert _on(sim_ring, "spark-a", "tiny-llama.gguf").read_bytes() == gguf.data, name
+        if "cut" not in name:
+            assert "wait:" in r.stderr, (name, r.stderr)  # the operator saw the wait as it happened
+
+
+def test_simulated_ring_weights_fetch_resolves_an_expired_storage_url(sim_ring, hub: LocalHub) -> None:
+    import shutil
+
+    gguf = hub.repos["sparkctl/tiny-llama"].files["tiny-llama.gguf"]
+    host = hub.endpoint.split("//")[1].split(":")[0]
+    # URLs good for 1 to 2 s; at 100 kB/s the gguf's chunks after the first 200 kB start past that
+    with LocalHub([hub.repos["sparkctl/tiny-llama"]], host, url_ttl_s=1, rate_Bps=100_000) as slow:
+        shutil.rmtree(_on(sim_ring, "spark-a"), ignore_errors=True)
+        r = _run(sim_ring, slow, "weights", "fetch", PROFILE, "--chunk-mb", "0.0625", "--connections", "2",
+                 "--json", check=False)
+        assert r.returncode == 0 and "Traceback" not in r.stdout + r.stderr, r.stdout + r.stderr
+        assert slow.expired and json.loads(r.stdout)["resolved"] >= 1
+    assert _on(sim_ring, "spark-a", "tiny-llama.gguf").read_bytes() == gguf.data
+
+
+def test_simulated_ring_a_fault_that_never_passes_names_the_file_without_a_traceback(sim_ring, hub: LocalHub) -> None:
+    import shutil
+
+    gguf = hub.repos["sparkctl/tiny-llama"].files["tiny-llama.gguf"]
+    shutil.rmtree(_on(sim_ring, "spark-a"), ignore_errors=True)
+    hub.clear_faults()
+    hub.refuse(503, times=1000, path=gguf.sha256)
+    try:
+        r = _run(sim_ring, hub, "weights", "fetch", PROFILE, check=False)
+    finally:
+        hub.clear_faults()
+    assert r.returncode != 0 and "Traceback" not in r.stdout + r.stderr
+    assert "tiny-llama.gguf: HTTP 503 Service Unavailable (gave up after" in r.stderr + r.stdout, r.stderr
