@@ -54,12 +54,19 @@ class LinkFacts:
 
 @dataclass(frozen=True)
 class PcieFacts:
+    """A CX-7 function's link (``LnkCap``/``LnkSta``) and what its slot can give: the
+    ``LnkCap`` of the port upstream of it (``slot``: its BDF; None when it was not read).
+    ``downgraded``: pciutils' own mark, which compares with the function's LnkCap only."""
+
     bdf: str
     cap_gts: float
     cap_width: int
     sta_gts: float
     sta_width: int
     downgraded: bool
+    slot: str | None = None
+    slot_gts: float | None = None
+    slot_width: int | None = None
 
 
 @dataclass(frozen=True)
