@@ -211,7 +211,8 @@ def sim_image_load_cmd(node: str, images: tuple[str, ...], variant: str, size_mi
             raise ConfigError(f"no simulated node {t!r}", hint="`sparkctl sim status` lists them")
         for ref in refs:
             rec = dockerimages.load_on_node(root, t, ref, variant, int(size_mib * (1 << 20)), nccl)
-            out.print(f"{t}: {ref} {rec['Id'][:19]}" + (f" (NCCL {nccl})" if nccl else ""), markup=False)
+            shown = dockerimages.shown_id(rec, dockerimages.store_kind(root / "nodes" / t))
+            out.print(f"{t}: {ref} {shown[:19]}" + (f" (NCCL {nccl})" if nccl else ""), markup=False)
 
 
 @sim_image_group.command("publish")

@@ -81,6 +81,9 @@ def default_state(hostname: str) -> dict[str, Any]:
         "pcie": {"gen_gts": 32, "width": 4,
                  "root_ports": {"0000": {"gen_gts": 32, "width": 4}, "0002": {"gen_gts": 32, "width": 4}}},
         "faults": {"wedged": False, "unreachable": False, "sshd_stopped": False},
+        # Docker's image store: classic (image ID = config digest) or containerd (ID = manifest
+        # digest); sparkctl_sim/dockerimages.py
+        "docker_store": "classic",
     }
 
 

@@ -60,7 +60,7 @@ REGISTRY = Registry((
     system.MEMINFO, system.DISK, services.WEIGHTS, gpu.GPU, gpu.GPU_CLOCKS, system.CLOCK_LOCK,
     net.IBDEV2NETDEV, net.NET_OPERSTATE, net.NET_MTU, net.NET_IPV4, net.NET_ETHTOOL, net.GIDS, pci.PCIE,
     services.ENGINES, services.PORTS, services.MODELS, services.ENGINE_UNIT,
-    engine_fact.ENGINE, nccl_fact.NCCL, watchdog_fact.WATCHDOG,
+    engine_fact.ENGINE, engine_fact.IMAGE, nccl_fact.NCCL, watchdog_fact.WATCHDOG,
 ))
 
 PRELUDE = """\
@@ -311,6 +311,7 @@ def _assemble(node: str, r: _Reader, due: list[tuple[Fact[Any], str]]) -> NodeFa
         listening_ports=r.get(services.PORTS),
         served_models=r.get(services.MODELS),
         engine_found=r.get(engine_fact.ENGINE),
+        image=r.get(engine_fact.IMAGE),
         nccl_version=r.get(nccl_fact.NCCL),
         watchdog=r.get(watchdog_fact.WATCHDOG),
         engine_unit=r.get(services.ENGINE_UNIT),

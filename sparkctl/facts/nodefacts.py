@@ -135,6 +135,8 @@ class NodeFacts:
     served_models: list[str] | None = None
     # the profile's engine: its image ID (docker) or executable path (native); "" not on the node
     engine_found: str | None = None
+    # the docker image's content digest and the node's image store (sparkctl.facts.engine.ImageContent)
+    image: object | None = None
     # the NCCL the engine loads (torch.cuda.nccl.version()); () none found; None not read
     nccl_version: tuple[int, ...] | None = None
     watchdog: object | None = None  # sparkctl.facts.watchdog.WatchdogFacts: earlyoom's state and arguments
