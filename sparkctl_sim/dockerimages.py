@@ -128,8 +128,9 @@ def layer_chunks(seed: str, size: int) -> Iterator[bytes]:
 
 
 def make_image(ref: str, variant: str = "", layer_bytes: int = DEFAULT_LAYER_BYTES,
-               config: dict[str, Any] | None = None) -> dict[str, Any]:
-    """An image record as `docker build` would leave it (no repo digest: nothing was pushed)."""
+               config: dict[str, Any] | None = None, sim: dict[str, Any] | None = None) -> dict[str, Any]:
+    """An image record as `docker build` would leave it (no repo digest: nothing was pushed).
+    ``sim``: what the simulated image's file system holds (sparkctl_sim/imagefs.py: its NCCL)."""
     seed = f"{normalize(ref)}#{variant}"
     h = hashlib.sha256()
     for chunk in layer_chunks(seed, layer_bytes):
@@ -137,7 +138,7 @@ def make_image(ref: str, variant: str = "", layer_bytes: int = DEFAULT_LAYER_BYT
     layer = "sha256:" + h.hexdigest()
     cfg = {"architecture": "arm64", "os": "linux", "created": "2025-11-01T00:00:00Z",
            "config": {"Env": [], "Entrypoint": None, "Cmd": None, "WorkingDir": "", **(config or {})},
-           "rootfs": {"type": "layers", "diff_ids": [layer]}, "sparkctl_sim": {"seed": seed}}
+           "rootfs": {"type": "layers", "diff_ids": [layer]}, "sparkctl_sim": {"seed": seed, **(sim or {})}}
     raw = json.dumps(cfg, sort_keys=True, separators=(",", ":")).encode()
     return {"Id": "sha256:" + hashlib.sha256(raw).hexdigest(), "config_json": raw.decode(),
             "RepoTags": [normalize(ref)] if "@" not in ref else [], "RepoDigests": [],
@@ -242,10 +243,12 @@ def run_config(ref: str) -> dict[str, Any] | None:
     rec = node_images().find(ref)
     if rec is None:
         return None
-    c = json.loads(rec["config_json"])["config"]
+    full = json.loads(rec["config_json"])
+    c = full["config"]
     env = dict(e.partition("=")[::2] for e in c.get("Env") or [])
     return {"entrypoint": c.get("Entrypoint") or [], "cmd": c.get("Cmd") or [], "env": env,
-            "workdir": c.get("WorkingDir") or None, "id": node_images().shown_id(rec)}
+            "workdir": c.get("WorkingDir") or None, "id": node_images().shown_id(rec),
+            "config_digest": rec["Id"], "sim": full.get("sparkctl_sim") or {}}
 
 
 def repository(ref: str) -> str:
@@ -470,6 +473,7 @@ def publish(root: Path, ref: str, variant: str = "", layer_bytes: int = DEFAULT_
 
 # plain X.Y.Z: what the simulated torch and engine parse (sparkctl_sim/engines/runtime.py image_nccl)
 NCCL_VERSION_RE = re.compile(r"\d+\.\d+\.\d+")
+DEFAULT_NCCL = "2.30.7"  # sparkctl_sim/imagefs.py DEFAULT_NCCL
 
 
 def nccl_config(nccl: str | None) -> dict[str, Any] | None:
@@ -477,22 +481,41 @@ def nccl_config(nccl: str | None) -> dict[str, Any] | None:
 
     NVIDIA's CUDA and NGC images record their NCCL as ``ENV NCCL_VERSION=2.X.Y``
     (gitlab.com/nvidia/container-images/cuda ``dist/12.0.0/ubuntu2204/runtime/Dockerfile``:
-    ``ENV NCCL_VERSION 2.16.2-1``, the package revision after the dash); the simulated container's torch
-    (sparkctl_sim/containerpy/torch) and the simulated engine
-    (sparkctl_sim/engines/runtime.py ``image_nccl``) read it from there. A different
+    ``ENV NCCL_VERSION 2.16.2-1``, the package revision after the dash). A different
     NCCL is a different config, hence a different image ID (moby image/image.go).
     """
     if nccl is None:
         return None
-    if not NCCL_VERSION_RE.fullmatch(nccl):
-        raise ValueError(f"not an NCCL version: {nccl!r} (want X.Y.Z, e.g. 2.28.9)")
+    _check_version(nccl)
     return {"Env": [f"NCCL_VERSION={nccl}"]}
 
 
-def load_on_node(root: Path, node: str, ref: str, variant: str = "",
-                 layer_bytes: int = DEFAULT_LAYER_BYTES, nccl: str | None = None) -> dict[str, Any]:
-    """Stand-in for "the operator built it on this node" (`sparkctl sim image load [--nccl V]`)."""
-    rec = make_image(ref, variant, layer_bytes, config=nccl_config(nccl))
+def _check_version(v: str) -> None:
+    if not NCCL_VERSION_RE.fullmatch(v):
+        raise ValueError(f"not an NCCL version: {v!r} (want X.Y.Z, e.g. 2.28.9)")
+
+
+def nccl_sim(nccl: str | None, torch_nccl: str | None) -> dict[str, Any] | None:
+    """The image file system's NCCL (sparkctl_sim/imagefs.py): the library it loads and the one
+    its torch was built against; None: the defaults (torch and library alike)."""
+    if nccl is None and torch_nccl is None:
+        return None
+    for v in (nccl, torch_nccl):
+        if v is not None:
+            _check_version(v)
+    lib = nccl or DEFAULT_NCCL
+    return {"nccl": lib, "torch_nccl": torch_nccl or lib}
+
+
+def load_on_node(root: Path, node: str, ref: str, variant: str = "", layer_bytes: int = DEFAULT_LAYER_BYTES,
+                 nccl: str | None = None, torch_nccl: str | None = None) -> dict[str, Any]:
+    """Stand-in for "the operator built it on this node" (`sparkctl sim image load [--nccl L] [--torch-nccl T]`).
+
+    ``--nccl`` alone: a build whose torch and library are both L, recorded as NVIDIA's images do
+    (``ENV NCCL_VERSION``). With ``--torch-nccl``: torch built against T loading the library L, the
+    community's source-built NCCL (sparkctl_sim/imagefs.py), with no NCCL_VERSION recorded."""
+    config = nccl_config(nccl) if torch_nccl is None else None
+    rec = make_image(ref, variant, layer_bytes, config=config, sim=nccl_sim(nccl, torch_nccl))
     node_dir = root / "nodes" / node
     return Images(node_store_dir(node_dir), store_kind(node_dir)).add(rec)
 

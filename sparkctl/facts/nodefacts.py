@@ -137,8 +137,11 @@ class NodeFacts:
     engine_found: str | None = None
     # the docker image's content digest and the node's image store (sparkctl.facts.engine.ImageContent)
     image: object | None = None
-    # the NCCL the engine loads (torch.cuda.nccl.version()); () none found; None not read
+    # the NCCL the engine loads (the library mapped after `import torch`, else torch's own or the
+    # library's file name); () none found; None not read
     nccl_version: tuple[int, ...] | None = None
+    nccl_library: str | None = None  # the path of the library that version was read from
+    nccl_torch: tuple[int, ...] | None = None  # what torch was built against (torch.cuda.nccl.version())
     watchdog: object | None = None  # sparkctl.facts.watchdog.WatchdogFacts: earlyoom's state and arguments
     clock_lock_record: tuple[str, int] | None = None  # (boot_id, cap MHz) written when sparkctl locked the clock
     weights: WeightsSummary | None = None
