@@ -105,3 +105,24 @@ def test_the_facts_command_finds_the_upstream_port_with_real_sh(tmp_path: Path) 
     assert (link.slot, link.slot_width, link.sta_width) == ("0002:00:00.0", 2, 2)
     (v,) = pcie_verdicts(NodeFacts(node="spark-c", pcie={"0002:01:00.0": link}))
     assert v.status == "ok", v
+
+
+@pytest.mark.parametrize("gbps,status", [(55.2, "ok"), (13.4, "fail")])
+def test_ac_cycle_expects_of_a_two_lane_slot_only_what_it_can_carry(gbps: float, status: str) -> None:
+    """The GX10's x2 function measures about half a Spark FE's (thread 367853): not a stale link; 13 Gb/s is."""
+    link = parse_lspci_link(with_upstream(GX10_CX7, "0002:00:00.0", GX10_ROOT), "0002:01:00.0")
+    lk = next(lk for lk in INV.links if lk.a.netdev.startswith("enP2p1s0f0"))
+    node, peer = lk.a.node, lk.b.node
+    facts = {node: NodeFacts(node=node, pcie={"0002:01:00.0": link}), peer: NodeFacts(node=peer)}
+    probe = laws.LinkProbe(node, lk.a.netdev, peer, lk.b.address, True, gbps)
+    c = laws.Context(profile=DS, inventory=INV, nodes=(node, peer), facts=facts, link_probes=(probe,))
+    law = laws.by_id("ac_cycle")
+    assert law is not None
+    v = {x.node: x for x in law.check(c)}
+    assert v[node].status == status and v[peer].status == status, v
+    if status == "fail":
+        assert "what its PCIe slot allows" in v[node].observed
+    # a full slot keeps the 60 Gb/s floor
+    full = dict(facts, **{node: NodeFacts(node=node)})
+    c = laws.Context(profile=DS, inventory=INV, nodes=(node, peer), facts=full, link_probes=(probe,))
+    assert {x.status for x in law.check(c)} == {"fail"}

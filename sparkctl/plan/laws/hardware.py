@@ -6,6 +6,7 @@ its upstream port's LnkCap). Nothing here touches a host.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from sparkctl.plan.laws.base import (
@@ -34,6 +35,31 @@ def _slot_limit(p: Any) -> tuple[float, int, str]:
         return gts, width, ""
     return gts, width, (f"the slot gives {gts:g} GT/s x{width}: upstream port {p.slot} LnkCap "
                         f"{p.slot_gts:g} GT/s x{p.slot_width}, the CX-7 can {p.cap_gts:g} GT/s x{p.cap_width}")
+
+
+# systemd's predictable names carry the PCI address: en[P<domain>]p<bus>s<slot>f<function>
+# (systemd.net-naming-scheme(7)); np<N> is the port name suffix: enP2p1s0f1np1 = 0002:01:00.1.
+_NETDEV_BDF = re.compile(r"en(?:P([0-9]+))?p([0-9]+)s([0-9]+)f([0-9]+)(?:np[0-9]+)?")
+
+
+def netdev_bdf(netdev: str) -> str | None:
+    m = _NETDEV_BDF.fullmatch(netdev)
+    if not m:
+        return None
+    dom, bus, slot, fn = (int(g or 0) for g in m.groups())
+    return f"{dom:04x}:{bus:02x}:{slot:02x}.{fn}"
+
+
+def slot_share(ctx: Context, node: str, netdev: str) -> float:
+    """The part of a full CX-7 function's PCIe bandwidth that ``netdev``'s slot gives (1.0: all of it,
+    0.5: the GX10's two-lane root port; 1.0 when not known)."""
+    f = facts_of(ctx, node)
+    bdf = netdev_bdf(netdev)
+    p = (getattr(f, "pcie", None) or {}).get(bdf) if bdf else None
+    if p is None or not p.cap_gts or not p.cap_width:
+        return 1.0
+    gts, width, _ = _slot_limit(p)
+    return min(1.0, (gts * width) / (p.cap_gts * p.cap_width))
 
 
 def check_pcie_link(ctx: Context) -> list[Verdict]:
