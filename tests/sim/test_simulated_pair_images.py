@@ -34,7 +34,7 @@ def test_missing_then_different_then_synced(sim_pair_bare) -> None:  # type: ign
     assert "sparkctl image sync tensorfold-tp2 --from spark-a" in next(v["fix"] for v in vs if v["status"] == "fail")
 
     dry = sim.sparkctl(*inv, "image", "sync", PROFILE, "--dry-run", check=True)
-    assert "docker save" in dry.stdout and "'docker load >&2 && docker image inspect" in dry.stdout and "@10.20." in dry.stdout
+    assert "docker save" in dry.stdout and "'docker load >&2 && c=$(docker image inspect" in dry.stdout and "@10.20." in dry.stdout
     before = sim.ssh("spark-b", f"docker image inspect --format '{{{{.Id}}}}' {IMAGE}").stdout
     assert before == sim.ssh("spark-b", f"docker image inspect --format '{{{{.Id}}}}' {IMAGE}").stdout
     r = sim.sparkctl(*inv, "image", "sync", PROFILE, check=True)
