@@ -205,10 +205,13 @@ def sim_image_group() -> None:
 @click.option("--size-mib", type=float, default=4.0, show_default=True, help="the image's layer size")
 @click.option("--bundled", is_flag=True, help="every image a bundled profile names")
 @click.option("--nccl", default=None, metavar="VERSION",
-              help="the NCCL the build carries (ENV NCCL_VERSION, e.g. 2.28.9; a different image ID); "
-                   "default: none set, the simulated engines' 2.30.7")
+              help="the NCCL the build carries and loads (ENV NCCL_VERSION, e.g. 2.28.9; a different image ID); "
+                   "default: the simulated engines' 2.30.7")
+@click.option("--torch-nccl", default=None, metavar="VERSION",
+              help="the NCCL the image's torch was built against, when it loads another (--nccl): the "
+                   "community's source-built NCCL behind torch's libnccl.so.2 (sparkctl_sim/imagefs.py)")
 def sim_image_load_cmd(node: str, images: tuple[str, ...], variant: str, size_mib: float, bundled: bool,
-                       nccl: str | None) -> None:
+                       nccl: str | None, torch_nccl: str | None) -> None:
     """Put IMAGES into NODE's image store (NODE may be `all`), as if the operator had built them there (SIMULATION)."""
     from sparkctl_sim import dockerimages
 
@@ -218,14 +221,18 @@ def sim_image_load_cmd(node: str, images: tuple[str, ...], variant: str, size_mi
     refs = list(images) + (bundled_images() if bundled else [])
     if not refs:
         raise ConfigError("name at least one image (or --bundled)")
-    if nccl is not None and not dockerimages.NCCL_VERSION_RE.fullmatch(nccl):
-        raise ConfigError(f"--nccl {nccl}: not an NCCL version", hint="X.Y.Z, e.g. --nccl 2.28.9")
+    for flag, v in (("--nccl", nccl), ("--torch-nccl", torch_nccl)):
+        if v is not None and not dockerimages.NCCL_VERSION_RE.fullmatch(v):
+            raise ConfigError(f"{flag} {v}: not an NCCL version", hint=f"X.Y.Z, e.g. {flag} 2.28.9")
     for t in targets:
         if not (root / "nodes" / t).is_dir():
             raise ConfigError(f"no simulated node {t!r}", hint="`sparkctl sim status` lists them")
         for ref in refs:
-            rec = dockerimages.load_on_node(root, t, ref, variant, int(size_mib * (1 << 20)), nccl)
-            out.print(f"{t}: {ref} {rec['Id'][:19]}" + (f" (NCCL {nccl})" if nccl else ""), markup=False)
+            rec = dockerimages.load_on_node(root, t, ref, variant, int(size_mib * (1 << 20)), nccl, torch_nccl)
+            shown = dockerimages.shown_id(rec, dockerimages.store_kind(root / "nodes" / t))
+            what = (f" (NCCL {nccl or dockerimages.DEFAULT_NCCL}, torch built against {torch_nccl})" if torch_nccl
+                    else f" (NCCL {nccl})" if nccl else "")
+            out.print(f"{t}: {ref} {shown[:19]}{what}", markup=False)
 
 
 @sim_image_group.command("publish")

@@ -32,6 +32,18 @@ digests. Verbs:
 A reference resolves as docker's does: ``name`` means ``name:latest``;
 ``name@sha256:D`` matches a repo digest; ``sha256:ID`` or an ID prefix of 12+
 hex digits matches the ID.
+
+Two image stores, as Docker has (``sparkctl sim set NODE docker_store=containerd``):
+the classic store reports the config digest as the image ID (moby image/image.go);
+the containerd image store the digest of the manifest the name points to (moby
+daemon/containerd/image.go ``GetImage``: ``image.ID(desc.Target.Digest)``; here
+a single-platform OCI manifest of the config and the layer), and ``docker info``
+names its snapshotter in DriverStatus (``driver-type io.containerd.snapshotter.v1``,
+docs.docker.com/engine/storage/containerd/). The stores do not share images:
+switching a node's store leaves it with the other store's images out of sight
+("images and containers from the classic store are not visible", same page), so
+its images are in ``docker-images-containerd`` beside the classic ``docker-images``.
+Both show the config's content alike: ``RootFS.Layers`` (the diff IDs) and ``Config``.
 """
 
 from __future__ import annotations
@@ -54,9 +66,42 @@ DEFAULT_LAYER_BYTES = 4 << 20
 _BLOCK = 1 << 20
 
 
+STORE_CLASSIC = "classic"
+STORE_CONTAINERD = "containerd"
+OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
+
+
+def store_kind(node_dir: Path) -> str:
+    """The node's docker image store: its state's ``docker_store`` (classic unless set)."""
+    state = _read_json(node_dir / "state.json") or {}
+    kind = state.get("docker_store", STORE_CLASSIC)
+    return kind if kind in (STORE_CLASSIC, STORE_CONTAINERD) else STORE_CLASSIC
+
+
+def node_store_dir(node_dir: Path) -> Path:
+    return node_dir / ("docker-images" if store_kind(node_dir) == STORE_CLASSIC else "docker-images-containerd")
+
+
 def store_dir(run_dir: Path) -> Path:
-    """``nodes/NODE/docker-images``: beside the run dir (which a simulated boot empties)."""
-    return run_dir.parent / "docker-images"
+    """``nodes/NODE/docker-images``: beside the run dir (which a simulated boot empties); the
+    containerd store's images in ``docker-images-containerd``."""
+    return node_store_dir(run_dir.parent)
+
+
+def manifest_digest(rec: dict[str, Any]) -> str:
+    """The digest of the OCI manifest that points at the image's config and layer (containerd store ID)."""
+    manifest = {"schemaVersion": 2, "mediaType": OCI_MANIFEST,
+                "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": rec["Id"],
+                           "size": len(rec["config_json"].encode())},
+                "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar", "digest": rec["layer"],
+                            "size": rec["layer_bytes"]}]}
+    raw = json.dumps(manifest, sort_keys=True, separators=(",", ":")).encode()
+    return "sha256:" + hashlib.sha256(raw).hexdigest()
+
+
+def shown_id(rec: dict[str, Any], kind: str) -> str:
+    """The image ID docker reports: the config digest (classic) or the manifest digest (containerd)."""
+    return rec["Id"] if kind == STORE_CLASSIC else manifest_digest(rec)
 
 
 def registry_path(run_dir: Path) -> Path:
@@ -83,8 +128,9 @@ def layer_chunks(seed: str, size: int) -> Iterator[bytes]:
 
 
 def make_image(ref: str, variant: str = "", layer_bytes: int = DEFAULT_LAYER_BYTES,
-               config: dict[str, Any] | None = None) -> dict[str, Any]:
-    """An image record as `docker build` would leave it (no repo digest: nothing was pushed)."""
+               config: dict[str, Any] | None = None, sim: dict[str, Any] | None = None) -> dict[str, Any]:
+    """An image record as `docker build` would leave it (no repo digest: nothing was pushed).
+    ``sim``: what the simulated image's file system holds (sparkctl_sim/imagefs.py: its NCCL)."""
     seed = f"{normalize(ref)}#{variant}"
     h = hashlib.sha256()
     for chunk in layer_chunks(seed, layer_bytes):
@@ -92,7 +138,7 @@ def make_image(ref: str, variant: str = "", layer_bytes: int = DEFAULT_LAYER_BYT
     layer = "sha256:" + h.hexdigest()
     cfg = {"architecture": "arm64", "os": "linux", "created": "2025-11-01T00:00:00Z",
            "config": {"Env": [], "Entrypoint": None, "Cmd": None, "WorkingDir": "", **(config or {})},
-           "rootfs": {"type": "layers", "diff_ids": [layer]}, "sparkctl_sim": {"seed": seed}}
+           "rootfs": {"type": "layers", "diff_ids": [layer]}, "sparkctl_sim": {"seed": seed, **(sim or {})}}
     raw = json.dumps(cfg, sort_keys=True, separators=(",", ":")).encode()
     return {"Id": "sha256:" + hashlib.sha256(raw).hexdigest(), "config_json": raw.decode(),
             "RepoTags": [normalize(ref)] if "@" not in ref else [], "RepoDigests": [],
@@ -101,12 +147,16 @@ def make_image(ref: str, variant: str = "", layer_bytes: int = DEFAULT_LAYER_BYT
 
 
 class Images:
-    """One node's image store (``images.json``: Id -> record), under an flock."""
+    """One node's image store (``images.json``: config digest -> record), under an flock."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, kind: str = STORE_CLASSIC) -> None:
         self.root = root
+        self.kind = kind
         self.root.mkdir(parents=True, exist_ok=True)
         self.path = root / "images.json"
+
+    def shown_id(self, rec: dict[str, Any]) -> str:
+        return shown_id(rec, self.kind)
 
     def lock(self) -> contextlib.AbstractContextManager[None]:
         return _locked(self.root / ".lock")
@@ -125,7 +175,8 @@ class Images:
                 return rec
         hexid = ref.removeprefix("sha256:")
         if len(hexid) >= 12 and all(c in "0123456789abcdef" for c in hexid):
-            hits = [r for r in images.values() if r["Id"].removeprefix("sha256:").startswith(hexid)]
+            # only the ID this store reports resolves (the containerd store matches target digests)
+            hits = [r for r in images.values() if self.shown_id(r).removeprefix("sha256:").startswith(hexid)]
             if len(hits) == 1:
                 return hits[0]
         return None
@@ -161,20 +212,30 @@ class Images:
 
 
 def node_images() -> Images:
-    return Images(store_dir(_run_dir()))
+    run = _run_dir()
+    return Images(store_dir(run), store_kind(run.parent))
 
 
 def _no_such_image(ref: str) -> ShimError:
     return ShimError(f"Error response from daemon: No such image: {ref}", 1)
 
 
-def inspect_view(rec: dict[str, Any]) -> dict[str, Any]:
+# Config is a struct in docker's inspect (moby api/types/image/image_inspect.go, DockerOCIImageConfig):
+# a template reaches every field of it, set or not.
+_CONFIG_FIELDS: dict[str, Any] = {"User": "", "ExposedPorts": None, "Env": None, "Entrypoint": None, "Cmd": None,
+                                  "Volumes": None, "WorkingDir": "", "Labels": None, "StopSignal": ""}
+
+
+def inspect_view(rec: dict[str, Any], kind: str = STORE_CLASSIC) -> dict[str, Any]:
     cfg = json.loads(rec["config_json"])
-    return {"Id": rec["Id"], "RepoTags": rec["RepoTags"], "RepoDigests": rec["RepoDigests"], "Parent": "",
+    view = {"Id": shown_id(rec, kind), "RepoTags": rec["RepoTags"], "RepoDigests": rec["RepoDigests"], "Parent": "",
             "Comment": "", "Created": rec["Created"], "DockerVersion": "", "Author": "",
-            "Config": cfg["config"], "Architecture": cfg["architecture"], "Os": cfg["os"],
+            "Config": {**_CONFIG_FIELDS, **cfg["config"]}, "Architecture": cfg["architecture"], "Os": cfg["os"],
             "Size": rec["Size"], "RootFS": {"Type": "layers", "Layers": cfg["rootfs"]["diff_ids"]},
             "Metadata": {"LastTagTime": rec.get("tagged_at", "")}}
+    if kind == STORE_CONTAINERD:  # the target's OCI descriptor (only a multi-platform store sets it)
+        view["Descriptor"] = {"mediaType": OCI_MANIFEST, "digest": view["Id"]}
+    return view
 
 
 def run_config(ref: str) -> dict[str, Any] | None:
@@ -182,10 +243,12 @@ def run_config(ref: str) -> dict[str, Any] | None:
     rec = node_images().find(ref)
     if rec is None:
         return None
-    c = json.loads(rec["config_json"])["config"]
+    full = json.loads(rec["config_json"])
+    c = full["config"]
     env = dict(e.partition("=")[::2] for e in c.get("Env") or [])
     return {"entrypoint": c.get("Entrypoint") or [], "cmd": c.get("Cmd") or [], "env": env,
-            "workdir": c.get("WorkingDir") or None, "id": rec["Id"]}
+            "workdir": c.get("WorkingDir") or None, "id": node_images().shown_id(rec),
+            "config_digest": rec["Id"], "sim": full.get("sparkctl_sim") or {}}
 
 
 def repository(ref: str) -> str:
@@ -212,7 +275,7 @@ def docker_image_inspect(refs: Sequence[str], fmt: str | None, render: Any) -> i
             print(f"Error response from daemon: No such image: {ref}", file=sys.stderr)
             code = 1
             continue
-        views.append(inspect_view(rec))
+        views.append(inspect_view(rec, store.kind))
     if fmt is not None:
         for v in views:
             print(render(fmt, v))
@@ -231,10 +294,12 @@ def _human_size(n: int) -> str:
 def docker_images(args: Sequence[str]) -> int:
     quiet = "-q" in args or "--quiet" in args
     rows = []
-    for rec in node_images().all().values():
+    store = node_images()
+    for rec in store.all().values():
         for tag in rec["RepoTags"] or ["<none>:<none>"]:
             repo, _, t = tag.rpartition(":")
-            rows.append((repo, t, rec["Id"].removeprefix("sha256:")[:12], rec["Created"], _human_size(rec["Size"])))
+            rows.append((repo, t, store.shown_id(rec).removeprefix("sha256:")[:12], rec["Created"],
+                         _human_size(rec["Size"])))
     if quiet:
         for r in rows:
             print(r[2])
@@ -362,7 +427,7 @@ def docker_load(args: Sequence[str]) -> int:
         for tag in entry.get("RepoTags") or []:
             print(f"Loaded image: {tag}")
         if not entry.get("RepoTags"):
-            print(f"Loaded image ID: {rec['Id']}")
+            print(f"Loaded image ID: {store.shown_id(rec)}")
     return 0
 
 
@@ -408,6 +473,7 @@ def publish(root: Path, ref: str, variant: str = "", layer_bytes: int = DEFAULT_
 
 # plain X.Y.Z: what the simulated torch and engine parse (sparkctl_sim/engines/runtime.py image_nccl)
 NCCL_VERSION_RE = re.compile(r"\d+\.\d+\.\d+")
+DEFAULT_NCCL = "2.30.7"  # sparkctl_sim/imagefs.py DEFAULT_NCCL
 
 
 def nccl_config(nccl: str | None) -> dict[str, Any] | None:
@@ -415,23 +481,43 @@ def nccl_config(nccl: str | None) -> dict[str, Any] | None:
 
     NVIDIA's CUDA and NGC images record their NCCL as ``ENV NCCL_VERSION=2.X.Y``
     (gitlab.com/nvidia/container-images/cuda ``dist/12.0.0/ubuntu2204/runtime/Dockerfile``:
-    ``ENV NCCL_VERSION 2.16.2-1``, the package revision after the dash); the simulated container's torch
-    (sparkctl_sim/containerpy/torch) and the simulated engine
-    (sparkctl_sim/engines/runtime.py ``image_nccl``) read it from there. A different
+    ``ENV NCCL_VERSION 2.16.2-1``, the package revision after the dash). A different
     NCCL is a different config, hence a different image ID (moby image/image.go).
     """
     if nccl is None:
         return None
-    if not NCCL_VERSION_RE.fullmatch(nccl):
-        raise ValueError(f"not an NCCL version: {nccl!r} (want X.Y.Z, e.g. 2.28.9)")
+    _check_version(nccl)
     return {"Env": [f"NCCL_VERSION={nccl}"]}
 
 
-def load_on_node(root: Path, node: str, ref: str, variant: str = "",
-                 layer_bytes: int = DEFAULT_LAYER_BYTES, nccl: str | None = None) -> dict[str, Any]:
-    """Stand-in for "the operator built it on this node" (`sparkctl sim image load [--nccl V]`)."""
-    rec = make_image(ref, variant, layer_bytes, config=nccl_config(nccl))
-    return Images(root / "nodes" / node / "docker-images").add(rec)
+def _check_version(v: str) -> None:
+    if not NCCL_VERSION_RE.fullmatch(v):
+        raise ValueError(f"not an NCCL version: {v!r} (want X.Y.Z, e.g. 2.28.9)")
+
+
+def nccl_sim(nccl: str | None, torch_nccl: str | None) -> dict[str, Any] | None:
+    """The image file system's NCCL (sparkctl_sim/imagefs.py): the library it loads and the one
+    its torch was built against; None: the defaults (torch and library alike)."""
+    if nccl is None and torch_nccl is None:
+        return None
+    for v in (nccl, torch_nccl):
+        if v is not None:
+            _check_version(v)
+    lib = nccl or DEFAULT_NCCL
+    return {"nccl": lib, "torch_nccl": torch_nccl or lib}
+
+
+def load_on_node(root: Path, node: str, ref: str, variant: str = "", layer_bytes: int = DEFAULT_LAYER_BYTES,
+                 nccl: str | None = None, torch_nccl: str | None = None) -> dict[str, Any]:
+    """Stand-in for "the operator built it on this node" (`sparkctl sim image load [--nccl L] [--torch-nccl T]`).
+
+    ``--nccl`` alone: a build whose torch and library are both L, recorded as NVIDIA's images do
+    (``ENV NCCL_VERSION``). With ``--torch-nccl``: torch built against T loading the library L, the
+    community's source-built NCCL (sparkctl_sim/imagefs.py), with no NCCL_VERSION recorded."""
+    config = nccl_config(nccl) if torch_nccl is None else None
+    rec = make_image(ref, variant, layer_bytes, config=config, sim=nccl_sim(nccl, torch_nccl))
+    node_dir = root / "nodes" / node
+    return Images(node_store_dir(node_dir), store_kind(node_dir)).add(rec)
 
 
 def docker_tag(args: Sequence[str]) -> int:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sparkctl_sim import dockerimages
+from sparkctl_sim import dockerimages, imagefs
 from sparkctl_sim.shimbase import (
     ShimError,
     _alive,
@@ -228,7 +228,7 @@ def parse_docker_env_file(text: str, host_env: dict[str, str], source: str) -> l
     return out
 
 
-def _container_env(spec: RunSpec, image_env: dict[str, str]) -> dict[str, str]:
+def _container_env(spec: RunSpec, image_env: dict[str, str], site: Path | None = None) -> dict[str, str]:
     host_env = dict(os.environ)
     env = dict(host_env)
     env.update(image_env)
@@ -246,9 +246,9 @@ def _container_env(spec: RunSpec, image_env: dict[str, str]) -> dict[str, str]:
         elif name in host_env:
             pairs.append((name, host_env[name]))
     env.update(pairs)
-    # the simulated image's site-packages: a torch that answers torch.cuda.nccl.version()
-    # from the image's NCCL_VERSION (sparkctl_sim/containerpy/torch)
-    stub = str(Path(__file__).resolve().parent / "containerpy")
+    # the simulated image's site-packages: its torch (torch.cuda.nccl.version(): what it was
+    # built against) and the libnccl that `import torch` loads (sparkctl_sim/imagefs.py)
+    stub = str(site) if site is not None else str(Path(__file__).resolve().parent / "containerpy")
     env["PYTHONPATH"] = stub + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     return env
 
@@ -359,7 +359,12 @@ def docker_run(args: Sequence[str]) -> int:
         raise _daemon_error(
             f"sparkctl sim: working directory {workdir!r} does not exist on this node "
             "(the sim has no container filesystem).")
-    env = _container_env(spec, dict(image.get("env") or {}))
+    image_env = dict(image.get("env") or {})
+    try:
+        site = imagefs.site_packages(_run_dir().parent.parent.parent, image["config_digest"], image["sim"], image_env)
+    except (OSError, RuntimeError, subprocess.CalledProcessError) as exc:
+        raise _daemon_error(f"sparkctl sim: cannot lay out the image's file system: {exc}") from None
+    env = _container_env(spec, image_env, site)
     exe = _resolve_exec(argv[0], env)
     if exe is None:
         raise _daemon_error(

@@ -76,8 +76,14 @@ def default_state(hostname: str) -> dict[str, Any]:
             name: {"speed_mbps": 200000, "stale": False, "cabled": False, "link_local_ipv4": None}
             for name in TWIN_NETDEVS
         },
-        "pcie": {"gen_gts": 32, "width": 4},  # healthy Gen5 x4 per CX7 function
+        # healthy Gen5 x4 per CX7 function, under root ports that give Gen5 x4 (a GX10-style
+        # node: root_ports.0002.width 2, sparkctl_sim/shims/lspci.py)
+        "pcie": {"gen_gts": 32, "width": 4,
+                 "root_ports": {"0000": {"gen_gts": 32, "width": 4}, "0002": {"gen_gts": 32, "width": 4}}},
         "faults": {"wedged": False, "unreachable": False, "sshd_stopped": False},
+        # Docker's image store: classic (image ID = config digest) or containerd (ID = manifest
+        # digest); sparkctl_sim/dockerimages.py
+        "docker_store": "classic",
     }
 
 

@@ -9,14 +9,15 @@ tests/sim/test_simulated_pair_images.py.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import subprocess
 from datetime import datetime, timezone
-from importlib import resources
 from pathlib import Path
 
 import pytest
 
+from sparkctl.model import imageid
 from sparkctl.model.inventory import load_inventory
 from sparkctl.ops import image, nodessh
 from sparkctl.plan import fabricplan, imageplan
@@ -25,7 +26,7 @@ from sparkctl.plan.steps import FileRef
 REPO = Path(__file__).resolve().parents[1]
 INV = load_inventory(REPO / "inventory.yaml")
 IMAGE = "ghcr.io/tensorfold/tensorfold-spark:zig-2026.10"
-GATE = resources.files("sparkctl.remote").joinpath("image_sync_gate.sh").read_bytes()
+GATE = imageplan.gate_script()
 
 
 @pytest.fixture()
@@ -52,10 +53,11 @@ def _run_gate(gate: tuple[Path, Path, Path], original: str | None) -> subprocess
                           timeout=30)
 
 
-def test_the_gate_loads_and_prints_the_image_id(gate: tuple[Path, Path, Path]) -> None:
+def test_the_gate_loads_and_prints_the_content_digest(gate: tuple[Path, Path, Path]) -> None:
     r = _run_gate(gate, f"{imageplan.LOAD_VERB} {IMAGE}")
-    assert (r.returncode, r.stdout) == (0, "sha256:abc\n"), r.stderr
-    assert gate[1].read_text().splitlines() == ["load", f"image inspect --format {{{{.Id}}}} {IMAGE}"]
+    want = "content:sha256:" + hashlib.sha256(b"sha256:abc").hexdigest() + "\n"  # the digest of what inspect printed
+    assert (r.returncode, r.stdout) == (0, want), r.stderr
+    assert gate[1].read_text().splitlines() == ["load", f"image inspect --format {imageid.CONTENT_FORMAT} {IMAGE}"]
 
 
 @pytest.mark.parametrize("original", [

@@ -89,3 +89,57 @@ def test_different_ids_for_one_tag_fail_the_odd_node_with_image_sync() -> None:
 def test_a_tie_takes_the_first_nodes_build() -> None:
     vs = {v.node: v.status for v in verdicts("image_identity", DS, {"spark-a": B, "spark-b": A})}
     assert vs == {"spark-a": "ok", "spark-b": "fail"}
+
+
+# --- image identity across Docker's classic and containerd image stores (issue #18 item 10) ---------
+
+C1, C2 = "content:sha256:" + "1" * 64, "content:sha256:" + "2" * 64
+CLASSIC_ID, CONTAINERD_ID = A, B  # the same build: the config digest on one store, the manifest digest on the other
+
+
+def identity(found: dict[str, tuple[str, str | None, str]]) -> dict[str, laws.Verdict]:
+    """node -> (image ID, content digest or None, store)."""
+    from sparkctl.facts.engine import ImageContent
+
+    facts = {n: NodeFacts(node=n, engine_found=iid, image=ImageContent(c, st)) for n, (iid, c, st) in found.items()}
+    ctx = laws.Context(profile=DS, inventory=INV, nodes=tuple(found), facts=facts, profile_name="P")
+    law = laws.by_id("image_identity")
+    assert law is not None
+    return {v.node: v for v in law.check(ctx)}
+
+
+def test_one_build_on_two_stores_is_the_same_image() -> None:
+    vs = identity({"spark-a": (CLASSIC_ID, C1, "classic"), "spark-b": (CONTAINERD_ID, C1, "containerd")})
+    assert {v.status for v in vs.values()} == {"ok"}, vs
+    assert "containerd store" in vs["spark-b"].observed and "classic store" in vs["spark-a"].observed
+
+
+def test_two_builds_differ_even_on_one_store_and_across_stores() -> None:
+    vs = identity({"spark-a": (A, C1, "classic"), "spark-b": (A, C2, "containerd"), "spark-c": (B, C1, "classic")})
+    assert (vs["spark-a"].status, vs["spark-b"].status, vs["spark-c"].status) == ("ok", "fail", "ok")
+    assert "sparkctl image sync P --from spark-a" in vs["spark-b"].fix and "content digest" in vs["spark-b"].fix
+
+
+def test_ids_from_two_stores_are_never_compared_the_law_refuses_naming_both() -> None:
+    vs = identity({"spark-a": (A, None, "classic"), "spark-b": (B, C1, "containerd")})
+    assert vs["spark-a"].observed == "classic store"
+    assert {v.status for v in vs.values()} == {"fail"}
+    fix = vs["spark-a"].fix
+    assert "spark-a (classic store)" in fix and "spark-b (containerd store)" in fix, fix
+
+
+def test_the_image_fact_reads_content_and_store_quoted() -> None:
+    from sparkctl.facts.engine import IMAGE, ImageContent, parse_image
+
+    assert parse_image(f"{C1}\nstore containerd\n") == ImageContent(C1, "containerd")
+    assert parse_image("content unreadable\nstore classic\n") == ImageContent(None, "classic")
+    for bad in ("", C1, f"{C1}\nstore zfs\n", "content:sha256:xyz\nstore classic\n"):
+        with pytest.raises(ProbeParseError):
+            parse_image(bad)
+    node = INV.node(INV.names[0])
+    script = probes.build_script(node, engine=EngineProbe("docker", "x'; rm -rf /"))
+    assert "sec image;" in script and "io.containerd.snapshotter.v1" in script
+    assert "docker image inspect --format '{{json .RootFS.Layers}}" in script
+    assert "'x'\"'\"'; rm -rf /'" in script
+    assert "sec image;" not in probes.build_script(node, engine=EngineProbe("native", "llama-server"))
+    assert IMAGE.key == "image"

@@ -17,7 +17,6 @@ import yaml
 from sparkctl.model.inventory import load_inventory
 from sparkctl.model.profiles import resolve
 from sparkctl.model.resources import Roots
-from sparkctl.ops import fabric
 from sparkctl.ops.supervise import split_plan
 from sparkctl.plan import fabricplan, planner
 from sparkctl.plan.render import render
@@ -61,14 +60,12 @@ def plan_case(name: str) -> dict[str, Any]:
 
         netplan = {n: tuple(describe_file(name, text.encode()) for name, text in files.items())
                    for n, files in case.get("netplan", {}).items()}
-        return plan_apply(inv, roots, None, None, netplan)[0].to_dict()
+        profile = resolve(case["profile"], roots) if case.get("profile") else None
+        return plan_apply(inv, roots, profile, None, netplan)[0].to_dict()
     if case["op"] == "down":
         return planner.plan_down(inv, record, reset_clocks=bool(case.get("reset_clocks")), started_at=STARTED).to_dict()
     if case["op"] == "fabric-restore":
         return fabricplan.plan_fabric_restore(inv).to_dict()
-    if case["op"] == "fabric-apply":
-        return fabric.plan_apply(inv, roots, resolve(case["profile"], roots) if case.get("profile") else None,
-                                 {})[0].to_dict()
     res = resolve(case["profile"], roots)
     rendering = render(res, inv, roots, secrets={})
     f = case.get("facts", {})
@@ -150,4 +147,5 @@ def test_the_fabric_fixtures_say_what_the_issue_asks() -> None:
     push = next(s for s in apply["steps"] if s["id"] == "push")
     assert all(any(f["path"].endswith("sparkctl-fabric-forward.service") for f in fs) for fs in push["files"].values())
     restore = plan_case("fabric-restore")
-    assert all("iptables -w -X SPARKCTL-FABRIC" in c for c in restore["steps"][0]["commands"].values())
+    back = next(s for s in restore["steps"] if s["id"] == "restore")
+    assert all("iptables -w -X SPARKCTL-FABRIC" in c for c in back["commands"].values())

@@ -656,7 +656,7 @@ def test_script_on_a_node_without_the_vendor_tools(tmp_path: Path) -> None:
 def test_script_uses_sudo_for_lspci_only_when_the_node_allows() -> None:
     assert "sudo" not in probes.build_script(spark_node())
     s = probes.build_script(spark_node(sudo=True))
-    assert s.count("sudo -n lspci") == 4 and s.count("sudo -n base64") == 1 and s.count("sudo") == 10
+    assert s.count("sudo -n lspci") == 8 and s.count("sudo -n base64") == 1 and s.count("sudo") == 18  # lspci: each function and its upstream port
 
 
 # ---------------------------------------------------------------- perftest report variants

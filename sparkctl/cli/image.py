@@ -18,6 +18,7 @@ from sparkctl.cli.base import (
     set_option,
     with_transport_options,
 )
+from sparkctl.model.imageid import short
 
 
 @cli.group("image")
@@ -65,12 +66,12 @@ def image_sync_cmd(c: Ctx, profile: str, from_node: str | None, sets: tuple[str,
         result = image.sync(res, inv, tr, from_node, key_hours=key_hours, progress=NodeProgress(quiet=as_json))
     if as_json:
         emit_json({"profile": result.profile, "image": result.image, "source": result.source,
-                   "image_id": result.image_id, "copied": list(result.copied)})
+                   "content": result.content, "copied": list(result.copied)})
     elif result.copied:
-        out.print(f"{result.image} ({result.image_id[:19]}) copied from {result.source} to "
-                  f"{', '.join(result.copied)}, verified by image ID", markup=False)
+        out.print(f"{result.image} ({short(result.content)}) copied from {result.source} to "
+                  f"{', '.join(result.copied)}, verified by content digest", markup=False)
     else:
-        out.print(f"every node already has {result.image} as {result.image_id[:19]}", markup=False)
+        out.print(f"every node already has {result.image} as {short(result.content)}", markup=False)
 
 
 @image_group.command("revoke")

@@ -61,7 +61,7 @@ REGISTRY = Registry((
     system.MEMINFO, system.DISK, services.WEIGHTS, gpu.GPU, gpu.GPU_CLOCKS, system.CLOCK_LOCK,
     net.IBDEV2NETDEV, net.NET_OPERSTATE, net.NET_MTU, net.NET_IPV4, net.NET_ETHTOOL, net.GIDS, pci.PCIE,
     services.ENGINES, services.PORTS, services.MODELS, services.ENGINE_UNIT,
-    engine_fact.ENGINE, nccl_fact.NCCL, watchdog_fact.WATCHDOG, netplanfiles.NETPLAN_FILES,
+    engine_fact.ENGINE, engine_fact.IMAGE, nccl_fact.NCCL, watchdog_fact.WATCHDOG, netplanfiles.NETPLAN_FILES,
 ))
 
 PRELUDE = """\
@@ -312,7 +312,10 @@ def _assemble(node: str, r: _Reader, due: list[tuple[Fact[Any], str]]) -> NodeFa
         listening_ports=r.get(services.PORTS),
         served_models=r.get(services.MODELS),
         engine_found=r.get(engine_fact.ENGINE),
-        nccl_version=r.get(nccl_fact.NCCL),
+        image=r.get(engine_fact.IMAGE),
+        nccl_version=nccl.version if isinstance(nccl := r.get(nccl_fact.NCCL), nccl_fact.NcclReading) else nccl,
+        nccl_library=nccl.library if isinstance(nccl, nccl_fact.NcclReading) else None,
+        nccl_torch=nccl.torch if isinstance(nccl, nccl_fact.NcclReading) else None,
         watchdog=r.get(watchdog_fact.WATCHDOG),
         netplan_files=r.get(netplanfiles.NETPLAN_FILES),
         engine_unit=r.get(services.ENGINE_UNIT),

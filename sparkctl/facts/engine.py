@@ -10,6 +10,13 @@ with it) and POSIX ``command -v``. It must not run anything.
 Exit codes of the command: 0 prints the image ID (``sha256:<64 hex>``) or the
 executable's path; 3 means "not on this node" (docker's "No such image", or
 ``command -v`` finding nothing); 127 means docker itself is missing.
+
+The fact ``image`` (docker only): the image's content digest and the node's
+image store (sparkctl.model.imageid: the image ID means different things on
+Docker's classic and containerd stores; the content digest means the same).
+Output ``content:sha256:<hex>`` (``content unreadable`` when docker could not
+print it) then ``store classic|containerd|unknown``; exit 3 when the image is not
+there, 127 without docker.
 """
 
 from __future__ import annotations
@@ -17,7 +24,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from sparkctl.facts.registry import NOT_FOUND, ExitCode, Fact, ProbeParseError, ScriptContext, one_line, q
+from sparkctl.facts.registry import NOT_FOUND, ExitCode, Fact, ProbeParseError, ScriptContext, lines, one_line, q
+from sparkctl.model.imageid import CONTENT_PREFIX, content_command, store_command
 
 IMAGE_ID = re.compile(r"sha256:[0-9a-f]{64}")
 ABSENT_RC = 3
@@ -62,4 +70,42 @@ ENGINE = Fact(
     "engine", "the engine image or binary", _command, parse_engine,
     exit_codes=(NOT_FOUND, ExitCode(ABSENT_RC, "absent", value="")),
     core=False, when=lambda c: c.engine is not None,
+)
+
+
+@dataclass(frozen=True)
+class ImageContent:
+    """The profile's image on a node: its content digest and the node's docker image store."""
+
+    content: str | None  # content:sha256:<hex> (sparkctl.model.imageid); None: docker could not print it
+    store: str  # classic | containerd | unknown
+
+
+CONTENT = re.compile(re.escape(CONTENT_PREFIX) + r"[0-9a-f]{64}")
+STORE = re.compile(r"store (classic|containerd|unknown)")
+UNREADABLE = "content unreadable"
+
+
+def parse_image(text: str) -> ImageContent:
+    """``content:sha256:<hex>`` and ``store WORD`` -> ImageContent."""
+    got = [ln.strip() for ln in lines(text)]
+    if (len(got) != 2 or not (CONTENT.fullmatch(got[0]) or got[0] == UNREADABLE)
+            or not (m := STORE.fullmatch(got[1]))):
+        raise ProbeParseError("image", f"not a content digest and a store: {text.strip()[:120]!r}",
+                              "docker image inspect / docker info")
+    return ImageContent(None if got[0] == UNREADABLE else got[0], m.group(1))
+
+
+def _image_command(ctx: ScriptContext, _item: str) -> str:
+    e = ctx.engine
+    assert e is not None
+    return ("have docker || exit 127; "
+            f"docker image inspect --format '{{{{.Id}}}}' {q(e.ref)} >/dev/null 2>&1 || exit {ABSENT_RC}; "
+            f"c=$({content_command(e.ref)}) || c={q(UNREADABLE)}; echo \"$c\"; {store_command()}")
+
+
+IMAGE = Fact(
+    "image", "the engine image's content and the docker image store", _image_command, parse_image,
+    exit_codes=(NOT_FOUND, ExitCode(ABSENT_RC, "absent", value=None)),
+    core=False, when=lambda c: c.engine is not None and c.engine.runtime == "docker",
 )

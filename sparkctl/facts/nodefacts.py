@@ -54,12 +54,19 @@ class LinkFacts:
 
 @dataclass(frozen=True)
 class PcieFacts:
+    """A CX-7 function's link (``LnkCap``/``LnkSta``) and what its slot can give: the
+    ``LnkCap`` of the port upstream of it (``slot``: its BDF; None when it was not read).
+    ``downgraded``: pciutils' own mark, which compares with the function's LnkCap only."""
+
     bdf: str
     cap_gts: float
     cap_width: int
     sta_gts: float
     sta_width: int
     downgraded: bool
+    slot: str | None = None
+    slot_gts: float | None = None
+    slot_width: int | None = None
 
 
 @dataclass(frozen=True)
@@ -128,8 +135,13 @@ class NodeFacts:
     served_models: list[str] | None = None
     # the profile's engine: its image ID (docker) or executable path (native); "" not on the node
     engine_found: str | None = None
-    # the NCCL the engine loads (torch.cuda.nccl.version()); () none found; None not read
+    # the docker image's content digest and the node's image store (sparkctl.facts.engine.ImageContent)
+    image: object | None = None
+    # the NCCL the engine loads (the library mapped after `import torch`, else torch's own or the
+    # library's file name); () none found; None not read
     nccl_version: tuple[int, ...] | None = None
+    nccl_library: str | None = None  # the path of the library that version was read from
+    nccl_torch: tuple[int, ...] | None = None  # what torch was built against (torch.cuda.nccl.version())
     watchdog: object | None = None  # sparkctl.facts.watchdog.WatchdogFacts: earlyoom's state and arguments
     netplan_files: tuple[object, ...] | None = None  # sparkctl.facts.netplanfiles.NetplanFile, in read order
     clock_lock_record: tuple[str, int] | None = None  # (boot_id, cap MHz) written when sparkctl locked the clock

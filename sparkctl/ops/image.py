@@ -1,7 +1,8 @@
-"""``sparkctl image sync``: read each node's image ID, plan the copy, authorize the source, run the plan.
+"""``sparkctl image sync``: read each node's image content, plan the copy, authorize the source, run the plan.
 
-The stages of every operation: gather (the ``engine`` fact on every node:
-``docker image inspect --format '{{.Id}}'``, and in the same round trip whether
+The stages of every operation: gather (the ``engine`` and ``image`` facts on every node:
+``docker image inspect``, the image's content digest, which means the same on Docker's
+classic and containerd stores, sparkctl.model.imageid; and in the same round trip whether
 the node-to-node key a previous run provisioned is still in place:
 :func:`sparkctl.ops.nodessh.verify_command`), plan (:mod:`sparkctl.plan.imageplan`,
 pure; ``--dry-run`` stops here), execute (the source's ssh key authorized on the
@@ -19,21 +20,21 @@ import hashlib
 from collections import Counter
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
-from importlib import resources
 from typing import Any
 
 from sparkctl.errors import ConfigError, LifecycleError, Ref
 from sparkctl.facts import probes
 from sparkctl.facts.batch import frame, split_batch
-from sparkctl.facts.engine import ENGINE, EngineProbe
+from sparkctl.facts.engine import ENGINE, IMAGE, EngineProbe, ImageContent
 from sparkctl.facts.registry import ScriptContext
+from sparkctl.model.imageid import short
 from sparkctl.model.inventory import Inventory
 from sparkctl.model.profiles import Resolved
 from sparkctl.model.paths import IMAGE_SYNC_GATE, NODE_AUTHORIZED_KEYS
 from sparkctl.ops import nodessh
 from sparkctl.ops.executor import Progress, TransportBackend, _raise_failure, run_plan
 from sparkctl.ops.lock import ClusterLock, node_path, node_sudo
-from sparkctl.plan.imageplan import KeyGrant, key_comment, plan_image_revoke, plan_image_sync
+from sparkctl.plan.imageplan import KeyGrant, gate_script, key_comment, plan_image_revoke, plan_image_sync
 from sparkctl.plan.steps import FileRef, Plan
 from sparkctl.transport import Transport
 
@@ -43,7 +44,7 @@ class ImageSyncResult:
     profile: str
     image: str
     source: str
-    image_id: str
+    content: str  # the content digest every node has now (sparkctl.model.imageid)
     copied: tuple[str, ...]
     steps: tuple[dict[str, Any], ...] = ()
 
@@ -62,16 +63,17 @@ def _sha(data: bytes) -> str:
 
 
 def read_ids(inv: Inventory, transport: Transport, image: str, nodes: tuple[str, ...]) -> dict[str, str]:
-    """node -> image ID ("" when the node does not have it); a node that cannot tell is an error."""
+    """node -> content digest ("" when the node does not have it); a node that cannot tell is an error."""
     return read_nodes(inv, transport, image, nodes)[0]
 
 
 def read_nodes(inv: Inventory, transport: Transport, image: str, nodes: tuple[str, ...]
                ) -> tuple[dict[str, str], dict[str, str]]:
-    """(node -> image ID, node -> what it says of the node-to-node grant), one round trip per node."""
+    """(node -> content digest, node -> what it says of the node-to-node grant), one round trip per node."""
     probe = EngineProbe("docker", image)
     scripts = {n: probes.remote_command(frame([
         ("engine", ENGINE.command(ScriptContext(inv.node(n), engine=probe), "")),
+        ("image", IMAGE.command(ScriptContext(inv.node(n), engine=probe), "")),
         ("nodessh", nodessh.verify_command(inv, n, nodessh.IMAGE_SYNC))])) for n in nodes}
     out: dict[str, str] = {}
     grants: dict[str, str] = {}
@@ -82,7 +84,10 @@ def read_nodes(inv: Inventory, transport: Transport, image: str, nodes: tuple[st
         if f.engine_found is None:
             why = f.unreadable.get("engine") or f.not_available.get("engine") or "no answer"
             raise LifecycleError(f"cannot read the image ID of {image} on {n}: {why}", Ref(node=n))
-        out[n] = f.engine_found
+        if f.engine_found and not isinstance(f.image, ImageContent):
+            why = f.unreadable.get("image") or f.not_available.get("image") or "no answer"
+            raise LifecycleError(f"cannot read the content digest of {image} on {n}: {why}", Ref(node=n))
+        out[n] = f.image.content if isinstance(f.image, ImageContent) and f.engine_found else ""
         sec = split_batch(r.stdout)[1].get("nodessh")
         grants[n] = sec.text if sec is not None else ""
     return out, grants
@@ -107,7 +112,7 @@ def choose_source(ids: dict[str, str], nodes: tuple[str, ...], from_node: str | 
 
 def plan(res: Resolved, inv: Inventory, transport: Transport, from_node: str | None = None,
          key_hours: float = KEY_HOURS) -> tuple[Plan, str, str, tuple[str, ...]]:
-    """(plan, source, image ID, targets) after reading every node's image ID; changes nothing."""
+    """(plan, source, content digest, targets) after reading every node's image content; changes nothing."""
     the_plan, source, image_id, targets, _blobs, _kh = _plan(res, inv, transport, from_node, key_hours)
     return the_plan, source, image_id, targets
 
@@ -120,7 +125,7 @@ def _grant(inv: Inventory, transport: Transport, source: str, targets: tuple[str
                           Ref(key="key_hours"))
     kind = nodessh.IMAGE_SYNC
     key, pub = nodessh.local_key(inv, kind)
-    gate = resources.files("sparkctl.remote").joinpath("image_sync_gate.sh").read_bytes()
+    gate = gate_script()
     blobs = {_sha(gate): gate}
     expiry = expiry_time(key_hours)
     gates = {t: FileRef(node_path(inv, t, IMAGE_SYNC_GATE), 0o755, _sha(gate)) for t in targets}
@@ -156,7 +161,8 @@ def _plan(res: Resolved, inv: Inventory, transport: Transport, from_node: str | 
                              + ", ".join(targets))
     ssh = {t: nodessh.ssh_argv(inv, source, t, nodessh.fabric_address_from(inv, source, t), nodessh.IMAGE_SYNC)
            for t in targets}
-    reads = [f"image ID of {image} on every node: " + ", ".join(f"{n} {ids[n][7:19] or 'missing'}" for n in nodes)]
+    reads = [f"content digest of {image} on every node: "
+             + ", ".join(f"{n} {short(ids[n]) if ids[n] else 'missing'}" for n in nodes)]
     if targets:
         reads.append(f"{source}'s image sync key and known_hosts: " + (
             "in place as provisioned (kept)" if kept else "to be put before the copy"))

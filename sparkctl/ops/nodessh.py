@@ -26,7 +26,7 @@ ssh over the fabric (the supervised switch's runner on the head, ``image sync``'
 Two keys, one mechanism (:class:`NodeKey`): the supervisor's (``SUPERVISOR``),
 whose runner runs any plan step on its peers, and ``image sync``'s
 (``IMAGE_SYNC``), whose lines on the peers carry a forced command (the gate,
-:mod:`sparkctl.remote`'s ``image_sync_gate.sh``: ``docker load`` and the image ID,
+:mod:`sparkctl.remote`'s ``image_sync_gate.sh``: ``docker load`` and the content digest,
 nothing else) and an ``expiry-time``, and are written by the image sync plan's own
 steps (:mod:`sparkctl.plan.imageplan`); this module gives that plan the key, the
 verified known_hosts and the lines. sshd uses the first line whose key matches

@@ -6,16 +6,20 @@ build-and-copy.sh ``copy_to_host``: ``docker load`` fed by ssh, then
 but streamed: ``docker save IMAGE | ssh <fabric address> docker load`` runs on
 the source node, so the bytes go node to node over the fabric, never through the
 operator's machine or a management address, and no temporary file is written.
-Each copy is verified on its receiver by image ID inside the same ssh session
-(``docker load && docker image inspect``; the source compares the ID it gets
-back), so a copy costs one node-to-node connection and no further round trip.
+Each copy is verified on its receiver inside the same ssh session (the gate:
+``docker load``, then the content digest; the source compares what it gets back),
+so a copy costs one node-to-node connection and no further round trip. What is
+compared is the image's content digest (sparkctl.model.imageid), not its ID: the
+ID is the config digest on Docker's classic store and the manifest digest on the
+containerd store, so a copy between nodes on different stores has another ID on
+arrival.
 
 The node-to-node key is image sync's own, and the plan grants it in its own
 steps before the copies (:class:`KeyGrant`): the key and the verified
 known_hosts on the source (unless the gather found them in place), the gate
 (``sparkctl/remote/image_sync_gate.sh``) on the receivers, and the key's line in
 their authorized_keys, with ``from=`` the source's fabric addresses, a forced
-command (the gate: the receiver runs ``docker load`` and prints the image ID,
+command (the gate: the receiver runs ``docker load`` and prints the content digest,
 nothing else) and an ``expiry-time`` that every sync renews. :func:`revoke_steps`
 takes every node's sparkctl node-to-node keys away (``image revoke``, and
 ``fabric restore``); a key's lines are the ones whose comment, their last field,
@@ -25,9 +29,11 @@ is :func:`key_comment`.
 from __future__ import annotations
 
 import shlex
+from importlib import resources
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from sparkctl.model.imageid import content_script, short
 from sparkctl.model.inventory import Inventory
 from sparkctl.model.paths import (
     IMAGE_SYNC_GATE,
@@ -51,8 +57,16 @@ def key_comment(cluster: str, purpose: str) -> str:
     return f"sparkctl-{purpose}@{cluster}"
 
 
-def inspect_id_command(image: str) -> str:
-    return f"docker image inspect --format '{{{{.Id}}}}' {shlex.quote(image)}"
+GATE_CONTENT = "@CONTENT_DIGEST_OF_REF@"  # the gate's placeholder line (sparkctl/remote/image_sync_gate.sh)
+
+
+def gate_script() -> bytes:
+    """The gate as pushed: its last line prints ``$ref``'s content digest by the one definition
+    (sparkctl.model.imageid), which the source compares with its own."""
+    text = resources.files("sparkctl.remote").joinpath("image_sync_gate.sh").read_text()
+    if GATE_CONTENT not in text:
+        raise AssertionError(f"sparkctl/remote/image_sync_gate.sh lost its {GATE_CONTENT} line")
+    return text.replace(GATE_CONTENT, content_script('"$ref"')).encode()
 
 
 @dataclass(frozen=True)
@@ -97,7 +111,7 @@ def grant_steps(source: str, targets: Sequence[str], grant: KeyGrant, source_sud
     steps.append(Step(
         id="key-gate", phase="grant", kind="put", nodes=tuple(targets),
         summary="put the gate, the key's forced command, on the receivers: it runs "
-                f"`docker load` and prints the image ID for `{LOAD_VERB} IMAGE`, and refuses anything else",
+                f"`docker load` and prints the content digest for `{LOAD_VERB} IMAGE`, and refuses anything else",
         changes="the gate script", files={t: (grant.gate[t],) for t in targets},
         sudo={t: grant.target_sudo[t] for t in targets}))
     cmds = {t: _rewrite_keys(q(grant.auth_files[t]), grant.comment, grant.lines[t]) for t in targets}
@@ -146,25 +160,26 @@ def plan_image_revoke(inv: Inventory) -> Plan:
     return Plan("image revoke", None, revoke_steps(inv, ("image-sync",)))
 
 
-def plan_image_sync(profile: str, image: str, source: str, image_id: str, targets: Sequence[str],
+def plan_image_sync(profile: str, image: str, source: str, content: str, targets: Sequence[str],
                     ssh: Mapping[str, Sequence[str]], sudo: bool, reads: Sequence[str] = (),
                     grant: KeyGrant | None = None) -> Plan:
-    """``ssh``: target -> the ssh argv the source runs to reach it over the fabric; ``grant``: the key's."""
+    """``ssh``: target -> the ssh argv the source runs to reach it over the fabric; ``content``: the
+    source's content digest of ``image``; ``grant``: the key's."""
     if not targets:
         return Plan(f"image sync {profile}", profile, (), reads=tuple(reads),
-                    note=f"every node already has {image} as {image_id[:19]}")
+                    note=f"every node already has {image} as {short(content)}")
     steps = grant_steps(source, targets, grant, sudo) if grant is not None else []
-    # on the receiver, the gate: load (its "Loaded image" lines to stderr), then print the ID it now has
+    # on the receiver, the gate: load (its "Loaded image" lines to stderr), then print the content digest it now has
     on_receiver = q(f"{LOAD_VERB} {image}")
     for t in targets:
         remote = " ".join(q(a) for a in ssh[t]) + " " + on_receiver
-        got = f"{t} has ${{got:-nothing}} after the load, not {image_id}"
+        got = f"{t} has ${{got:-nothing}} after the load, not {content}"
         steps.append(Step(
             id=f"copy-{t}", phase="copy", kind="run", nodes=(source,),
-            summary=f"stream {image} from {source} to {t} over the fabric and check {t}'s image ID "
+            summary=f"stream {image} from {source} to {t} over the fabric and check {t}'s content digest "
                     "(docker save | ssh | the gate: docker load && docker image inspect)",
-            changes=f"loads {image} ({image_id[:19]}) into {t}'s docker",
+            changes=f"loads {image} ({short(content)}) into {t}'s docker",
             commands={source: f"got=$(docker save {q(image)} | {remote}) || exit 1; "
-                              f"[ \"$got\" = {q(image_id)} ] || {{ echo \"{got}\" >&2; exit 1; }}"},
+                              f"[ \"$got\" = {q(content)} ] || {{ echo \"{got}\" >&2; exit 1; }}"},
             sudo={source: sudo}, timeout_s=3600.0))
     return Plan(f"image sync {profile}", profile, tuple(steps), reads=tuple(reads))

@@ -7,8 +7,8 @@
 # SSH_ORIGINAL_COMMAND (sshd(8), AUTHORIZED_KEYS FILE FORMAT, command=).
 #
 # Allowed, exactly: "sparkctl-image-load REF" (REF a docker image reference):
-# load the image streamed on stdin, then print REF's image ID, which the source
-# compares with its own. Anything else is refused, and nothing is run.
+# load the image streamed on stdin, then print REF's content digest, which the
+# source compares with its own. Anything else is refused, and nothing is run.
 set -u
 prog="sparkctl image-sync key"
 cmd=${SSH_ORIGINAL_COMMAND-}
@@ -26,4 +26,5 @@ case $ref in
         exit 126 ;;
 esac
 docker load >&2 || exit 1
-exec docker image inspect --format '{{.Id}}' "$ref"
+# sparkctl replaces the next line with the content digest of "$ref" (sparkctl.model.imageid)
+@CONTENT_DIGEST_OF_REF@

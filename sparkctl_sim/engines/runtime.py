@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import random
 import re
@@ -70,7 +71,32 @@ DEFAULT_IMAGE_NCCL = "2.30.7"
 SUBNET_AWARE_SINCE = (2, 30, 7)
 
 
+@functools.lru_cache(maxsize=1)
+def _loaded_nccl() -> str | None:
+    """The NCCL this process loaded: NCCL's "NCCL version" line comes from the library itself.
+    ``import torch`` (the image's, sparkctl_sim/imagefs.py) maps its libnccl; ask it ncclGetVersion."""
+    try:
+        import ctypes
+
+        import torch  # noqa: F401  (the simulated image's: loads its libnccl.so.2)
+        with open("/proc/self/maps", encoding="utf-8") as fh:
+            paths = [ln.split(None, 5)[5].strip() for ln in fh if len(ln.split(None, 5)) == 6]
+        lib = next(p for p in paths if os.path.basename(p).startswith("libnccl.so"))
+        code = ctypes.c_int(0)
+        if ctypes.CDLL(lib).ncclGetVersion(ctypes.byref(code)) != 0:
+            return None
+    except (ImportError, OSError, StopIteration, AttributeError):
+        return None
+    c = code.value
+    div = 10000 if c >= 10000 else 1000
+    return f"{c // div}.{(c % div) // 100}.{c % 100}"
+
+
 def image_nccl(env: Mapping[str, str]) -> str:
+    """The NCCL the engine runs: the library its torch loaded, else the image's NCCL_VERSION, else the default."""
+    loaded = _loaded_nccl()
+    if loaded:
+        return loaded
     v = env.get("NCCL_VERSION", "").strip()
     return v if re.fullmatch(r"\d+\.\d+\.\d+", v) else DEFAULT_IMAGE_NCCL
 

@@ -1,5 +1,19 @@
-"""``lspci`` for the CX-7 PCIe functions (link speed/width, -vvv capability
-blocks, what a non-root user cannot read)."""
+"""``lspci`` for the CX-7 PCIe functions and the root ports above them (link
+speed/width, -vvv capability blocks, ``-PP`` bus paths, what a non-root user
+cannot read).
+
+A link trains to what both of its ends support (PCI Express Base Specification,
+link training), so a function's LnkSta is the narrower of its own state
+(``pcie.gen_gts``/``pcie.width``: a degraded link) and its root port's LnkCap
+(``pcie.root_ports.DDDD.width``). A GX10-style node: ``sparkctl sim set NODE
+pcie.root_ports.0002.width=2``, the second CX-7 controller behind a two-lane root
+port (NVIDIA developer forum thread 367853: LnkCap x4, ``LnkSta ... Width x2
+(downgraded)``, "the upstream port at 0002:00:00.0 only exposes x2 lanes").
+pciutils marks ``(downgraded)`` against the function's own LnkCap
+(ls-caps.c ``link_compare``), whatever the port can give. The root port's name
+line is not from a capture (nothing reads it); its capability lines follow
+ls-caps.c (``Express (v2) Root Port (Slot-)``).
+"""
 
 from __future__ import annotations
 
@@ -8,16 +22,28 @@ from collections.abc import Sequence
 from sparkctl_sim.shims.common import ROCE_DEVICES, State, ToolResult, _result
 
 LSPCI_NAME = "Ethernet controller: Mellanox Technologies MT2910 Family [ConnectX-7]"
+ROOT_PORT_NAME = "PCI bridge: NVIDIA Corporation Device"
+# the root port above each CX-7 controller (spark-facts.md §3.4: root ports 0000:00:00.0, 0002:00:00.0)
+ROOT_PORTS = ("0000:00:00.0", "0002:00:00.0")
 
 
 def _gts(v: float) -> str:
     return f"{int(v)}GT/s" if float(v).is_integer() else f"{v:g}GT/s"
 
 
+def _root_cap(state: State, domain: str) -> tuple[float, int]:
+    """The LnkCap of the root port of ``domain`` (``pcie.root_ports.DDDD``; Gen5 x4 by default)."""
+    rp = state.get("pcie", {}).get("root_ports", {}).get(domain, {})
+    return float(rp.get("gen_gts", 32)), int(rp.get("width", 4))
+
+
 def _pcie_of(state: State, bdf: str) -> tuple[float, int]:
+    """The trained link of a CX-7 function: its own state, capped by its root port's LnkCap."""
     pc = state.get("pcie", {})
     over = pc.get("functions", {}).get(bdf, {})
-    return float(over.get("gen_gts", pc.get("gen_gts", 32))), int(over.get("width", pc.get("width", 4)))
+    gts, width = float(over.get("gen_gts", pc.get("gen_gts", 32))), int(over.get("width", pc.get("width", 4)))
+    root_gts, root_width = _root_cap(state, bdf[:4])
+    return min(gts, root_gts), min(width, root_width)
 
 
 def _bdf_match(pattern: str, bdf: str) -> bool:
@@ -92,9 +118,39 @@ def _lspci_block(state: State, bdf: str, vvv: bool, euid: int) -> list[str]:
     return L
 
 
+def _root_block(state: State, bdf: str, euid: int) -> list[str]:
+    cap_gts, cap_width = _root_cap(state, bdf[:4])
+    # the port's link runs at what the function below it trained to (the same link, seen from above)
+    gts, width = min(_pcie_of(state, f) for _, _, f in ROCE_DEVICES if f[:4] == bdf[:4])
+    L = [f"{bdf} {ROOT_PORT_NAME}",
+         "\tControl: I/O- Mem+ BusMaster+ SpecCycle- MemWINV- VGASnoop- ParErr- Stepping- SERR- FastB2B- DisINTx+",
+         "\tBus: primary=00, secondary=01, subordinate=01, sec-latency=0"]
+    if euid != 0:
+        return L + ["\tCapabilities: <access denied>", "\tKernel driver in use: pcieport", ""]
+    speed = _gts(gts) + ("" if gts >= cap_gts else " (downgraded)")
+    wid = f"x{width}" + ("" if width >= cap_width else " (downgraded)")
+    return L + [
+        "\tCapabilities: [70] Express (v2) Root Port (Slot-), MSI 00",
+        f"\t\tLnkCap:\tPort #0, Speed {_gts(cap_gts)}, Width x{cap_width}, ASPM not supported",
+        "\t\tLnkCtl:\tASPM Disabled; RCB 64 bytes, Disabled- CommClk+",
+        f"\t\tLnkSta:\tSpeed {speed}, Width {wid}",
+        "\tKernel driver in use: pcieport",
+        "",
+    ]
+
+
+def _slot_name(bdf: str, path: int) -> str:
+    """pciutils lspci.c show_slot_path/show_slot_name with -D: the root port first for -P/-PP."""
+    if not path or bdf in ROOT_PORTS:
+        return bdf
+    dom, rest = bdf[:4], bdf[5:]
+    return f"{dom}:00:00.0/" + (rest if path > 1 else rest.split(":", 1)[1])
+
+
 def lspci(state: State, args: Sequence[str], *, euid: int) -> ToolResult:
-    """``lspci [-v|-vv|-vvv] [-s BDF] [-D]`` for the four CX-7 functions (§3.4)."""
+    """``lspci [-v|-vv|-vvv] [-s BDF] [-D] [-P|-PP]`` for the CX-7 functions and their root ports (§3.4)."""
     verbose = 0
+    path = 0
     sel: str | None = None
     i = 0
     while i < len(args):
@@ -107,17 +163,21 @@ def lspci(state: State, args: Sequence[str], *, euid: int) -> ToolResult:
             sel = a[2:]
         elif a.startswith("-v") and set(a[1:]) == {"v"}:
             verbose = max(verbose, len(a) - 1)
+        elif a.startswith("-P") and set(a[1:]) == {"P"}:
+            path = max(path, len(a) - 1)
         elif a in ("-D", "-nn", "-n", "-k"):
             pass
         else:
             return _result("", f"lspci: invalid option -- '{a.lstrip('-')[:1]}'\n", 2)
         i += 1
-    bdfs = [bdf for _, _, bdf in ROCE_DEVICES if sel is None or _bdf_match(sel, bdf)]
+    every = sorted(ROOT_PORTS + tuple(bdf for _, _, bdf in ROCE_DEVICES))
+    bdfs = [bdf for bdf in every if sel is None or _bdf_match(sel, bdf)]
     if verbose < 2:
-        return _result("".join(f"{b} {LSPCI_NAME}\n" for b in bdfs))
+        return _result("".join(f"{_slot_name(b, path)} {ROOT_PORT_NAME if b in ROOT_PORTS else LSPCI_NAME}\n"
+                               for b in bdfs))
     out: list[str] = []
     for b in bdfs:
-        out += _lspci_block(state, b, verbose >= 3, euid)
+        out += _root_block(state, b, euid) if b in ROOT_PORTS else _lspci_block(state, b, verbose >= 3, euid)
     return _result("".join(line + "\n" for line in out))
 
 

@@ -65,3 +65,45 @@ def test_pull_of_a_published_digest(tmp_path: Path) -> None:
     r = docker(tmp_path, "a", "image", "inspect", "--format", "{{.Id}}", ref)
     assert r.returncode == 0 and r.stdout.decode().startswith("sha256:")
     assert docker(tmp_path, "a", "pull", "ghcr.io/org/img@sha256:" + "0" * 64).returncode == 1
+
+
+def test_the_containerd_store_reports_the_manifest_digest_and_shows_the_same_content(tmp_path: Path) -> None:
+    """SIMULATED docker image stores: classic (ID = config digest) beside containerd (ID = manifest digest,
+    moby daemon/containerd/image.go); the content digest (sparkctl.model.imageid) is equal on both, and a
+    copy between the stores keeps it."""
+    from sparkctl.model.imageid import content_command, store_command
+
+    for n in ("a", "b"):
+        (tmp_path / "nodes" / n / "run").mkdir(parents=True)
+    (tmp_path / "nodes" / "b" / "state.json").write_text(json.dumps({"docker_store": "containerd"}))
+    a = dockerimages.load_on_node(tmp_path, "a", "vllm-node:v0.11.2", layer_bytes=1 << 16)
+    b = dockerimages.load_on_node(tmp_path, "b", "vllm-node:v0.11.2", layer_bytes=1 << 16)
+    assert a["Id"] == b["Id"]  # the same build: the same config
+    ids = {n: docker(tmp_path, n, "image", "inspect", "--format", "{{.Id}}", "vllm-node:v0.11.2").stdout.strip()
+           for n in ("a", "b")}
+    assert ids["a"].decode() == a["Id"] and ids["b"].decode() == dockerimages.manifest_digest(b) != a["Id"]
+    assert docker(tmp_path, "b", "image", "inspect", a["Id"]).returncode == 1  # the config digest is not its ID
+    assert b"io.containerd.snapshotter.v1" in docker(tmp_path, "b", "info", "--format",
+                                                     "{{json .DriverStatus}}").stdout
+    assert b"snapshotter" not in docker(tmp_path, "a", "info", "--format", "{{json .DriverStatus}}").stdout
+
+    def sh(node: str, script: str) -> str:
+        bindir = tmp_path / "bin"
+        bindir.mkdir(exist_ok=True)
+        (bindir / "docker").write_text(f"#!/bin/sh\nexec {sys.executable} -m sparkctl_sim.procshims docker \"$@\"\n")
+        (bindir / "docker").chmod(0o755)
+        env = {**os.environ, "SPARKCTL_SIM_RUN_DIR": str(tmp_path / "nodes" / node / "run"),
+               "PATH": f"{bindir}:{os.environ['PATH']}"}
+        r = subprocess.run(["sh", "-c", script], env=env, capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        return r.stdout.strip()
+
+    content = {n: sh(n, content_command("vllm-node:v0.11.2")) for n in ("a", "b")}
+    assert content["a"] == content["b"] and content["a"].startswith("content:sha256:")
+    assert (sh("a", store_command()), sh("b", store_command())) == ("store classic", "store containerd")
+    # a copy from the classic store into the containerd store: another ID on arrival, the same content
+    saved = docker(tmp_path, "a", "save", "vllm-node:v0.11.2").stdout
+    dockerimages.load_on_node(tmp_path, "b", "vllm-node:v0.11.2", "rebuilt", layer_bytes=1 << 16)
+    assert sh("b", content_command("vllm-node:v0.11.2")) != content["a"]
+    assert docker(tmp_path, "b", "load", stdin=saved).returncode == 0
+    assert sh("b", content_command("vllm-node:v0.11.2")) == content["a"]

@@ -346,7 +346,8 @@ def test_ethtool_unknown_device(state: dict) -> None:
 
 
 def test_lspci_lines_match_real_capture(state: dict) -> None:
-    assert shims.lspci(state, [], euid=1000).stdout.splitlines() == fixture_lines("lspci-cx7.txt")
+    mellanox = [ln for ln in shims.lspci(state, [], euid=1000).stdout.splitlines() if "Mellanox" in ln]
+    assert mellanox == fixture_lines("lspci-cx7.txt")  # the capture is `lspci | grep -i mellanox`
     assert shims.lspci(state, ["-s", "0002:01:00.1"], euid=0).stdout.splitlines() == fixture_lines("lspci-cx7.txt")[3:]
 
 
@@ -510,3 +511,19 @@ def test_install_shims_wrappers_run(state: dict, tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k not in (shims.STATE_ENV, "PYTHONPATH")}
     out = subprocess.run([str(bin_dir / "uname"), "-rn"], capture_output=True, text=True, env=env, timeout=30)
     assert (out.returncode, out.stdout) == (0, "spark-5c2d 6.17.0-1029-nvidia\n")
+
+
+def test_lspci_gx10_root_port_caps_the_function_and_pp_names_the_port(state: dict) -> None:
+    """SIMULATED GX10: the second controller behind a two-lane root port (forum thread 367853)."""
+    from sparkctl.facts.pci import parse_lspci_link
+
+    assert shims.lspci(state, ["-PP", "-D", "-s", "0002:01:00.0"], euid=0).stdout.splitlines() == \
+        fixture_lines("lspci-PP-D-gx10-cx7-constructed.txt")
+    state["pcie"]["root_ports"]["0002"]["width"] = 2
+    ep = shims.lspci(state, ["-vv", "-s", "0002:01:00.0"], euid=0).stdout
+    assert _lnk(ep) == _lnk((FIX / "lspci-vv-gx10-cx7-x2-constructed.txt").read_text())
+    root = shims.lspci(state, ["-vv", "-s", "0002:00:00.0"], euid=0).stdout
+    assert _lnk(root) == _lnk((FIX / "lspci-vv-gx10-rootport-x2-constructed.txt").read_text())
+    link = parse_lspci_link(ep + "upstream 0002:00:00.0\n" + root, "0002:01:00.0")
+    assert (link.sta_width, link.slot_width, link.downgraded) == (2, 2, True)
+    assert "x2" not in shims.lspci(state, ["-vv", "-s", "0000:01:00.0"], euid=0).stdout  # the first controller: x4

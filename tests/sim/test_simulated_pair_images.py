@@ -38,7 +38,7 @@ def test_missing_then_different_then_synced(sim_pair_bare) -> None:  # type: ign
     before = sim.ssh("spark-b", f"docker image inspect --format '{{{{.Id}}}}' {IMAGE}").stdout
     assert before == sim.ssh("spark-b", f"docker image inspect --format '{{{{.Id}}}}' {IMAGE}").stdout
     r = sim.sparkctl(*inv, "image", "sync", PROFILE, check=True)
-    assert "copied from spark-a to spark-b, verified by image ID" in r.stdout
+    assert "copied from spark-a to spark-b, verified by content digest" in r.stdout
     ids = {n: sim.ssh(n, f"docker image inspect --format '{{{{.Id}}}}' {IMAGE}").stdout.strip()
            for n in ("spark-a", "spark-b")}
     assert ids["spark-a"] == ids["spark-b"] != before.strip()

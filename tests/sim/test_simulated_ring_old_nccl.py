@@ -46,8 +46,10 @@ def image_id(sim, node: str) -> str:
 
 
 def cache(sim, node: str) -> dict[str, str]:
-    """The node's NCCL answers by image ID (sparkctl.facts.nccl)."""
-    r = sim.ssh(node, f"cd {NCCL_CACHE_DIR} && for f in *; do printf '%s %s\\n' \"$f\" \"$(cat \"$f\")\"; done")
+    """The node's NCCL answers by image ID (sparkctl.facts.nccl: `ID.loaded`), as the version of the library
+    each answer names."""
+    r = sim.ssh(node, f"cd {NCCL_CACHE_DIR} && for f in *.loaded; do "
+                      "printf '%s %s\\n' \"${f%.loaded}\" \"$(grep '^loaded ' \"$f\" | cut -d' ' -f2)\"; done")
     assert r.returncode == 0, r.stderr
     return dict(line.split(" ", 1) for line in r.stdout.splitlines() if " " in line)
 
@@ -62,9 +64,9 @@ def ring(sim_ring):
 def test_simulated_old_nccl_image_fails_check_and_the_cache_does_not_hide_it(ring) -> None:
     code, vs = check(ring, *PAGE)
     assert code == 0 and {v["status"] for v in vs} == {"ok"} and len(vs) == 4, vs
-    assert all(v["observed"] == "NCCL 2.30.7" for v in vs), vs
+    assert all(v["observed"].startswith("NCCL 2.30.7 (loaded /") for v in vs), vs
     good = image_id(ring, OLD)
-    assert cache(ring, OLD) == {good.removeprefix("sha256:"): "torch 2.30.7"}  # the first check filled it
+    assert cache(ring, OLD) == {good.removeprefix("sha256:"): "2.30.7"}  # the first check filled it
 
     r = ring.sparkctl("sim", "image", "load", "all", IMAGE, "--nccl", "2.28.9")
     assert r.returncode == 0 and r.stdout.count("(NCCL 2.28.9)") == 4, r.stdout + r.stderr
@@ -75,11 +77,10 @@ def test_simulated_old_nccl_image_fails_check_and_the_cache_does_not_hide_it(rin
     assert code == 4
     assert {v["node"] for v in vs if v["status"] == "fail"} == {"spark-a", "spark-b", "spark-c", "spark-d"}, vs
     v = next(v for v in vs if v["node"] == OLD)
-    assert v["observed"] == "NCCL 2.28.9" and "2.30.7" in v["expected"], v
+    assert v["observed"].startswith("NCCL 2.28.9 (loaded /") and "2.30.7" in v["expected"], v
     assert "NCCL_IB_SUBNET_AWARE_ROUTING" in v["fix"] and "sparkctl image sync" in v["fix"], v
     # the new image ID was read afresh, not answered from the good image's cache entry
-    assert cache(ring, OLD) == {good.removeprefix("sha256:"): "torch 2.30.7",
-                                old.removeprefix("sha256:"): "torch 2.28.9"}
+    assert cache(ring, OLD) == {good.removeprefix("sha256:"): "2.30.7", old.removeprefix("sha256:"): "2.28.9"}
 
 
 def test_simulated_up_refuses_the_old_nccl_in_phase_check(ring) -> None:
@@ -114,8 +115,8 @@ def test_simulated_a_good_build_synced_from_one_node_makes_nccl_version_green(ri
     assert {image_id(ring, n) for n in ("spark-b", OLD, "spark-d")} == {good}
     code, vs = check(ring, *PAGE)
     assert code == 0 and {v["status"] for v in vs} == {"ok"}, vs
-    assert {v["observed"] for v in vs} == {"NCCL 2.30.7"}
-    assert cache(ring, OLD)[good.removeprefix("sha256:")] == "torch 2.30.7"  # a third ID, read afresh
+    assert {v["observed"].split(" (")[0] for v in vs} == {"NCCL 2.30.7"}
+    assert cache(ring, OLD)[good.removeprefix("sha256:")] == "2.30.7"  # a third ID, read afresh
 
 
 def test_simulated_image_sync_again_keeps_the_verified_key_and_reprovisions_a_tampered_one(ring) -> None:
@@ -142,3 +143,30 @@ def test_simulated_image_sync_again_keeps_the_verified_key_and_reprovisions_a_ta
     mode = ring.ssh("spark-a", f"stat -c %a {IMAGE_SYNC_KEY}; stat -c %a " + NODE_AUTHORIZED_KEYS)
     assert mode.stdout.split() == ["600"], mode.stdout  # the key 0600 on the source; spark-a has no grant file
     assert ring.ssh(OLD, "stat -c %a " + NODE_AUTHORIZED_KEYS).stdout.strip() == "600"
+
+
+def test_simulated_community_image_loading_a_newer_nccl_than_torch_was_built_against_passes_and_serves(ring) -> None:
+    """Issue #18 item 4: torch built against 2.27.5 whose libnccl.so.2 is a source-built 2.30.7 (the
+    community's sm_121 image) passes nccl_version, naming the library it loads, and the ring serves;
+    the reverse (torch built against 2.30.7 loading 2.27.5) fails."""
+    r = ring.sparkctl("sim", "image", "load", "all", IMAGE, "--nccl", "2.30.7", "--torch-nccl", "2.27.5")
+    assert r.returncode == 0 and r.stdout.count("torch built against 2.27.5") == 4, r.stdout + r.stderr
+    code, vs = check(ring, *PAGE)
+    assert code == 0 and {v["status"] for v in vs} == {"ok"}, vs
+    for v in vs:
+        assert v["observed"].startswith("NCCL 2.30.7 (loaded /") and "torch built against 2.27.5" in v["observed"], v
+        assert "/usr/lib/aarch64-linux-gnu/libnccl.so.2.30.7" in v["observed"], v
+    r = ring.sparkctl("-i", str(ring.inventory), "up", PROFILE, *PAGE, timeout=400)
+    try:
+        assert r.returncode == 0, r.stdout + r.stderr  # the engines run the 2.30.7 they load
+    finally:
+        ring.sparkctl("-i", str(ring.inventory), "down", timeout=300)
+
+    r = ring.sparkctl("sim", "image", "load", OLD, IMAGE, "--nccl", "2.27.5", "--torch-nccl", "2.30.7")
+    assert r.returncode == 0, r.stdout + r.stderr
+    code, vs = check(ring, *PAGE)
+    assert code == 4, vs
+    v = next(v for v in vs if v["node"] == OLD)
+    assert v["status"] == "fail" and v["observed"].startswith("NCCL 2.27.5 (loaded /"), v
+    assert "torch built against 2.30.7" in v["observed"] and "libnccl.so.2.27.5" in v["fix"], v
+    assert {x["status"] for x in vs if x["node"] != OLD} == {"ok"}

@@ -17,6 +17,7 @@ from sparkctl.plan.laws.base import (
     Verdict,
     facts_of,
 )
+from sparkctl.plan.laws.hardware import slot_share
 
 # --------------------------------------------------------------------------- fabric
 
@@ -98,12 +99,17 @@ def stale_links(ctx: Context) -> dict[str, list[tuple[str, str]]]:
     """node -> [(netdev, description)] for every twin measured below the floor, at both ends."""
     out: dict[str, list[tuple[str, str]]] = {}
     for probe in ctx.link_probes:
-        if probe.bandwidth_gbps is None or probe.bandwidth_gbps >= BANDWIDTH_FLOOR_GBPS:
-            continue
-        desc = f"{probe.bandwidth_gbps:.1f} Gb/s, link up at nominal speed"
-        out.setdefault(probe.node, []).append((probe.netdev, f"{probe.netdev} {desc}"))
         lk = next((lk for lk in ctx.inventory.links if lk.touches(probe.node) and lk.touches(probe.peer)
                    and lk.end(probe.node).netdev == probe.netdev), None)
+        # A twin behind a narrower slot (the GX10's x2 root port) carries that share of a full one.
+        share = min([slot_share(ctx, probe.node, probe.netdev)]
+                    + ([slot_share(ctx, lk.other(probe.node).node, lk.other(probe.node).netdev)] if lk else []))
+        floor = BANDWIDTH_FLOOR_GBPS * share
+        if probe.bandwidth_gbps is None or probe.bandwidth_gbps >= floor:
+            continue
+        desc = f"{probe.bandwidth_gbps:.1f} Gb/s, link up at nominal speed" + (
+            f" (below {floor:.0f} Gb/s, what its PCIe slot allows)" if share < 1.0 else "")
+        out.setdefault(probe.node, []).append((probe.netdev, f"{probe.netdev} {desc}"))
         if lk is not None:
             peer = lk.other(probe.node)
             out.setdefault(peer.node, []).append((peer.netdev, f"{peer.netdev} {desc} (measured from {probe.node})"))

@@ -2,7 +2,9 @@
 
 Pure checks over NodeFacts.engine_found (the ``engine`` fact, sparkctl.facts.engine:
 the image ID from ``docker image inspect --format '{{.Id}}'``, or the path
-``command -v`` finds). :func:`engine_target` says what that fact looks for, from
+``command -v`` finds) and NodeFacts.image (the ``image`` fact: the content digest,
+which means the same on Docker's classic and containerd image stores, and the
+store; sparkctl.model.imageid). :func:`engine_target` says what that fact looks for, from
 the profile alone. Nothing here touches a host.
 """
 
@@ -11,6 +13,7 @@ from __future__ import annotations
 import shlex
 from collections import Counter
 
+from sparkctl.model.imageid import CONTENT_PREFIX, short
 from sparkctl.model.schema import Profile
 from sparkctl.plan.laws.base import FAIL, OK, SKIP, Context, Verdict, facts_of
 from sparkctl.plan.render import DEFAULT_BINARY
@@ -70,29 +73,70 @@ def check_engine_present(ctx: Context) -> list[Verdict]:
     return out
 
 
+def _identities(ctx: Context) -> tuple[dict[str, str], dict[str, str], dict[str, str]]:
+    """(node -> what identifies its build, node -> its docker image store, node -> why it has no content
+    digest) for the nodes that have the image: the content digest where it was read (it means the same
+    on both docker image stores, sparkctl.model.imageid), the image ID where it was not."""
+    keys: dict[str, str] = {}
+    stores: dict[str, str] = {}
+    unread: dict[str, str] = {}
+    for n in ctx.nodes:
+        f = facts_of(ctx, n)
+        if f is None or not getattr(f, "engine_found", None):
+            continue
+        img = getattr(f, "image", None)
+        stores[n] = getattr(img, "store", None) or "unknown"
+        content = getattr(img, "content", None)
+        if content:
+            keys[n] = content
+            continue
+        keys[n] = f.engine_found
+        unread[n] = ("docker could not print it" if img is not None else
+                     getattr(f, "unreadable", {}).get("image") or getattr(f, "not_available", {}).get("image")
+                     or "not read")
+    return keys, stores, unread
+
+
 def check_image_identity(ctx: Context) -> list[Verdict]:
-    """Every node that has the profile's image has the same image ID (docker only)."""
+    """Every node that has the profile's image has the same build of it (docker only): the same
+    content digest, whichever docker image store each node uses."""
     runtime, ref, _ = engine_target(ctx.profile)
     if runtime != "docker":
         return []
-    ids = {n: f.engine_found for n in ctx.nodes
-           if (f := facts_of(ctx, n)) is not None and getattr(f, "engine_found", None)}
+    ids, stores, unread = _identities(ctx)
     if not ids:
         return []
+    known = {s for s in stores.values() if s != "unknown"}
+    # An image ID is not comparable with a content digest, nor with an ID from the other store.
+    if unread and len(ids) > 1 and (len(unread) < len(ids) or len(known) > 1):
+        # Image IDs from different stores are different numbers for the same build: refuse to compare them.
+        named = ", ".join(f"{n} ({stores[n]} store)" for n in ids)
+        why = "; ".join(f"{n}: {w}" for n, w in unread.items())
+        return [Verdict("image_identity", n, FAIL, f"{stores[n]} store", "one build on every node",
+                        f"cannot compare the builds of {ref} on {named}: the image ID is the config digest on "
+                        "Docker's classic store and the manifest digest on the containerd store, and the content "
+                        f"digest was not read ({why}); put the nodes on one image store, or fix what the "
+                        "content read reports", ref) for n in ids]
     counts = Counter(ids.values())
     head = ctx.nodes[0]
     # The reference build: the one most nodes have; on a tie, the first node's.
     best = max(counts.items(), key=lambda kv: (kv[1], kv[0] == ids.get(head)))[0]
     source = next(n for n in ctx.nodes if ids.get(n) == best)
     pinned = "@sha256:" in ref
+    mixed = len(known) > 1
+
+    def show(n: str) -> str:
+        v = ids[n]
+        return (short(v) if v.startswith(CONTENT_PREFIX) else v[:19]) + (f" ({stores[n]} store)" if mixed else "")
+
     out = []
     for node, iid in ids.items():
         if iid == best:
-            out.append(Verdict("image_identity", node, OK, iid[:19], f"{best[:19]} on every node", subject=ref))
+            out.append(Verdict("image_identity", node, OK, show(node), f"{show(source)} on every node", subject=ref))
             continue
         fix = (f"{node} has a different build of {ref} than {source}: "
                + (f"docker pull {ref} on {node}" if pinned else
-                  f"sparkctl image sync {ctx.profile_name} --from {source} (copies it over the fabric, verified by ID); "
-                  "pin engine.image as name@sha256:<digest> so a moving tag cannot differ again"))
-        out.append(Verdict("image_identity", node, FAIL, iid[:19], f"{best[:19]} (as on {source})", fix, ref))
+                  f"sparkctl image sync {ctx.profile_name} --from {source} (copies it over the fabric, verified by "
+                  "its content digest); pin engine.image as name@sha256:<digest> so a moving tag cannot differ again"))
+        out.append(Verdict("image_identity", node, FAIL, show(node), f"{show(source)} (as on {source})", fix, ref))
     return out

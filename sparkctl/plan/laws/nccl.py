@@ -6,7 +6,10 @@ release notes, https://docs.nvidia.com/deeplearning/nccl/release-notes/rel_2-30-
 issue #13). An older NCCL ignores an unknown NCCL_* variable silently (NCCL reads
 its parameters by name with ncclGetEnv: nothing enumerates or rejects the
 environment), and the ring's collectives time out across non-neighbour subnets.
-Pure: a verdict from the ``nccl`` fact (sparkctl.facts.nccl).
+Pure: a verdict from the ``nccl`` fact (sparkctl.facts.nccl): the version of the
+library mapped into the engine's process, named in the verdict with what torch
+was built against (``torch.cuda.nccl.version()`` is only the latter, pytorch
+torch/csrc/cuda/nccl.cpp).
 """
 
 from __future__ import annotations
@@ -20,6 +23,17 @@ LAW = "nccl_version"
 
 def _v(t: tuple[int, ...]) -> str:
     return ".".join(map(str, t))
+
+
+def _seen(f: object, v: tuple[int, ...]) -> str:
+    """``NCCL 2.30.7 (loaded /usr/lib/.../libnccl.so.2.30.7; torch built against 2.27.5)``."""
+    lib = getattr(f, "nccl_library", None)
+    torch = getattr(f, "nccl_torch", None)
+    if lib:
+        return f"NCCL {_v(v)} (loaded {lib}" + (f"; torch built against {_v(torch)})" if torch else ")")
+    if torch:
+        return f"NCCL {_v(v)} (torch's own: no libnccl mapped into the process)"
+    return f"NCCL {_v(v)}"
 
 
 def check_nccl_version(ctx: Context) -> list[Verdict]:
@@ -44,14 +58,14 @@ def check_nccl_version(ctx: Context) -> list[Verdict]:
             out.append(Verdict(LAW, node, WARN, "no NCCL found (neither torch nor libnccl.so.2.X.Y)", want,
                                "cannot confirm the ring's NCCL: check the engine's log for 'NCCL version'"))
         elif tuple(v) < MIN_RING_NCCL and LAW in ctx.waivers:
-            out.append(Verdict(LAW, node, WAIVED, f"NCCL {_v(v)}", want,
+            out.append(Verdict(LAW, node, WAIVED, _seen(f, v), want,
                                f"waived: {ctx.waivers[LAW].reason} (expect the ring's first collective to time out)"))
         elif tuple(v) < MIN_RING_NCCL:
             out.append(Verdict(
-                LAW, node, FAIL, f"NCCL {_v(v)}", want,
-                f"NCCL {_v(v)} ignores NCCL_IB_SUBNET_AWARE_ROUTING silently and the ring's collectives time out: "
+                LAW, node, FAIL, _seen(f, v), want,
+                f"NCCL {_v(v)}{' (' + f.nccl_library + ')' if getattr(f, 'nccl_library', None) else ''} ignores NCCL_IB_SUBNET_AWARE_ROUTING silently and the ring's collectives time out: "
                 f"use an image (or environment) whose NCCL is {want}, e.g. `pip install 'nvidia-nccl-cu13>={_v(MIN_RING_NCCL)}'` "
                 "in the image, then `sparkctl image sync`"))
         else:
-            out.append(Verdict(LAW, node, OK, f"NCCL {_v(v)}", want))
+            out.append(Verdict(LAW, node, OK, _seen(f, v), want))
     return out

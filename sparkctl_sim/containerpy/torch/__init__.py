@@ -1,29 +1,34 @@
 """SIMULATION: the sliver of PyTorch a simulated container image answers, for sparkctl's nccl fact.
 
-Real: ``torch.cuda.nccl.version()`` returns the linked NCCL as a tuple, e.g.
-(2, 30, 7) (torch/cuda/nccl.py: ``version()`` decodes ``torch._C._nccl_version()``),
-and needs no GPU. Here the version is the image's NCCL_VERSION environment
-variable (NVIDIA's CUDA/NGC images set ENV NCCL_VERSION; the simulated image
-store writes it in the image config), else 2.30.7, the simulated engines'
-default (sparkctl_sim/engines/runtime.py DEFAULT_IMAGE_NCCL). The docker shim
-puts this directory on a container's PYTHONPATH (sparkctl_sim/dockershim.py):
-the simulated image's site-packages.
+Real: ``torch.cuda.nccl.version()`` returns the NCCL torch was compiled against as a
+tuple, e.g. (2, 30, 7) (torch/cuda/nccl.py ``version()`` decodes
+``torch._C._nccl_version()``, the nccl.h macros: pytorch torch/csrc/cuda/nccl.cpp),
+and needs no GPU; ``import torch`` maps the NCCL library torch links into the
+process (torch/__init__.py preloads the CUDA libraries of ``site-packages/nvidia``;
+libtorch_cuda.so needs ``libnccl.so.2``). Here the image's simulated site-packages
+(sparkctl_sim/imagefs.py) hold this file, ``_sim_build.py`` with the compiled-in
+version, and ``nvidia/nccl/lib/libnccl.so.2``, a real shared object that the import
+loads with the dynamic loader, as the real one does.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 import types
 
-_DEFAULT = "2.30.7"
+try:
+    from torch._sim_build import NCCL_COMPILED
+except ImportError:  # outside a simulated image (a bare PYTHONPATH): the simulated engines' default
+    NCCL_COMPILED = (2, 30, 7)
+
+_LIB = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "nvidia", "nccl", "lib", "libnccl.so.2")
+if os.path.exists(_LIB):
+    ctypes.CDLL(_LIB, mode=ctypes.RTLD_GLOBAL)
 
 
 def _nccl_version() -> tuple[int, ...]:
-    raw = os.environ.get("NCCL_VERSION", "").strip() or _DEFAULT
-    try:
-        return tuple(int(x) for x in raw.split("+")[0].split("."))
-    except ValueError:
-        return tuple(int(x) for x in _DEFAULT.split("."))
+    return tuple(NCCL_COMPILED)
 
 
 cuda = types.SimpleNamespace(nccl=types.SimpleNamespace(version=_nccl_version))
