@@ -25,6 +25,9 @@ addresses and routes with ``ip``. Addresses it did not configure stay (stricter
 than networkd, which may drop foreign addresses; sparkctl flushes them itself).
 Then the node's simulated ``/sys/class/infiniband`` GID tables follow the new
 addresses, as the mlx5 driver fills a RoCE v2 GID for each IPv4 address.
+A link without carrier (its neighbour off) is brought up but not configured, as
+systemd-networkd does; ``networkd-carrier`` is networkd's reaction when a carrier
+comes or goes (:func:`networkd_carrier`).
 
 SIMULATION ONLY.
 """
@@ -142,14 +145,78 @@ def netplan_apply() -> list[str]:
             if net["mtu"]:
                 _run(["ip", "link", "set", "dev", str(dev), "mtu", str(net["mtu"])])
             _run(["ip", "link", "set", "dev", str(dev), "up"])
-            for addr in net["addresses"]:  # type: ignore[attr-defined]
-                _run(["ip", "addr", "replace", addr, "dev", str(dev)])
-            for rt in net["routes"]:  # type: ignore[attr-defined]
-                if rt.get("Destination") and rt.get("Gateway"):
-                    _run(["ip", "route", "replace", rt["Destination"], "via", rt["Gateway"], "dev", str(dev)])
+            if not configures_now(f, str(dev)):
+                continue  # networkd configures it once the neighbour's end has carrier (networkd_carrier)
+            _configure_link(net)
             applied.append(str(dev))
     refresh_gids()
     return applied
+
+
+def _configure_link(net: dict[str, object]) -> None:
+    dev = str(net["name"])
+    for addr in net["addresses"]:  # type: ignore[attr-defined]
+        _run(["ip", "addr", "replace", addr, "dev", dev])
+    for rt in net["routes"]:  # type: ignore[attr-defined]
+        if rt.get("Destination") and rt.get("Gateway"):
+            _run(["ip", "route", "replace", rt["Destination"], "via", rt["Gateway"], "dev", dev])
+
+
+# --------------------------------------------------------------------------- carrier
+
+
+def has_carrier(dev: str) -> bool:
+    """The kernel's carrier flag of ``dev`` (a link that is down has none: the read fails)."""
+    try:
+        return Path("/sys/class/net", dev, "carrier").read_text().strip() == "1"
+    except OSError:
+        return False
+
+
+def _network_flag(path: Path, key: str) -> bool:
+    m = re.search(rf"^{key}=(\S+)", path.read_text(), re.MULTILINE)
+    return bool(m) and m.group(1).lower() in ("yes", "true", "1", "on")  # type: ignore[union-attr]
+
+
+def configures_now(network_file: Path, dev: str) -> bool:
+    """Whether systemd-networkd configures ``dev`` (addresses, routes) at this moment.
+
+    systemd.network(5), ConfigureWithoutCarrier=: "Allows networkd to configure a specific
+    link even if it has no carrier. Defaults to false." A fabric port whose neighbour is off
+    (or still booting) has no carrier: it gets no address, hence no RoCE v2 GID, until the
+    other end comes up. netplan renders ConfigureWithoutCarrier=yes for ``ignore-carrier:
+    true`` only (netplan src/networkd.c; `optional: true` renders RequiredForOnline=no).
+    """
+    return has_carrier(dev) or _network_flag(network_file, "ConfigureWithoutCarrier")
+
+
+def networkd_carrier() -> dict[str, list[str]]:
+    """What systemd-networkd does when the carrier of a configured link comes or goes.
+
+    Carrier gained: the link is configured from its .network file. Carrier lost: networkd
+    drops its static configuration unless IgnoreCarrierLoss= (systemd.network(5):
+    "When false, systemd-networkd drops both the static and the dynamic configuration of the
+    interface"; it defaults to ConfigureWithoutCarrier=, false by default). Called by the sim
+    (sparkctl_sim.clusterlate) when a neighbour powers off or comes up.
+    """
+    report: dict[str, list[str]] = {"configured": [], "dropped": []}
+    if not any(Path(d).glob("*.yaml") for d in NETPLAN_DIRS if Path(d).is_dir()):
+        return report
+    with tempfile.TemporaryDirectory(prefix="sparkctl-sim-networkd-") as tmp:
+        for f in _generate(Path(tmp)):
+            net = _network_file(f)
+            dev = str(net["name"] or "")
+            if not dev or not Path("/sys/class/net", dev).exists():
+                continue
+            if configures_now(f, dev):
+                _configure_link(net)
+                report["configured"].append(dev)
+            elif not _network_flag(f, "IgnoreCarrierLoss"):
+                for addr in net["addresses"]:  # type: ignore[attr-defined]
+                    _run(["ip", "addr", "del", addr, "dev", dev], check=False)  # its routes go with it
+                report["dropped"].append(dev)
+    refresh_gids()
+    return report
 
 
 def refresh_gids() -> None:
@@ -270,6 +337,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:1] == ["boot"]:
         print(json.dumps(boot("--docker" in args)))
+        return 0
+    if args[:1] == ["networkd-carrier"]:
+        print(json.dumps(networkd_carrier()))
         return 0
     if args[:1] == ["netplan"]:
         sub = args[1:2]
