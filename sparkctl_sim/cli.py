@@ -302,6 +302,16 @@ def sim_power_cycle_cmd(nodes: tuple[str, ...], late: tuple[str, ...]) -> None:
 
 
 
+@sim_group.command("power-off")
+@click.argument("nodes", nargs=-1, required=True)
+def sim_power_off_cmd(nodes: tuple[str, ...]) -> None:
+    """Switch simulated nodes off: no SSH, cables dark (neighbours lose carrier) until power-cycle."""
+    from sparkctl_sim import cluster
+
+    cluster.power_off(_sim_root(), list(nodes))
+    out.print(f"powered off: {', '.join(nodes)} (`sparkctl sim power-cycle` boots them)")
+
+
 @click.command("demo")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="where the runs and the report go (default ./runs/demo-<time>)")

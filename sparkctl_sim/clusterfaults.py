@@ -360,8 +360,11 @@ def _reboot(root: Path, nodes: list[str], *, power: bool, ready_timeout_s: float
         early = [n for n in targets if n.name not in late]
         for n in early:
             _power_on(p, spec, n, healed, rootless)
-        if late:  # the early nodes' neighbours (off this call) saw their carrier go
-            clusterlate.carrier_changed(p, spec, clusterlate.peers(spec, late))
+        if not rootless:
+            # neighbours not rebooted: a port whose carrier came back (this node was powered
+            # off) or went (a late node's cables are dark) is configured or dropped by networkd
+            clusterlate.carrier_changed(p, spec, [q for q in clusterlate.peers(spec, [n.name for n in targets])
+                                                  if _sshd_pid(p, q) is not None or not spec.fresh])
         _boot_userspace(p, spec, early, rootless, ready_timeout_s)
         for name, pause_s in clusterlate.order(late):
             clusterlate.wait(pause_s)
@@ -371,6 +374,31 @@ def _reboot(root: Path, nodes: list[str], *, power: bool, ready_timeout_s: float
             clusterlate.carrier_changed(p, spec, [peer for peer in clusterlate.peers(spec, [name])
                                                   if peer not in late or _sshd_pid(p, peer) is not None])
             _boot_userspace(p, spec, [n], rootless, ready_timeout_s)
+
+
+def power_off(root: Path, nodes: list[str]) -> None:
+    """Switch nodes off until :func:`power_cycle` or :func:`reboot` boots them.
+
+    Every process dies, the management port goes dark (SSH times out, as to a box that is
+    off), and so do the node's cables: its neighbours' fabric ports lose carrier and their
+    networkd drops their addresses (sparkctl_sim.clusterlate).
+    """
+    from sparkctl_sim import clusterlate
+
+    p, spec, rootless = _ctx(root)
+    _need_root_mode(rootless, "power_off")
+    targets = [_find_node(spec, n) for n in dict.fromkeys(nodes)]
+    with _root_lock(p):
+        for n in targets:
+            if _sshd_pid(p, n.name) is not None:
+                _disk_ok_locked(p, n.name)
+            nx.kill_pids(_node_pids(p, n.name, rootless), grace_s=0.5)
+            with nodestate.edit(p.node(n.name).state) as st:
+                st["faults"]["powered_off"] = True
+                st["faults"]["unreachable"] = True
+            nx.ip(None, "link", "set", host_veth_name(n.name), "down")
+            clusterlate.cables_dark(spec, n.name)
+        clusterlate.carrier_changed(p, spec, clusterlate.peers(spec, [n.name for n in targets]))
 
 
 def _power_on(p: SimPaths, spec: ClusterSpec, n: SimNode, healed: dict[str, list[str]], rootless: bool) -> None:
@@ -386,6 +414,7 @@ def _power_on(p: SimPaths, spec: ClusterSpec, n: SimNode, healed: dict[str, list
         # a box hung by an over-commit (sparkctl_sim.overcommit) answers again after a
         # reboot: its port was down because the box was, not the switch side
         relive = bool(st["faults"].pop("livelocked", False))
+        relive = bool(st["faults"].pop("powered_off", False)) or relive  # sparkctl_sim.clusterfaults.power_off
         if relive:
             st["faults"]["unreachable"] = False
         for ifname in healed.get(n.name, []):
