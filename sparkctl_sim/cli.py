@@ -248,7 +248,7 @@ def sim_image_publish_cmd(image: str, size_mib: float) -> None:
 
 FAULTS = ("kill-engine", "link-down", "link-up", "stale-link", "mtu", "sshd-stop", "sshd-start",
           "unreachable", "reachable", "wedge", "unwedge", "leak-on-death", "disk-full", "disk-ok",
-          "overcommit")
+          "overcommit", "orphan-container")
 
 
 @sim_group.command("fault")
@@ -260,7 +260,7 @@ FAULTS = ("kill-engine", "link-down", "link-up", "stale-link", "mtu", "sshd-stop
               help="for kind disk-full: the node's directory whose disk fills (where the record lives)")
 def sim_fault_cmd(node: str, kind: str, iface: str, mtu_bytes: int, disk_path: str) -> None:
     """Inject a fault into a simulated node."""
-    from sparkctl_sim import cluster, overcommit
+    from sparkctl_sim import cluster, clusterdocker, overcommit
 
     root = _sim_root()
     actions = {
@@ -280,34 +280,57 @@ def sim_fault_cmd(node: str, kind: str, iface: str, mtu_bytes: int, disk_path: s
         "disk-ok": lambda: cluster.disk_ok(root, node),
         # the largest engine grows until the box starves; it livelocks unless a watchdog kills it
         "overcommit": lambda: overcommit.overcommit(root, node),
+        # the engine's `docker run` CLI is SIGKILLed; its container keeps running under its name
+        "orphan-container": lambda: clusterdocker.orphan_container(root, node),
     }
     result = actions[kind]()
     out.print(f"{node}: {kind} done" + (f" ({result})" if result not in (None, []) else ""), markup=False)
 
 
+LATE_HELP = ("NODE=SECONDS: that node boots SECONDS (simulated: divided by $SPARKCTL_SIM_SPEEDUP) after "
+             "the others; its cables stay dark meanwhile, so its neighbours' ports have no carrier "
+             "and no address. Repeatable; the command returns once it is up.")
+
+
 @sim_group.command("reboot")
 @click.argument("nodes", nargs=-1, required=True)
-def sim_reboot_cmd(nodes: tuple[str, ...]) -> None:
+@click.option("--late", "late", multiple=True, metavar="NODE=SECONDS", help=LATE_HELP)
+def sim_reboot_cmd(nodes: tuple[str, ...], late: tuple[str, ...]) -> None:
     """Warm-reboot simulated nodes together (new boot id, clock lock lost; stale links stay stale).
 
     Every node goes down before any comes back; at boot each runs its enabled units.
     """
-    from sparkctl_sim import cluster
+    from sparkctl_sim import cluster, clusterlate
 
-    cluster.reboot(_sim_root(), list(nodes))
-    out.print(f"rebooted (warm): {', '.join(nodes)}")
+    delays = clusterlate.parse_late(late, nodes)
+    cluster.reboot(_sim_root(), list(nodes), late=delays)
+    out.print(f"rebooted (warm): {', '.join(nodes)}" + (f"; late: {clusterlate.describe(delays)}" if delays else ""),
+              markup=False)
 
 
 @sim_group.command("power-cycle")
 @click.argument("nodes", nargs=-1, required=True)
-def sim_power_cycle_cmd(nodes: tuple[str, ...]) -> None:
+@click.option("--late", "late", multiple=True, metavar="NODE=SECONDS", help=LATE_HELP)
+def sim_power_cycle_cmd(nodes: tuple[str, ...], late: tuple[str, ...]) -> None:
     """AC power-cycle simulated nodes (clears a stale link once both of its ends are cycled)."""
+    from sparkctl_sim import cluster, clusterlate
+
+    delays = clusterlate.parse_late(late, nodes)
+    cluster.power_cycle(_sim_root(), list(nodes), late=delays)
+    out.print(f"power-cycled: {', '.join(nodes)}" + (f"; late: {clusterlate.describe(delays)}" if delays else ""),
+              markup=False)
+
+
+
+
+@sim_group.command("power-off")
+@click.argument("nodes", nargs=-1, required=True)
+def sim_power_off_cmd(nodes: tuple[str, ...]) -> None:
+    """Switch simulated nodes off: no SSH, cables dark (neighbours lose carrier) until power-cycle."""
     from sparkctl_sim import cluster
 
-    cluster.power_cycle(_sim_root(), list(nodes))
-    out.print(f"power-cycled: {', '.join(nodes)}")
-
-
+    cluster.power_off(_sim_root(), list(nodes))
+    out.print(f"powered off: {', '.join(nodes)} (`sparkctl sim power-cycle` boots them)")
 
 
 @click.command("demo")

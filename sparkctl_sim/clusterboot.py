@@ -342,6 +342,9 @@ def _converge_network(p: SimPaths, spec: ClusterSpec) -> None:
         _ensure_cable(lk)
     for node in spec.nodes:
         _apply_node_net(p, spec, node)
+    if not spec.fresh:  # a port has carrier once BOTH ends are up: every end is up only now
+        for node in spec.nodes:
+            spec_carrier_sync(spec, node.name)
 
 
 def _ensure_bridge(p: SimPaths, spec: ClusterSpec) -> None:
@@ -422,16 +425,41 @@ def _apply_node_net(p: SimPaths, spec: ClusterSpec, node: SimNode) -> None:
             nx.ip(ns, "link", "set", ifname, "mtu", str(FRESH_MTU))
         else:
             nx.ip(ns, "link", "set", ifname, "mtu", str(mtus[ifname]))
-            nx.ip(ns, "addr", "replace", cidr, "dev", ifname)
         nx.ip(ns, "link", "set", ifname, "up")
     if not spec.fresh:
-        for r in spec.routes:
-            if r.node == node.name:
-                nx.ip(ns, "route", "replace", r.dst_cidr, "via", r.via, "dev", r.dev)
+        spec_carrier_sync(spec, node.name)
     forward = _sysctl_d_forward(p, node.name)
     default = node.ip_forward and not spec.fresh
     nx.ns_exec_write(ns, "/proc/sys/net/ipv4/ip_forward",
                      "1" if (default if forward is None else forward) else "0")
+
+
+def has_carrier(node: str, ifname: str) -> bool:
+    """The carrier of one of the node's veth ends: only while both ends are up (a neighbour
+    that is off or still booting leaves NO-CARRIER, as an unlit QSFP cable does)."""
+    info = nx.link_info(ifname, netns_name(node)) or {}
+    flags = info.get("flags") or []
+    return "UP" in flags and "NO-CARRIER" not in flags
+
+
+def spec_carrier_sync(spec: ClusterSpec, node: str) -> None:
+    """A pre-configured node's fabric addresses and routes, as systemd-networkd keeps them.
+
+    Only a port with carrier is configured (systemd.network(5), ConfigureWithoutCarrier=,
+    false by default), and one that lost it drops its address (IgnoreCarrierLoss=, which
+    defaults to ConfigureWithoutCarrier=): its GIDs come and go with the neighbour's end.
+    """
+    ns = netns_name(node)
+    lit = set()
+    for ifname, cidr, _peer, _pif in _node_links(spec, node):
+        if has_carrier(node, ifname):
+            nx.ip(ns, "addr", "replace", cidr, "dev", ifname)
+            lit.add(ifname)
+        else:
+            nx.ip(ns, "addr", "del", cidr, "dev", ifname, check=False)  # its routes go with it
+    for r in spec.routes:
+        if r.node == node and r.dev in lit:
+            nx.ip(ns, "route", "replace", r.dst_cidr, "via", r.via, "dev", r.dev)
 
 
 def boot_init(p: SimPaths, spec: ClusterSpec, node: SimNode) -> dict[str, Any]:

@@ -45,7 +45,7 @@ from sparkctl_sim.clusterroot import (
     netns_name,
 )
 from sparkctl_sim.netns import SimError
-from sparkctl_sim.spec import ClusterSpec, SimLink
+from sparkctl_sim.spec import ClusterSpec, SimLink, SimNode
 
 log = logging.getLogger(__name__)
 
@@ -313,23 +313,39 @@ def warm_reboot(root: Path, node: str, *, ready_timeout_s: float = 20.0) -> None
     _reboot(root, [node], power=False, ready_timeout_s=ready_timeout_s)
 
 
-def reboot(root: Path, nodes: list[str], *, ready_timeout_s: float = 20.0) -> None:
-    """Warm-reboot several nodes at once (a whole ring): all go down, then all boot."""
-    _reboot(root, list(nodes), power=False, ready_timeout_s=ready_timeout_s)
+def reboot(root: Path, nodes: list[str], *, ready_timeout_s: float = 20.0,
+           late: dict[str, float] | None = None) -> None:
+    """Warm-reboot several nodes at once (a whole ring): all go down, then all boot.
+
+    ``late``: {node: simulated seconds}: those nodes stay off that much longer than the
+    others (their cables dark meanwhile: sparkctl_sim.clusterlate), then boot.
+    """
+    _reboot(root, list(nodes), power=False, ready_timeout_s=ready_timeout_s, late=late)
 
 
-def power_cycle(root: Path, nodes: list[str], *, ready_timeout_s: float = 20.0) -> None:
+def power_cycle(root: Path, nodes: list[str], *, ready_timeout_s: float = 20.0,
+                late: dict[str, float] | None = None) -> None:
     """Power-cycle nodes: a warm reboot, and stale links heal.
 
     A stale link clears once both of its ends have been power-cycled since it
-    went stale, in this call or in earlier ones.
+    went stale, in this call or in earlier ones. ``late`` as for :func:`reboot`.
     """
-    _reboot(root, list(nodes), power=True, ready_timeout_s=ready_timeout_s)
+    _reboot(root, list(nodes), power=True, ready_timeout_s=ready_timeout_s, late=late)
 
 
-def _reboot(root: Path, nodes: list[str], *, power: bool, ready_timeout_s: float) -> None:
+def _reboot(root: Path, nodes: list[str], *, power: bool, ready_timeout_s: float,
+            late: dict[str, float] | None = None) -> None:
+    from sparkctl_sim import clusterlate
+
     p, spec, rootless = _ctx(root)
     targets = [_find_node(spec, n) for n in dict.fromkeys(nodes)]
+    late = dict(late or {})
+    if late:
+        _need_root_mode(rootless, "a late boot")
+        unknown = set(late) - {n.name for n in targets}
+        if unknown:
+            raise SimError(f"late boot of {', '.join(sorted(unknown))}: not among the nodes rebooted",
+                           "name them in the node list too")
     with _root_lock(p):
         for n in targets:  # a full disk's data goes back to the node's own dir first
             if not rootless and _sshd_pid(p, n.name) is not None:
@@ -339,36 +355,97 @@ def _reboot(root: Path, nodes: list[str], *, power: bool, ready_timeout_s: float
         healed: dict[str, list[str]] = {}
         if power:
             healed = _heal_stale(p, spec, {n.name for n in targets})
+        for name in late:  # off for longer: no light on its cables
+            clusterlate.cables_dark(spec, name)
+        early = [n for n in targets if n.name not in late]
+        for n in early:
+            _power_on(p, spec, n, healed, rootless)
+        if not rootless:
+            # neighbours not rebooted: a port whose carrier came back (this node was powered
+            # off) or went (a late node's cables are dark) is configured or dropped by networkd
+            clusterlate.carrier_changed(p, spec, [q for q in clusterlate.peers(spec, [n.name for n in targets])
+                                                  if _sshd_pid(p, q) is not None or not spec.fresh])
+        _boot_userspace(p, spec, early, rootless, ready_timeout_s)
+        for name, pause_s in clusterlate.order(late):
+            clusterlate.wait(pause_s)
+            n = _find_node(spec, name)
+            _power_on(p, spec, n, healed, rootless)
+            # its cables light up: the running neighbours' networkd configures their ports
+            clusterlate.carrier_changed(p, spec, [peer for peer in clusterlate.peers(spec, [name])
+                                                  if peer not in late or _sshd_pid(p, peer) is not None])
+            _boot_userspace(p, spec, [n], rootless, ready_timeout_s)
+
+
+def power_off(root: Path, nodes: list[str]) -> None:
+    """Switch nodes off until :func:`power_cycle` or :func:`reboot` boots them.
+
+    Every process dies, the management port goes dark (SSH times out, as to a box that is
+    off), and so do the node's cables: its neighbours' fabric ports lose carrier and their
+    networkd drops their addresses (sparkctl_sim.clusterlate).
+    """
+    from sparkctl_sim import clusterlate
+
+    p, spec, rootless = _ctx(root)
+    _need_root_mode(rootless, "power_off")
+    targets = [_find_node(spec, n) for n in dict.fromkeys(nodes)]
+    with _root_lock(p):
         for n in targets:
+            if _sshd_pid(p, n.name) is not None:
+                _disk_ok_locked(p, n.name)
+            nx.kill_pids(_node_pids(p, n.name, rootless), grace_s=0.5)
             with nodestate.edit(p.node(n.name).state) as st:
-                st["boot_id"] = str(uuid.uuid4())
-                st["boot_time"] = time.time()
-                st["gpu"]["clock_lock_mhz"] = None
-                st["engine_mem_gib"] = {}
-                st["leaked_mem_gib"] = 0.0
-                st["faults"]["wedged"] = False
-                st["faults"]["sshd_stopped"] = False
-                # a box hung by an over-commit (sparkctl_sim.overcommit) answers again after a
-                # reboot: its port was down because the box was, not the switch side
-                relive = bool(st["faults"].pop("livelocked", False))
-                if relive:
-                    st["faults"]["unreachable"] = False
-                for ifname in healed.get(n.name, []):
-                    st["links"][ifname]["stale"] = False
-            if not rootless:
-                if relive:
-                    nx.ip(None, "link", "set", host_veth_name(n.name), "up")
-                _apply_node_net(p, spec, n)
-                for node in _with_peers(spec, [n.name]):
-                    _write_sysfs(p, node)
-            _hook(lambda m: None, "sparkctl_sim.procshims", "on_boot", p.node(n.name).run, missing_ok=True)
-        for n in targets:
-            _ensure_sshd(p, spec, n, rootless)
-        if not rootless:  # the node's init: sysctl.d, netplan, dockerd, enabled units
-            for n in targets:
-                boot_init(p, spec, n)
-        _wait_reachable(spec, [n.name for n in targets if not _faults(p, n.name).get("unreachable")],
-                        ready_timeout_s)
+                st["faults"]["powered_off"] = True
+                st["faults"]["unreachable"] = True
+            nx.ip(None, "link", "set", host_veth_name(n.name), "down")
+            clusterlate.cables_dark(spec, n.name)
+        clusterlate.carrier_changed(p, spec, clusterlate.peers(spec, [n.name for n in targets]))
+
+
+def _power_on(p: SimPaths, spec: ClusterSpec, n: SimNode, healed: dict[str, list[str]], rootless: bool) -> None:
+    """A node's boot up to its network: new boot id, state reset, cable ends up."""
+    with nodestate.edit(p.node(n.name).state) as st:
+        st["boot_id"] = str(uuid.uuid4())
+        st["boot_time"] = time.time()
+        st["gpu"]["clock_lock_mhz"] = None
+        st["engine_mem_gib"] = {}
+        st["leaked_mem_gib"] = 0.0
+        st["faults"]["wedged"] = False
+        st["faults"]["sshd_stopped"] = False
+        # a box hung by an over-commit (sparkctl_sim.overcommit) answers again after a
+        # reboot: its port was down because the box was, not the switch side
+        relive = bool(st["faults"].pop("livelocked", False))
+        relive = bool(st["faults"].pop("powered_off", False)) or relive  # sparkctl_sim.clusterfaults.power_off
+        if relive:
+            st["faults"]["unreachable"] = False
+        for ifname in healed.get(n.name, []):
+            st["links"][ifname]["stale"] = False
+    if not rootless:
+        if relive:
+            nx.ip(None, "link", "set", host_veth_name(n.name), "up")
+        _apply_node_net(p, spec, n)
+        for node in _with_peers(spec, [n.name]):
+            _write_sysfs(p, node)
+    _hook(lambda m: None, "sparkctl_sim.procshims", "on_boot", p.node(n.name).run, missing_ok=True)
+
+
+def _boot_userspace(p: SimPaths, spec: ClusterSpec, nodes: list[SimNode], rootless: bool,
+                    ready_timeout_s: float) -> None:
+    """sshd, then the node's init (sysctl.d, netplan, dockerd, enabled units); wait for sshd."""
+    if not rootless and not spec.fresh:
+        # every end of these nodes is up now: a port whose neighbour came up after it in the
+        # loop above has carrier only now (sparkctl_sim.clusterboot.spec_carrier_sync)
+        from sparkctl_sim.clusterboot import spec_carrier_sync
+
+        for n in nodes:
+            spec_carrier_sync(spec, n.name)
+            _write_sysfs(p, n.name)
+    for n in nodes:
+        _ensure_sshd(p, spec, n, rootless)
+    if not rootless:
+        for n in nodes:
+            boot_init(p, spec, n)
+    _wait_reachable(spec, [n.name for n in nodes if not _faults(p, n.name).get("unreachable")],
+                    ready_timeout_s)
 
 
 def _heal_stale(p: SimPaths, spec: ClusterSpec, cycled: set[str]) -> dict[str, list[str]]:

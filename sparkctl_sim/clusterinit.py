@@ -27,6 +27,9 @@ over the node's files, its networkd and NetworkManager output applied with
 (NetworkManager's links bounced). Then the node's simulated
 ``/sys/class/infiniband`` GID tables follow the new addresses, as the mlx5
 driver fills a RoCE v2 GID for each IPv4 address.
+A link without carrier (its neighbour off) is brought up but not configured, as
+systemd-networkd does; ``networkd-carrier`` is networkd's reaction when a carrier
+comes or goes (:func:`sparkctl_sim.netplansim.networkd_carrier`).
 
 SIMULATION ONLY.
 """
@@ -250,6 +253,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if args[:1] == ["dockerd"]:  # what dockerd does to the filter table at a (re)start
         dockerd_start()
+        return 0
+    if args[:1] == ["networkd-carrier"]:  # networkd's reaction to a carrier that came or went
+        from sparkctl_sim import netplansim
+
+        print(json.dumps(netplansim.networkd_carrier()))
         return 0
     if args[:1] == ["netplan"]:
         sub = args[1:2]

@@ -137,11 +137,16 @@ def _ini(path: Path) -> list[tuple[str, str, str]]:
     return rows
 
 
+def _yes(val: str) -> bool:
+    return val.lower() in ("yes", "true", "1", "on")
+
+
 def network_files(run: Path) -> dict[str, dict[str, Any]]:
     """name -> {addresses, routes, mtu, ipv4ll} from the generated networkd files."""
     out: dict[str, dict[str, Any]] = {}
     for path in sorted((run / "systemd/network").glob("*.network")):
-        net: dict[str, Any] = {"addresses": [], "routes": [], "mtu": None, "ipv4ll": False}
+        net: dict[str, Any] = {"addresses": [], "routes": [], "mtu": None, "ipv4ll": False,
+                               "without_carrier": False, "ignore_carrier_loss": None}
         name, route = None, None
         for section, key, val in _ini(path):
             if section == "Match" and key == "Name":
@@ -150,6 +155,10 @@ def network_files(run: Path) -> dict[str, dict[str, Any]]:
                 net["addresses"].append(val)
             elif section == "Network" and key == "LinkLocalAddressing":
                 net["ipv4ll"] = val in ("ipv4", "yes", "fallback")
+            elif section == "Network" and key == "ConfigureWithoutCarrier":
+                net["without_carrier"] = _yes(val)
+            elif section == "Network" and key == "IgnoreCarrierLoss":
+                net["ignore_carrier_loss"] = _yes(val)
             elif section == "Link" and key == "MTUBytes":
                 net["mtu"] = int(val)
             elif section == "Route":
@@ -208,12 +217,35 @@ def ipv4ll_address(dev: str) -> str:
     return f"169.254.{1 + h[0] % 254}.{1 + h[1] % 254}"
 
 
-def configure_networkd(dev: str, net: dict[str, Any]) -> None:
+def has_carrier(dev: str) -> bool:
+    """The kernel's carrier flag of ``dev`` (a link that is down has none: the read fails)."""
+    try:
+        return Path("/sys/class/net", dev, "carrier").read_text().strip() == "1"
+    except OSError:
+        return False
+
+
+def configures_now(dev: str, net: dict[str, Any]) -> bool:
+    """Whether systemd-networkd configures ``dev`` (addresses, routes) at this moment.
+
+    systemd.network(5), ConfigureWithoutCarrier=: "Allows networkd to configure a specific
+    link even if it has no carrier. Defaults to false." A fabric port whose neighbour is off
+    (or still booting) has no carrier: it gets no address, hence no RoCE v2 GID, until the
+    other end comes up. netplan renders ConfigureWithoutCarrier=yes for ``ignore-carrier:
+    true`` only (netplan src/networkd.c; `optional: true` renders RequiredForOnline=no).
+    """
+    return has_carrier(dev) or bool(net.get("without_carrier"))
+
+
+def configure_networkd(dev: str, net: dict[str, Any]) -> bool:
+    """networkd on ``dev``: MTU and up always; addresses and routes only with carrier. Whether it configured."""
     if not _exists(dev):
-        return
+        return False
     if net["mtu"]:
         _run(["ip", "link", "set", "dev", dev, "mtu", str(net["mtu"])])
     _run(["ip", "link", "set", "dev", dev, "up"])
+    if not configures_now(dev, net):
+        return False  # configured once the neighbour's end has carrier (networkd_carrier)
     for addr in net["addresses"]:
         _run(["ip", "addr", "replace", addr, "dev", dev])
     if net["ipv4ll"]:
@@ -221,6 +253,36 @@ def configure_networkd(dev: str, net: dict[str, Any]) -> None:
     for rt in net["routes"]:
         if rt.get("Destination") and rt.get("Gateway"):
             _run(["ip", "route", "replace", rt["Destination"], "via", rt["Gateway"], "dev", dev])
+    return True
+
+
+def networkd_carrier() -> dict[str, list[str]]:
+    """What systemd-networkd does when the carrier of a link it manages comes or goes.
+
+    Carrier gained: the link is configured from its .network file. Carrier lost: networkd
+    drops its static configuration unless IgnoreCarrierLoss= (systemd.network(5):
+    "When false, systemd-networkd drops both the static and the dynamic configuration of the
+    interface"; it defaults to ConfigureWithoutCarrier=, false by default). Called by the sim
+    (sparkctl_sim.clusterlate) when a neighbour powers off or comes up.
+    """
+    report: dict[str, list[str]] = {"configured": [], "dropped": []}
+    loaded = _run_dir() / "networkd-loaded.json"
+    nets = json.loads(loaded.read_text()) if loaded.exists() else {}
+    for dev, net in nets.items():
+        if not _exists(dev):
+            continue
+        if configures_now(dev, net):
+            configure_networkd(dev, net)
+            report["configured"].append(dev)
+        elif not (net["ignore_carrier_loss"] if net.get("ignore_carrier_loss") is not None
+                  else net.get("without_carrier")):
+            for addr in net["addresses"]:
+                _run(["ip", "addr", "del", addr, "dev", dev], check=False)  # its routes go with it
+            if net.get("ipv4ll"):
+                _run(["ip", "addr", "del", f"{ipv4ll_address(dev)}/16", "dev", dev], check=False)
+            report["dropped"].append(dev)
+    refresh_gids()
+    return report
 
 
 def _lease_path() -> Path:
@@ -335,9 +397,11 @@ def cmd_netplan_apply() -> list[str]:
     run = generate(generated())
     new = nm_profiles(run)
     applied = []
-    for dev, net in network_files(run).items():  # networkctl reload + reconfigure of networkd's links
-        configure_networkd(dev, net)
-        applied.append(dev)
+    nets = network_files(run)
+    (_run_dir() / "networkd-loaded.json").write_text(json.dumps(nets))  # networkctl reload
+    for dev, net in nets.items():  # + reconfigure of networkd's links
+        if configure_networkd(dev, net):
+            applied.append(dev)
     if nm_node() and (old or new):  # restart_nm: netplan NM profiles before or after generating
         nm_ifaces = sorted(set(old) | set(new))
         remember_leases(nm_ifaces)
@@ -411,8 +475,8 @@ def boot() -> list[str]:
     nets = network_files(run)
     (_run_dir() / "networkd-loaded.json").write_text(json.dumps(nets))  # networkd starts with these
     for dev, net in nets.items():
-        configure_networkd(dev, net)
-        applied.append(dev)
+        if configure_networkd(dev, net):
+            applied.append(dev)
     if nm_node():
         applied += [d for d in nm_start(run) if d != MGMT_IFNAME]
     refresh_gids()

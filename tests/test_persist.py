@@ -44,7 +44,7 @@ def test_without_persist_the_unit_never_restarts_and_up_enables_nothing() -> Non
 
 def test_persist_renders_restart_on_failure_with_a_start_limit() -> None:
     _res, _inv, rendering = _setup(("serve.persist=true", "serve.restart_burst=4", "serve.restart_interval_s=900",
-                                    "serve.restart_delay_s=20"))
+                                    "serve.restart_delay_s=20", "serve.fabric_wait_s=120"))
     unit = _unit(rendering)
     head, service = unit.split("[Service]")
     assert "StartLimitIntervalSec=900\n" in head and "StartLimitBurst=4\n" in head  # [Unit] keys

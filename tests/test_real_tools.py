@@ -8,7 +8,8 @@ and every file of a kind goes through the real Debian tool of that kind:
   targets the units name) and of every ExecStart binary verify checks for
   existence; a binary a DGX OS image has and this machine lacks (nvidia-smi,
   from NVIDIA's driver utilities) gets an empty executable stand-in, any other
-  missing binary fails the test (a unit naming a binary no node has).
+  missing binary fails the test (a unit naming a binary no node has). docker.service, which
+  a container engine's unit requires, gets a stand-in unit for the same reason.
 * netplan: ``netplan generate --root-dir ROOT`` (package ``netplan.io``), and the
   systemd-networkd files it writes must carry the rendered addresses.
 * shell: ``shellcheck`` (package ``shellcheck``) on launch.sh, run-detached.sh
@@ -45,6 +46,14 @@ from sparkctl.plan.render import RenderedFile, render  # noqa: E402
 REPO = Path(__file__).resolve().parent.parent
 # Binaries a DGX OS image ships that a Debian test machine does not (NVIDIA's driver utilities).
 DGX_OS_BINARIES = {"/usr/bin/nvidia-smi"}
+# Units a DGX OS image has and a Debian test machine may not: docker.service (docker-ce's
+# /usr/lib/systemd/system/docker.service), which a container engine's unit requires. The
+# stand-in only lets verify resolve Requires=/After=; the real unit is docker's own.
+DGX_OS_UNITS = {"docker.service": "[Unit]\nDescription=Docker Application Container Engine (stand-in)\n"
+                                  "[Service]\nExecStart=/bin/true\n"}
+# Commands named without a path, as systemd resolves them on a DGX OS image (its search path,
+# systemd.service(5) "Command lines"; docker-ce installs /usr/bin/docker).
+DGX_OS_COMMANDS = {"docker": "/usr/bin/docker"}
 EXEC_KEYS = ("ExecStartPre", "ExecStart", "ExecStartPost", "ExecStop", "ExecStopPost", "ExecReload")
 
 
@@ -94,6 +103,8 @@ def _exec_binaries(text: str) -> set[str]:
             word = shlex.split(value.lstrip("-@:+!"))[0]
             if word.startswith("/"):
                 found.add(word)
+            elif word not in DGX_OS_COMMANDS:
+                pytest.fail(f"{key.strip()}={value}: {word!r} has no path and is not a command a DGX OS image has")
     return found
 
 
@@ -102,6 +113,10 @@ def _verify(base: Path, units: list[tuple[str, str]], tmp: Path) -> subprocess.C
     shutil.copytree(base, root, symlinks=True)
     unit_dir = root / "etc/systemd/system"
     unit_dir.mkdir(parents=True)
+    for name, text in DGX_OS_UNITS.items():
+        dest = root / "usr/lib/systemd/system" / name
+        if not dest.exists():
+            dest.write_text(text)
     for name, text in units:
         (unit_dir / name).write_text(text)
         for binary in _exec_binaries(text):

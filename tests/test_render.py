@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from sparkctl.errors import ProfileError
 from sparkctl.model.inventory import load_inventory, loads_inventory
 from sparkctl.model.profiles import resolve
 from sparkctl.model.resources import Roots
@@ -175,6 +176,7 @@ def _gid_sysfs(base: Path, devs: dict[str, int], addr: dict[str, str], link_loca
 
 
 ALL4 = ("rocep1s0f0", "roceP2p1s0f0", "rocep1s0f1", "roceP2p1s0f1")
+NO_WAIT = ("serve.fabric_wait_s=0",)
 
 
 @pytest.mark.parametrize("gids,link_local,code", [
@@ -191,7 +193,8 @@ def test_launch_resolves_the_gid_index_per_node(tmp_path: Path, repo: Path, gids
         f"{{name: spark-b, host: 192.168.1.102, prefix: {tmp_path}/node, sysfs_root: {tmp_path}/sys}}")
     inv = loads_inventory(text, "inv.yaml")
     roots = Roots.make(env={})
-    rendering = render(resolve("ds41f-tp4-ring", roots), inv, roots)
+    # no wait: a GID missing here stays missing (the wait has its own tests below)
+    rendering = render(resolve("ds41f-tp4-ring", roots, NO_WAIT), inv, roots)
     for f in rendering.files["spark-b"].values():
         Path(f.path).parent.mkdir(parents=True, exist_ok=True)
         Path(f.path).write_text(f.text)
@@ -222,7 +225,7 @@ def test_launch_refuses_a_port_whose_only_ipv4_gid_is_another_address(tmp_path: 
         f"{{name: spark-b, host: 192.168.1.102, prefix: {tmp_path}/node, sysfs_root: {tmp_path}/sys}}")
     inv = loads_inventory(text, "inv.yaml")
     roots = Roots.make(env={})
-    for f in render(resolve("ds41f-tp4-ring", roots), inv, roots).files["spark-b"].values():
+    for f in render(resolve("ds41f-tp4-ring", roots, NO_WAIT), inv, roots).files["spark-b"].values():
         Path(f.path).parent.mkdir(parents=True, exist_ok=True)
         Path(f.path).write_text(f.text)
     _gid_sysfs(tmp_path / "sys", dict.fromkeys(ALL4, 3), dict.fromkeys(ALL4, "169.254.9.9"))
@@ -230,6 +233,67 @@ def test_launch_refuses_a_port_whose_only_ipv4_gid_is_another_address(tmp_path: 
                        timeout=20, env={**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"})
     assert r.returncode == 78
     assert "no RoCEv2 GID for the fabric address 10.20." in r.stderr
+
+
+def _launch_on_b(tmp_path: Path, repo: Path, wait_s: int) -> tuple[str, dict[str, str], dict[str, str]]:
+    """spark-b's rendered files under tmp_path, a docker stand-in on PATH: (launch, env, addresses)."""
+    text = (repo / "inventory.yaml").read_text().replace(
+        "{name: spark-b, host: 192.168.1.102}",
+        f"{{name: spark-b, host: 192.168.1.102, prefix: {tmp_path}/node, sysfs_root: {tmp_path}/sys}}")
+    inv = loads_inventory(text, "inv.yaml")
+    roots = Roots.make(env={})
+    for f in render(resolve("ds41f-tp4-ring", roots, (f"serve.fabric_wait_s={wait_s}",)), inv, roots
+                    ).files["spark-b"].values():
+        Path(f.path).parent.mkdir(parents=True, exist_ok=True)
+        Path(f.path).write_text(f.text)
+    (tmp_path / "bin").mkdir()
+    docker = tmp_path / "bin" / "docker"
+    docker.write_text('#!/bin/sh\necho "GID=$NCCL_IB_GID_INDEX"\n')
+    docker.chmod(0o755)
+    env = {**os.environ, "PATH": f"{tmp_path}/bin:{os.environ['PATH']}"}
+    return f"{tmp_path}/node/opt/sparkctl/launch.sh", env, {e.rdma: e.address for e in inv.endpoints("spark-b")}
+
+
+def test_launch_waits_for_a_gid_that_appears_when_the_neighbour_comes_up(tmp_path: Path, repo: Path) -> None:
+    """Two ports have their GIDs, two do not yet (their neighbour boots later): the launch says what
+    it waits for, and goes on once the GIDs appear, within serve.fabric_wait_s."""
+    launch, env, addr = _launch_on_b(tmp_path, repo, 600)
+    early = dict.fromkeys(ALL4[:2], 3)
+    _gid_sysfs(tmp_path / "sys", early, addr)
+    proc = subprocess.Popen(["sh", launch], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        assert proc.stdout is not None
+        first = proc.stdout.readline()  # blocks until the launch reports its wait
+        assert "waiting for the RoCEv2 GID of the fabric address" in first, first
+        _gid_sysfs(tmp_path / "sys", dict.fromkeys(ALL4[2:], 3), addr)  # the neighbour's end has carrier now
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err
+    assert "GID=3" in out
+
+
+def test_launch_stops_waiting_after_fabric_wait_s_and_exits_78(tmp_path: Path, repo: Path) -> None:
+    launch, env, addr = _launch_on_b(tmp_path, repo, 4)
+    _gid_sysfs(tmp_path / "sys", dict.fromkeys(ALL4[:3], 3), addr)
+    r = subprocess.run(["sh", launch], capture_output=True, text=True, env=env, timeout=60)
+    assert r.returncode == 78, r.stderr
+    assert "waiting for the RoCEv2 GID" in r.stdout and "on roceP2p1s0f1" in r.stdout
+    assert "after waiting 4 s (serve.fabric_wait_s=4)" in r.stderr, r.stderr
+    assert "GID=" not in r.stdout  # docker never ran
+
+
+def test_a_persisted_ring_whose_wait_outlasts_the_start_window_is_refused(repo: Path) -> None:
+    roots = Roots.make(env={})
+    inv = load_inventory(repo / "inventory.yaml")
+    sets = ("serve.persist=true", "serve.restart_interval_s=600", "serve.restart_delay_s=1")
+    render(resolve("ds41f-tp4-ring", roots, (*sets, "serve.fabric_wait_s=190")), inv, roots)  # 3 x 191 < 600
+    with pytest.raises(ProfileError, match="restart forever") as exc:
+        render(resolve("ds41f-tp4-ring", roots, (*sets, "serve.fabric_wait_s=200")), inv, roots)
+    assert exc.value.ref is not None and exc.value.ref.key == "serve.fabric_wait_s"
+    # one box: no fabric, no wait, no refusal
+    render(resolve("llamacpp-1box", roots, (*sets, "serve.fabric_wait_s=600")),
+           load_inventory(repo / INVENTORY_FOR["llamacpp-1box"]), roots)
 
 
 def test_secrets_only_in_0600_files_and_masked_unless_revealed(repo: Path, tmp_path: Path, sparkctl,

@@ -9,6 +9,10 @@ from __future__ import annotations
 
 import re
 
+# The name of the engine's container (runtime: docker): launch.sh runs it, the engine unit
+# clears a leftover of it before each start, the stop script removes it.
+ENGINE_CONTAINER = "sparkctl-engine"
+
 # Engine command lines as the rendered launch scripts start them (docs/engines.md).
 # The [x]yz classes keep grep from matching its own command line.
 ENGINE_REGEX = ("(^|/| |-m )([d]s41f|[t]ensorfold|[v]llm|[l]lama-server)([ .:]|$)|[s]glang[.]launch_server"

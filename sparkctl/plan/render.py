@@ -33,6 +33,7 @@ from sparkctl.model.profiles import Resolved
 from sparkctl.model.resources import Roots
 from sparkctl.model.schema import Profile
 from sparkctl.model import clocklock
+from sparkctl.model.engines import ENGINE_CONTAINER
 
 MASK = "***"
 
@@ -227,6 +228,23 @@ def _ref(res: Resolved, key: str, node: str | None) -> Ref:
     return Ref(file=s.file if s else res.files[0], line=s.line if s else None, key=key)
 
 
+def _check_fabric_wait(res: Resolved, p: Profile, node: str) -> None:
+    """A persisted multi-node rank whose GIDs never come must still hit its start limit.
+
+    Each start of such a rank lasts up to serve.fabric_wait_s (launch.sh waits for its GIDs),
+    then restart_delay_s passes: burst starts must fit in the window, or the limit never
+    trips and the rank restarts forever (systemd.unit(5), StartLimitIntervalSec=).
+    """
+    s = p.serve
+    if s.persist and s.restart_burst * (s.restart_delay_s + s.fabric_wait_s) >= s.restart_interval_s:
+        raise ProfileError(
+            f"restart_interval_s ({s.restart_interval_s}) must exceed restart_burst x (restart_delay_s + "
+            f"fabric_wait_s) ({s.restart_burst} x ({s.restart_delay_s} + {s.fabric_wait_s})): a rank whose "
+            "fabric GIDs never appear would restart forever instead of stopping at its start limit",
+            _ref(res, "serve.fabric_wait_s", node),
+            hint="lower serve.fabric_wait_s or raise serve.restart_interval_s")
+
+
 def render(
     res: Resolved,
     inv: Inventory,
@@ -269,6 +287,8 @@ def render(
             secret_values[API_KEY_VAR] = shown
             if p.engine.name in API_KEY_ENGINE_ENV:
                 secret_values[API_KEY_ENGINE_ENV[p.engine.name]] = shown
+        if r.world_size > 1:
+            _check_fabric_wait(res, p, r.node)
         weights = under(node.prefix, p.model.weights_path)
         binary = shlex.split(p.engine.binary or DEFAULT_BINARY[p.engine.name])
         ring = layout.layout == "ring"
@@ -276,7 +296,7 @@ def render(
             version=__version__, profile=res.name, profile_digest=res.digest(), p=p, r=r, node=node, inv=inv,
             layout=layout, ring=ring, pair=layout.layout == "pair", multi=r.world_size > 1,
             binary=binary, argv=engine_argv(p, r, weights, bind_host(p, r, node.host)), weights=weights,
-            api_key_flag=api_key_flag(p), api_key_var=API_KEY_VAR,
+            api_key_flag=api_key_flag(p), api_key_var=API_KEY_VAR, container=ENGINE_CONTAINER,
             weights_dir=posixpath.dirname(weights.rstrip('/')) or '/', secrets=secret_values,
             paths=dict(
                 env=under(node.prefix, ENV_FILE), launch=under(node.prefix, LAUNCH),

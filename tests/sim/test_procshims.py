@@ -226,6 +226,35 @@ def test_docker_foreground_exit_code_and_sigterm(sim: Sim) -> None:
     sim.run("docker", "rm", "-f", "fg")
 
 
+def test_docker_a_container_outlives_its_sigkilled_cli_and_keeps_its_name(sim: Sim) -> None:
+    """docker run is a client: SIGKILL cannot be forwarded (--sig-proxy), the container runs
+    on under its name, and the next `docker run --name` gets moby's Conflict (exit 125)
+    until `docker rm -f` (sparkctl_sim.clusterdocker)."""
+    proc = subprocess.Popen(["docker", "run", "--rm", "--name", "eng", *ENGINE_FLAGS, "img", "sleep", "60"],
+                            env=sim.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    assert _wait_for(lambda: sim.run("docker", "ps", "--format", "{{.Names}}").stdout == "eng\n")
+    pid = int(sim.run("docker", "inspect", "-f", "{{.State.Pid}}", "eng").stdout)
+    cid = sim.run("docker", "inspect", "-f", "{{.Id}}", "eng").stdout.strip()
+    proc.kill()
+    assert proc.wait(timeout=5) == -signal.SIGKILL
+    assert _alive(pid) and sim.run("docker", "ps", "--format", "{{.Names}}").stdout == "eng\n"
+    again = sim.run("docker", "run", "--rm", "--name", "eng", *ENGINE_FLAGS, "img", "true")
+    assert again.returncode == 125
+    assert again.stderr.strip() == (
+        f'docker: Error response from daemon: Conflict. The container name "/eng" is already in use by '
+        f'container "{cid}". You have to remove (or rename) that container to be able to reuse that name.')
+    # what the engine unit does before each start: clear it, then the name is free
+    sim.unit("eng.service", f"""
+        [Service]
+        Type=oneshot
+        ExecStartPre=-docker rm -f eng
+        ExecStart=docker run --rm --name eng {' '.join(ENGINE_FLAGS)} img true
+    """)
+    assert sim.run("systemctl", "start", "eng.service").returncode == 0
+    assert not _alive(pid)
+    assert sim.run("docker", "ps", "-a", "-q").stdout == ""
+
+
 def test_docker_missing_executable(sim: Sim) -> None:
     res = sim.run("docker", "run", "--rm", *ENGINE_FLAGS, "img", "no-such-binary-xyz")
     assert res.returncode == 127

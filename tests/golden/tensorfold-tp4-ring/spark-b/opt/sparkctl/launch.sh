@@ -31,15 +31,29 @@ gid_index() {
   return 1
 }
 GID=""
+# A port gets its address, and with it its GID, only once the neighbour's end has carrier
+# (systemd-networkd configures no link without carrier unless ConfigureWithoutCarrier=,
+# systemd.network(5)): a neighbour that boots minutes after this box is waited for here,
+# up to serve.fabric_wait_s, instead of failing every start and using up the start limit.
+WAIT_S=300
+STEP_S=2
+waited=0
 for want in rocep1s0f0=0000:0000:0000:0000:0000:ffff:0a14:0202=10.20.2.2 roceP2p1s0f0=0000:0000:0000:0000:0000:ffff:0a14:0302=10.20.3.2 rocep1s0f1=0000:0000:0000:0000:0000:ffff:0a14:0002=10.20.0.2 roceP2p1s0f1=0000:0000:0000:0000:0000:ffff:0a14:0102=10.20.1.2; do
   dev=${want%%=*}
   rest=${want#*=}
   gid=${rest%%=*}
   addr=${rest#*=}
-  i=$(gid_index "$dev" "$gid") || {
-    echo "sparkctl: no RoCEv2 GID for the fabric address $addr on $dev (is its address applied? show_gids $dev)" >&2
-    exit 78
-  }
+  while ! i=$(gid_index "$dev" "$gid"); do
+    if [ "$waited" -ge "$WAIT_S" ]; then
+      echo "sparkctl: no RoCEv2 GID for the fabric address $addr on $dev after waiting ${waited} s (serve.fabric_wait_s=$WAIT_S): is its address applied, does the neighbour's end have carrier? (show_gids $dev)" >&2
+      exit 78
+    fi
+    if [ $((waited % 30)) -eq 0 ]; then
+      echo "sparkctl: waiting for the RoCEv2 GID of the fabric address $addr on $dev (${waited} s of ${WAIT_S} s; the port has no address until the neighbour's end has carrier)"
+    fi
+    sleep "$STEP_S"
+    waited=$((waited + STEP_S))
+  done
   if [ -n "$GID" ] && [ "$GID" != "$i" ]; then
     echo "sparkctl: the fabric RoCE v2 GID index differs between devices ($GID vs $i on $dev); NCCL takes one index for all: re-apply the fabric addresses, and remove extra (e.g. link-local) IPv4 addresses from the fabric ports" >&2
     exit 78
