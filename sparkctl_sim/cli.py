@@ -348,7 +348,8 @@ def demo_cmd(out_dir: str | None, keep: bool) -> None:
              "--concurrency", "1,4,16", "--decode-tokens", "64", "--force"]
     steps: list[tuple[str, list[str], bool]] = [
         ("build the simulated ring: fresh nodes, as they come out of the box (no fabric address, "
-         "Docker's FORWARD DROP)", ["sim", "up", "--nodes", "4"], False),
+         "Docker's FORWARD DROP, the dpkg lock held by unattended-upgrades for 20 s instead of the "
+         "default 90 s)", ["sim", "up", "--nodes", "4", "--dpkg-lock-s", "20"], False),
         ("the inventory: ring order, fabric addresses, routes", ["-i", inv, "inventory"], False),
         ("the fabric plan, printed before it runs", ["-i", inv, "fabric", "apply", "ds41f-tp4-ring", "--dry-run"],
          False),
