@@ -434,6 +434,12 @@ class BenchClient:
         await self.open_connections()
         return await self.run_batch([spec] * self.concurrency)
 
+    @staticmethod
+    def prepare(specs: Sequence[RequestSpec]) -> None:
+        """Build each distinct spec's body template now (before anything is timed)."""
+        for spec in {id(s): s for s in specs}.values():
+            spec.body_parts("")
+
     async def run_batch(self, specs: Sequence[RequestSpec],
                         request_ids: Sequence[str] | None = None) -> list[RequestResult]:
         """Release all ``specs`` together (behind one gate); results in the same order.
@@ -441,8 +447,7 @@ class BenchClient:
         Each distinct spec's body is built before the gate opens (outside
         every request's timing).
         """
-        for spec in {id(s): s for s in specs}.values():
-            spec.body_parts("")
+        self.prepare(specs)
         gate = asyncio.Event()
 
         async def one(i: int, spec: RequestSpec) -> RequestResult:
