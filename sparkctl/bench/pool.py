@@ -169,6 +169,11 @@ class WorkerPool:
         self._procs: list[subprocess.Popen[bytes]] = []
         self._seq = 0
 
+    @property
+    def pids(self) -> list[int]:
+        """The worker processes' ids (for :class:`~sparkctl.bench.selftest.PressureMeter`)."""
+        return [p.pid for p in self._procs]
+
     async def _recv(self, conn: multiprocessing.connection.Connection, timeout_s: float | None = None) -> Any:
         loop = asyncio.get_running_loop()
         fut = loop.run_in_executor(None, conn.recv)

@@ -472,6 +472,10 @@ class RefServerProcess:
             raise RuntimeError(f"refserver failed to start: {text or 'no output'}")
         self.base_url = text.rsplit(" ", 1)[1]
 
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
     async def stop(self) -> None:
         if self._proc is not None and self._proc.returncode is None:
             self._proc.terminate()
