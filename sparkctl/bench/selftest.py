@@ -106,6 +106,11 @@ class Capacity:
     loop_lag_p99_ms: float
     loop_lag_max_ms: float
     statuses: Mapping[str, int]
+    workers: int = 0
+    """0: the client in the self-test's own process (one loop); N: a WorkerPool of N processes."""
+    pressure: Pressure | None = None
+    starved: bool = False
+    """CPU-starved while measured (:meth:`Pressure.starved`): the figure measures the machine."""
 
 
 @dataclass(frozen=True)
@@ -124,6 +129,8 @@ class SelfTestReport:
     wake_lateness_max_ms: float = 0.0
     """Worst lateness of the reference server's precise timer on this machine,
     measured before the runs (information: the checks use the server's traces)."""
+    capacities: tuple[Capacity, ...] = ()
+    """The client's capacity per worker count (``capacity`` is the first of them)."""
 
     def failures(self) -> tuple[Check, ...]:
         return tuple(c for c in self.checks if not c.passed)
@@ -513,23 +520,40 @@ async def measure_wake_lateness(n_short: int = 40, short_s: float = 0.005, n_lon
 
 async def measure_client_capacity(base_url: str, *, concurrency: int = 64, max_tokens: int = 256,
                                   gap_s: float = 0.0005, timeouts: ClientTimeouts = ClientTimeouts(request_s=120.0),
-                                  lag_period_s: float = 0.001) -> Capacity:
+                                  lag_period_s: float = 0.001, workers: int = 0,
+                                  server_pids: Sequence[int] = (),
+                                  contended_psi_pct: float = CONTENDED_PSI_PCT) -> Capacity:
     """Events/s the client absorbs at ``concurrency`` while the server offers ``concurrency / gap_s``.
 
     With the default ``gap_s`` the offered rate (128 k events/s at 64) is far
     above what one Python event loop can take, so the figure is the client's
-    ceiling. The loop-lag ticker runs alongside and reports how late a 1 ms
-    timer fires, i.e. how stale a timestamp can be at that load.
+    ceiling. The loop-lag ticker runs alongside (in every worker) and reports
+    how late a 1 ms timer fires, i.e. how stale a timestamp can be at that
+    load. ``workers`` > 0 spreads the streams over that many worker processes
+    (:class:`~sparkctl.bench.pool.WorkerPool`); the CPU pressure while it ran
+    says whether the figure is the client's or the machine's (``starved``).
     """
+    from sparkctl.bench.pool import WorkerPool
+
     spec = RequestSpec("completions", "refserver", max_tokens, prompt="capacity probe",
                        extra_body={"ref": {"ttft_base_s": 0.01, "ttft_per_token_s": 0.0, "gap_s": gap_s,
                                            "tokens_per_chunk": 1}})
     warm = RequestSpec("completions", "refserver", 2, prompt="warm",
                        extra_body={"ref": {"ttft_base_s": 0.0, "gap_s": 0.0}})
-    async with BenchClient(base_url, concurrency=concurrency, timeouts=timeouts) as client:
-        await client.warm_up(warm)
-        async with LoopLagProbe(lag_period_s) as lag:
-            results = await client.run_batch([spec] * concurrency)
+    if workers:
+        async with WorkerPool(base_url, concurrency=concurrency, workers=workers, timeouts=timeouts,
+                              lag_period_s=lag_period_s) as pool:
+            await pool.warm_up(warm)
+            with PressureMeter([*pool.pids, os.getpid(), *server_pids]) as pm:
+                batch = await pool.run_batch([spec] * concurrency)
+            results, samples = batch.results, batch.lag_samples_s
+    else:
+        async with BenchClient(base_url, concurrency=concurrency, timeouts=timeouts) as client:
+            await client.warm_up(warm)
+            with PressureMeter([os.getpid(), *server_pids]) as pm:
+                async with LoopLagProbe(lag_period_s) as lag:
+                    results = await client.run_batch([spec] * concurrency)
+            samples = lag.samples_s
     chunks = [e for r in results for e in r.events if e.kind == "chunk"]
     first = min(r.t_sent_s for r in results if r.t_sent_s is not None)
     last = max(e.t_s for r in results for e in r.events)
@@ -537,7 +561,7 @@ async def measure_client_capacity(base_url: str, *, concurrency: int = 64, max_t
     statuses: dict[str, int] = {}
     for r in results:
         statuses[r.status] = statuses.get(r.status, 0) + 1
-    samples = lag.samples_s or [0.0]
+    samples = samples or [0.0]
     return Capacity(
         concurrency=concurrency,
         n_events=len(chunks),
@@ -548,6 +572,9 @@ async def measure_client_capacity(base_url: str, *, concurrency: int = 64, max_t
         loop_lag_p99_ms=(percentile(samples, 99.0) or 0.0) * 1e3,
         loop_lag_max_ms=max(samples) * 1e3,
         statuses=statuses,
+        workers=workers,
+        pressure=pm.result,
+        starved=pm.result.starved(contended_psi_pct),
     )
 
 
@@ -556,7 +583,8 @@ async def run_selftest_async(concurrency_levels: Sequence[int] = (1, 16), *, rep
                              capacity_concurrency: int | None = 64, server: str = "process",
                              stagger_words: int = 4, retries: int = 2,
                              starved_lag_ms: float = 2.0,
-                             contended_psi_pct: float = CONTENDED_PSI_PCT) -> SelfTestReport:
+                             contended_psi_pct: float = CONTENDED_PSI_PCT,
+                             capacity_workers: Sequence[int] = (0, 1, 2)) -> SelfTestReport:
     """The self-test inside a running event loop. ``server``: ``"process"`` or ``"inprocess"``.
 
     Request ``i`` of a batch has ``stagger_words * i`` more prompt words, so
@@ -627,12 +655,15 @@ async def run_selftest_async(concurrency_levels: Sequence[int] = (1, 16), *, rep
                                       True, n))
                     rows.append(Check(sc.name, c, "attempts", 1.0, float(attempt), None, "info", True, n))
                 lag_p99[c] = (percentile(lags, 99.0) or 0.0) * 1e3
-        cap = await measure_client_capacity(srv.base_url, concurrency=capacity_concurrency) \
-            if capacity_concurrency else None
+        server_pids = [srv.pid] if isinstance(srv, RefServerProcess) and srv.pid else []
+        caps = tuple([await measure_client_capacity(srv.base_url, concurrency=capacity_concurrency, workers=w,
+                                                    server_pids=server_pids, contended_psi_pct=contended_psi_pct)
+                      for w in capacity_workers] if capacity_concurrency else [])
     return SelfTestReport(
         ok=all(r.passed for r in rows),
         checks=tuple(rows),
-        capacity=cap,
+        capacity=caps[0] if caps else None,
+        capacities=caps,
         loop_lag_p99_ms=lag_p99,
         server=server,
         duration_s=time.perf_counter() - t_start,
@@ -667,11 +698,16 @@ def format_report(report: SelfTestReport) -> str:
                  f"{report.wake_lateness_max_ms:.3f} ms")
     for c, lag in report.loop_lag_p99_ms.items():
         lines.append(f"loop lag p99 during c={c}: {lag:.3f} ms")
-    if report.capacity:
-        k = report.capacity
+    for k in report.capacities or ((report.capacity,) if report.capacity else ()):
         offered = f"{k.offered_events_per_s:,.0f}" if k.offered_events_per_s else "unpaced"
-        lines.append(f"client capacity at c={k.concurrency}: {k.events_per_s:,.0f} events/s "
+        who = f"{k.workers} worker process{'es' if k.workers > 1 else ''}" if k.workers else "in-process, one loop"
+        p = k.pressure
+        psi = "" if p is None else (f"; CPU pressure {'n/a' if p.psi_some_pct is None else f'{p.psi_some_pct:.0f}%'}"
+                                    + ("" if p.other_cores is None else f", others' CPU {p.other_cores:.2f} cores"))
+        figure = "CPU-STARVED, no figure (measured " if k.starved else ""
+        lines.append(f"client capacity at c={k.concurrency} ({who}): {figure}{k.events_per_s:,.0f} events/s"
+                     f"{')' if k.starved else ''} "
                      f"({k.n_events} events in {k.window_s:.2f} s, offered {offered}/s); "
                      f"loop lag p50 {k.loop_lag_p50_ms:.2f} ms, p99 {k.loop_lag_p99_ms:.2f} ms, "
-                     f"max {k.loop_lag_max_ms:.2f} ms; statuses {dict(k.statuses)}")
+                     f"max {k.loop_lag_max_ms:.2f} ms{psi}; statuses {dict(k.statuses)}")
     return "\n".join(lines)
