@@ -127,8 +127,9 @@ async def _worker_loop(conn: multiprocessing.connection.Connection, base_url: st
                 conn.send(("closed", None))
                 return
             if kind == "warm":
-                results = await client.warm_up(msg[1])
-                conn.send(("warm", [r.status for r in results]))
+                await client.open_connections()
+                results = await client.run_batch([msg[1]] * len(msg[2]), msg[2])
+                conn.send(("warm", results))
             elif kind == "batch":
                 items: list[tuple[int, str, RequestSpec]] = msg[1]
                 client.prepare([s for _, _, s in items])
@@ -226,21 +227,24 @@ class WorkerPool:
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
 
-    async def warm_up(self, spec: RequestSpec) -> dict[str, int]:
-        """Every worker sends its share of ``concurrency`` copies of ``spec``; statuses counted."""
-        for c in self._conns:
-            c.send(("warm", spec))
-        statuses: dict[str, int] = {}
-        for c in self._conns:
-            _, got = await self._recv(c)
-            for s in got:
-                statuses[s] = statuses.get(s, 0) + 1
-        return statuses
+    async def warm_up(self, spec: RequestSpec) -> list[RequestResult]:
+        """Every worker sends its share of ``concurrency`` copies of ``spec`` (fills every connection)."""
+        ids = self._ids(self.concurrency)
+        for c, share in zip(self._conns, spread(self.concurrency, len(self._conns))):
+            c.send(("warm", spec, [ids[i] for i in share]))
+        parts = [(await self._recv(c))[1] for c in self._conns]
+        return merge_results(self.concurrency, [list(zip(share, got)) for share, got in
+                                                zip(spread(self.concurrency, len(self._conns)), parts)])
+
+    def _ids(self, n: int) -> list[str]:
+        """Request ids for the next ``n`` requests, numbered as one client numbers them."""
+        ids = [f"r{self._seq + i + 1:06d}" for i in range(n)]
+        self._seq += n
+        return ids
 
     async def run_batch(self, specs: Sequence[RequestSpec]) -> PoolBatch:
         """Release ``specs`` together across the workers; the merged results in spec order."""
-        ids = [f"r{self._seq + i + 1:06d}" for i in range(len(specs))]
-        self._seq += len(specs)
+        ids = self._ids(len(specs))
         shares = spread(len(specs), len(self._conns))
         for c, share in zip(self._conns, shares):
             c.send(("batch", [(i, ids[i], specs[i]) for i in share]))
@@ -255,6 +259,27 @@ class WorkerPool:
         results = merge_results(len(specs), [p[1] for p in parts])
         samples, times = merge_lag([(p[2], p[3]) for p in parts])
         return PoolBatch(results, samples, times, tuple(_p99_ms(p[2]) for p in parts), release)
+
+
+class PooledBenchClient:
+    """A :class:`WorkerPool` behind :class:`BenchClient`'s interface (``warm_up``, ``run_batch``, ``request``,
+    ``aclose``), for callers that hold either (the runner's released-together points)."""
+
+    def __init__(self, pool: WorkerPool) -> None:
+        self.pool = pool
+        self.concurrency = pool.concurrency
+
+    async def warm_up(self, spec: RequestSpec) -> list[RequestResult]:
+        return await self.pool.warm_up(spec)
+
+    async def run_batch(self, specs: Sequence[RequestSpec]) -> list[RequestResult]:
+        return (await self.pool.run_batch(specs)).results
+
+    async def request(self, spec: RequestSpec, request_id: str | None = None) -> RequestResult:
+        return (await self.pool.run_batch([spec])).results[0]
+
+    async def aclose(self) -> None:
+        await self.pool.stop()
 
 
 if __name__ == "__main__":
