@@ -359,8 +359,12 @@ class PreciseWaker:
     once. Lateness that does happen never accumulates: targets are absolute.
     """
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, coalesce_s: float = 0.0) -> None:
         self._loop = loop
+        self.coalesce_s = coalesce_s
+        """Targets this close after a due one are released with it (0: each at its own time). The lean
+        server uses 0.2 ms: one loop wake-up per decode step of N streams instead of N, each write
+        at most that much early (its trace records when it really went out)."""
         self._cv = threading.Condition()
         self._heap: list[tuple[float, int, Any]] = []  # a future to resolve, or a callback
         self._seq = 0
@@ -416,7 +420,8 @@ class PreciseWaker:
                     continue
                 now = time.monotonic()
                 due: list[Any] = []
-                while self._heap and self._heap[0][0] <= now:
+                horizon = now + self.coalesce_s
+                while self._heap and self._heap[0][0] <= horizon:
                     due.append(heapq.heappop(self._heap)[2])
                 try:
                     self._loop.call_soon_threadsafe(self._release, due)
