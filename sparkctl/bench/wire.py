@@ -77,6 +77,7 @@ class WireConnection:
         self._left = 0
         self._keep_alive = True
         self.n_kernel_stamped = 0
+        self._write_waiter: asyncio.Future[None] | None = None
         loop.add_reader(self.fd, self._on_readable)
 
     @classmethod
@@ -115,9 +116,13 @@ class WireConnection:
             self.alive = False
             try:
                 self.loop.remove_reader(self.fd)
+                self.loop.remove_writer(self.fd)
             except (ValueError, OSError):
                 pass
             self.sock.close()
+            w = self._write_waiter
+            if w is not None and not w.done():
+                w.set_result(None)  # a send waiting to write wakes, sees the connection closed, returns
 
     # -- writing -----------------------------------------------------------------
 
@@ -147,10 +152,13 @@ class WireConnection:
                     views[0] = views[0][n:]
                     n = 0
             if views:
+                if not self.alive:
+                    return  # the server answered and closed before taking the whole body: the sink knows
                 await self._writable(timeout_s)
 
     async def _writable(self, timeout_s: float) -> None:
         fut: asyncio.Future[None] = self.loop.create_future()
+        self._write_waiter = fut
 
         def ready() -> None:
             if not fut.done():
@@ -163,7 +171,8 @@ class WireConnection:
         except TimeoutError:
             raise WireError("write_timeout", "request body did not drain within the write timeout") from None
         finally:
-            self.loop.remove_writer(self.fd)
+            if self.alive:
+                self.loop.remove_writer(self.fd)
 
     # -- reading -----------------------------------------------------------------
 
@@ -247,6 +256,27 @@ class WireConnection:
     def _unchunk(self, t: float, data: bytes, src: str) -> None:
         """Transfer-Encoding: chunked (RFC 9112 7.1), across reads split anywhere."""
         pos, n = 0, len(data)
+        sink = self._sink
+        if self._state == "chunk_size" and not self._buf and sink is not None:
+            # the common read: whole chunks ("<hex>\r\n<data>\r\n" ...), no extension
+            while True:
+                i = data.find(b"\r\n", pos, pos + 18)
+                if i < 0:
+                    break
+                try:
+                    size = int(data[pos:i], 16)
+                except ValueError:
+                    break
+                start = i + 2
+                end = start + size
+                if size == 0 or end + 2 > n or data[end:end + 2] != b"\r\n":
+                    break
+                pos = end + 2
+                if not sink.on_body(t, data[start:end], src):
+                    self._abandon()
+                    return
+                if pos == n:
+                    return
         while pos < n or (self._state == "chunk_size" and self._buf and b"\n" in self._buf):
             if self._state == "chunk_size":
                 i = data.find(b"\n", pos)
