@@ -295,3 +295,32 @@ def test_starved_means_pressure_while_others_used_the_cpu() -> None:
         while time.process_time() < t:
             pass
     assert m.result.wall_s >= 0.05 and m.result.own_wait_pct >= 0.0
+
+
+def test_a_server_that_refuses_a_long_body_early_ends_the_request_as_a_value() -> None:
+    """The server answers 413 and closes after the head, while the client is still sending 8 MB."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(1)
+    port = srv.getsockname()[1]
+
+    def serve() -> None:
+        conn, _ = srv.accept()
+        conn.recv(4096)
+        conn.sendall(b"HTTP/1.1 413 Payload Too Large\r\nContent-Length: 9\r\nConnection: close\r\n\r\ntoo large")
+        conn.close()
+
+    import threading
+
+    th = threading.Thread(target=serve, daemon=True)
+    th.start()
+
+    async def go() -> RequestResult:
+        async with BenchClient(f"http://127.0.0.1:{port}", concurrency=1,
+                               timeouts=ClientTimeouts(connect_s=5, write_s=20, request_s=60)) as c:
+            return await c.request(RequestSpec("completions", "m", 1, prompt="x " * 4_000_000))
+
+    r = asyncio.run(go())
+    th.join(5)
+    srv.close()
+    assert (r.status, r.http_status) == ("http_error", 413) or r.status == "disconnected", r
