@@ -324,3 +324,21 @@ def test_a_server_that_refuses_a_long_body_early_ends_the_request_as_a_value() -
     th.join(5)
     srv.close()
     assert (r.status, r.http_status) == ("http_error", 413) or r.status == "disconnected", r
+
+
+def test_splitter_gives_the_same_frames_however_the_stream_is_cut() -> None:
+    import random
+
+    from sparkctl.bench.client import SSESplitter
+
+    stream = b"".join(b'data: {"i":%d}\n\n' % i + (b": keep-alive\n\n" if i % 7 == 0 else b"") for i in range(200))
+    stream += b"data: a\n\n\ndata: b\n\n"  # three LFs: the third opens the next frame
+    want = stream.split(b"\n\n")[:-1]
+    rnd = random.Random(23)
+    for _ in range(50):
+        sp, got, pos = SSESplitter(), [], 0
+        while pos < len(stream):
+            step = rnd.choice([1, 2, 3, 17, 64, 500])
+            got += sp.feed(stream[pos:pos + step])
+            pos += step
+        assert got == want and sp.flush() == b""

@@ -146,6 +146,14 @@ class SSESplitter:
         self._pending_cr = False
 
     def feed(self, data: bytes) -> list[bytes]:
+        if not self._buf and not self._pending_cr and b"\r" not in data:
+            # the common read: LF line ends, nothing held over; the same frames as below
+            frames = data.split(b"\n\n")
+            rest = frames.pop()
+            if rest:
+                self._buf += rest
+                self._scan_from = len(self._buf)
+            return frames
         if self._pending_cr:
             data = b"\r" + data
             self._pending_cr = False
@@ -229,6 +237,15 @@ class _StreamState:
         self._last_usage_completion: int | None = None
 
     def frame(self, frame: bytes, t: float) -> None:
+        if frame.startswith(b"data: {") and b"\n" not in frame:
+            # the common frame, one "data: {...}" line: JSON straight from the bytes
+            try:
+                obj = json.loads(frame[6:])
+            except ValueError:
+                pass  # the general path below says what is wrong with it
+            else:
+                self._object(obj, "message", frame, t)
+                return
         f = parse_frame(frame)
         if f.data is None:
             if f.unknown:
@@ -244,9 +261,13 @@ class _StreamState:
             obj = json.loads(f.data)
         except ValueError as exc:
             raise _Malformed(f"data is not JSON ({exc}): {f.data[:80]!r}") from None
+        self._object(obj, f.event, frame, t)
+
+    def _object(self, obj: Any, event: str, frame: bytes, t: float) -> None:
+        """One frame's parsed JSON data (``event``: the frame's event name)."""
         if not isinstance(obj, dict):
-            raise _Malformed(f"data is not a JSON object: {f.data[:80]!r}")
-        if f.event == "error" or "error" in obj:
+            raise _Malformed(f"data is not a JSON object: {_data_snip(frame)!r}")
+        if event == "error" or "error" in obj:
             err = obj.get("error", obj)
             msg = err.get("message", "") if isinstance(err, dict) else str(err)
             self.error = ("error_mid_stream", f"server error in stream: {str(msg)[:200]}")
@@ -254,7 +275,7 @@ class _StreamState:
         choices = obj.get("choices")
         usage = obj.get("usage")
         if choices is None and usage is None:
-            raise _Malformed(f"chunk has neither choices nor usage: {f.data[:80]!r}")
+            raise _Malformed(f"chunk has neither choices nor usage: {_data_snip(frame)!r}")
         if choices is not None and not isinstance(choices, list):
             raise _Malformed("choices is not a list")
         if usage is not None and not isinstance(usage, dict):
@@ -309,6 +330,12 @@ class _StreamState:
         if not isinstance(text, str):
             raise _Malformed("text is not a string")
         return text
+
+
+def _data_snip(frame: bytes) -> str:
+    """The first 80 characters of a frame's data, for a message."""
+    data = parse_frame(frame).data
+    return (data or "")[:80]
 
 
 def _int_or_none(v: Any) -> int | None:
