@@ -205,7 +205,7 @@ async def sweep(a: argparse.Namespace, url: str, server_pid: int | None) -> None
             line += (f"; a higher step ({starved.offered_events_per_s:,.0f} offered) was CPU-starved "
                      f"(PSI {_psi(starved.pressure)}): no figure from it")
         above = [s for s in all_steps if s.workers == w and s.offered_events_per_s is not None
-                 and s.offered_events_per_s > (best.offered_events_per_s or 0.0 if best else 0.0)]
+                 and s.offered_events_per_s > ((best.offered_events_per_s or 0.0) if best else 0.0)]
         failed_starved = [s for s in above if s.starved]
         if best is not None and failed_starved and len(failed_starved) == len(above):
             line += "; every step above it ran CPU-starved: a lower bound"
