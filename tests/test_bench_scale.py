@@ -342,3 +342,17 @@ def test_splitter_gives_the_same_frames_however_the_stream_is_cut() -> None:
             got += sp.feed(stream[pos:pos + step])
             pos += step
         assert got == want and sp.flush() == b""
+
+
+def test_capacity_counts_no_starved_step_and_names_it() -> None:
+    import client_capacity as cc
+
+    quiet, busy = Pressure(5.0, 1.0, 1.0, 0.0), Pressure(60.0, 30.0, 1.0, 1.2)
+
+    def step(offered: float, lag_p99: float, p: Pressure) -> Any:
+        return cc.Step(2, offered, offered * 0.99, 2.0, 0.1, lag_p99, 3.0, None, p, {"ok": 1}, p.starved(25.0))
+
+    steps = [step(5000, 1.0, quiet), step(10000, 2.0, quiet), step(20000, 3.0, busy), step(30000, 9.0, quiet)]
+    best, starved = cc.capacity(steps, 5.0)
+    assert best is not None and best.offered_events_per_s == 10000  # 20,000 kept up, but on a starved machine
+    assert starved is not None and starved.offered_events_per_s == 20000
