@@ -326,7 +326,7 @@ async def main_async(a: argparse.Namespace) -> None:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--concurrency", type=int, default=256)
-    p.add_argument("--workers", default="1,2", help="worker counts, comma separated (0 = in-process client)")
+    p.add_argument("--workers", default="0,1,2", help="worker counts, comma separated (0 = in-process client)")
     p.add_argument("--rates", default="5000,10000,15000,20000,25000,30000,40000",
                    help="offered events/s per step (all streams together), comma separated")
     p.add_argument("--step-seconds", type=float, default=2.0)
