@@ -82,8 +82,11 @@ class Clients:
 
     def __init__(self, url: str, concurrency: int, workers: int) -> None:
         self.workers = workers
-        self.pool = WorkerPool(url, concurrency=concurrency, workers=workers, timeouts=TIMEOUTS) if workers else None
-        self.client = None if workers else BenchClient(url, concurrency=concurrency, timeouts=TIMEOUTS)
+        self.pool = WorkerPool(url, concurrency=concurrency, workers=workers, timeouts=TIMEOUTS) if workers > 0 \
+            else None
+        # -1: the client as it was before issue 23 (httpx over the stamped transport, one loop)
+        self.client = None if workers > 0 else BenchClient(url, concurrency=concurrency, timeouts=TIMEOUTS,
+                                                           engine="httpx" if workers < 0 else "wire")
 
     async def __aenter__(self) -> Clients:
         if self.pool is not None:
@@ -168,6 +171,10 @@ def capacity(steps: Sequence[Step], lag_budget_ms: float) -> tuple[Step | None, 
     return best, starved
 
 
+def _who(w: int) -> str:
+    return "httpx" if w < 0 else f"w={w}" if w else "w=0"
+
+
 def _psi(p: Pressure) -> str:
     """'PSI some / our run-queue wait / others' cores'."""
     return ("n/a" if p.psi_some_pct is None else f"{p.psi_some_pct:.0f}%") + f" / {p.own_wait_pct:.0f}% / " \
@@ -190,12 +197,13 @@ async def sweep(a: argparse.Namespace, url: str, server_pid: int | None) -> None
                                    a.psi_limit)
                 all_steps.append(s)
                 late = "n/a" if s.server_late_p99_ms is None else f"{s.server_late_p99_ms:.2f} ms"
-                print(f"{w:>7} {s.offered_events_per_s:>12,.0f} {s.events_per_s:>13,.0f} {s.window_s:>8.2f} "
+                print(f"{_who(w):>7} {s.offered_events_per_s:>12,.0f} {s.events_per_s:>13,.0f} {s.window_s:>8.2f} "
                       f"{s.lag_p50_ms:>7.2f} {s.lag_p99_ms:>7.2f} {s.lag_max_ms:>7.1f} {late:>12} "
                       f"{_psi(s.pressure):>19}  {s.statuses}{'  STARVED' if s.starved else ''}", flush=True)
     for w in a.workers:
         best, starved = capacity([s for s in all_steps if s.workers == w], a.lag_budget_ms)
-        label = f"{w} worker process(es)" if w else "in-process client (one loop)"
+        label = f"{w} worker process(es)" if w > 0 else "in-process client (one loop)" if w == 0 else \
+            "in-process httpx client (before issue 23)"
         if best is not None:
             line = f"{best.events_per_s:,.0f} events/s (offered {best.offered_events_per_s:,.0f}, " \
                    f"lag p99 {best.lag_p99_ms:.2f} ms, PSI {_psi(best.pressure)})"
@@ -257,7 +265,7 @@ async def accuracy(a: argparse.Namespace, url: str, server_pid: int | None) -> N
                 with PressureMeter(cl.pids + ([server_pid] if server_pid else [])) as pm:
                     res, _, _ = await cl.batch([spec] * c)
                 e, g = _errors(res, await fetch_traces(url), n)
-                r = rows.setdefault(f"client w={w}", ([], [], []))
+                r = rows.setdefault(f"client {_who(w)}", ([], [], []))
                 r[0].extend(e), r[1].append(g if g is not None else float("nan")), r[2].append(pm.result)
     finally:
         for cl in clients.values():
@@ -301,7 +309,7 @@ async def long_prompt(a: argparse.Namespace, url: str, server_pid: int | None) -
                 with PressureMeter(cl.pids + ([server_pid] if server_pid else [])) as pm:
                     res, _, _ = await cl.batch([spec])
                 e, _ = _errors(res, await fetch_traces(url), 16)
-                r = rows.setdefault(f"client w={w}", ([], [], []))
+                r = rows.setdefault(f"client {_who(w)}", ([], [], []))
                 r[0].extend(e), r[1].append(0.0), r[2].append(pm.result)
     finally:
         for cl in clients.values():
@@ -326,7 +334,9 @@ async def main_async(a: argparse.Namespace) -> None:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--concurrency", type=int, default=256)
-    p.add_argument("--workers", default="0,1,2", help="worker counts, comma separated (0 = in-process client)")
+    p.add_argument("--workers", default="0,1,2",
+                   help="worker counts, comma separated (0 = the client in this process; httpx = the same with "
+                        "the httpx engine, the client as it was before issue 23)")
     p.add_argument("--rates", default="5000,10000,15000,20000,25000,30000,40000",
                    help="offered events/s per step (all streams together), comma separated")
     p.add_argument("--step-seconds", type=float, default=2.0)
@@ -339,7 +349,7 @@ def main() -> None:
     p.add_argument("--accuracy-tokens", type=int, default=64)
     p.add_argument("--long-prompt-tokens", type=int, default=131072)
     a = p.parse_args()
-    a.workers = [int(x) for x in a.workers.split(",")]
+    a.workers = [-1 if x.strip() == "httpx" else int(x) for x in a.workers.split(",")]
     a.parts = {x.strip() for x in a.parts.split(",")}
     asyncio.run(main_async(a))
 
