@@ -571,3 +571,22 @@ def test_a_failing_agent_session_backs_off_instead_of_spinning(tmp_path: Path) -
     assert s.n_errors == s.n_requests > 0  # every error is still counted ...
     rows = load_run(tmp_path / "a").rows
     assert all(r["valid"] == "0" and f"errors:{r['n_errors']}" in r["flags"] for r in rows)  # ... and flagged
+
+
+def test_released_together_points_can_run_on_worker_processes(ds41f: str, tmp_path: Path) -> None:
+    """client_workers=2: a concurrency point's streams spread over two worker processes; every request
+    logged once, in order, and the row computed by the same code as with one loop."""
+    rows = {}
+    for workers in (1, 2):
+        opts = RunOptions(suites=("concurrency",), concurrency=(4,), decode_tokens=32, repeats=1,
+                          client_workers=workers)
+        s = run(ds41f, "dsv41-ds41f", tmp_path / f"w{workers}", CONFIG, opts)
+        assert s.n_errors == 0 and s.n_requests == 4 * s.n_rows
+        lines = [json.loads(x) for x in (tmp_path / f"w{workers}" / "events.jsonl").read_text().splitlines()]
+        heads = [x["request"] for x in lines if "request" in x]
+        assert len({h["request_id"] for h in heads}) == len(heads)  # warm-ups and counted requests: distinct ids
+        counted = [h for h in heads if h["labels"].get("point") == "concurrency/4"]
+        assert len(counted) == s.n_requests and all(h["status"] == "ok" for h in counted)
+        rows[workers] = {p["point"]: p for p in s.points}["concurrency/4"]["metrics"]
+    assert rows[1].keys() == rows[2].keys()
+    assert rows[2]["aggregate_tok_s"]["median"] > 0

@@ -25,9 +25,11 @@ read proxy settings from the environment unless asked (``trust_env``).
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import secrets
 import time
+import urllib.parse
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -36,10 +38,13 @@ import httpx
 
 from sparkctl.bench.events import Event, RequestResult, Status
 from sparkctl.bench.stamped import StampedStream, StampedTransport
+from sparkctl.bench.wire import WireConnection, WireError, WirePool
 
 Endpoint = Literal["completions", "chat"]
 _PATHS: dict[str, str] = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
 _ERROR_BODY_MAX = 4096
+# stands in for salt + prompt while the body's JSON is built (NULs: no prompt holds this)
+_SENTINEL = "\x00sparkctl-salted-prompt\x00"
 
 
 def new_salt() -> str:
@@ -93,6 +98,36 @@ class RequestSpec:
         b.update(self.extra_body)
         return b
 
+    @functools.cached_property
+    def _body_template(self) -> tuple[bytes, bytes, bytes]:
+        """(before, the prompt JSON-escaped, after): the body is ``before + salt + prompt + after``.
+
+        Built once per spec (``json.dumps`` escapes code point by code point, so
+        escaping the salt and the prompt apart and putting them side by side is
+        the escaping of ``salt + prompt``); every request then sends the same
+        prompt bytes.
+        """
+        whole = json.dumps(self.body(_SENTINEL)).encode()
+        mark = json.dumps(_SENTINEL)[1:-1].encode()
+        if whole.count(mark) != 1:
+            raise ValueError("the prompt placeholder is not unique in the body (extra_body overrides the prompt?)")
+        before, after = whole.split(mark)
+        text = self.prompt if self.endpoint == "completions" else self.messages[0].get("content", "")
+        prompt = json.dumps(text)[1:-1].encode()
+        if not after.startswith(prompt):
+            raise ValueError("the prompt does not follow its placeholder in the body")
+        return before, prompt, after[len(prompt):]
+
+    def body_parts(self, salt: str) -> list[bytes]:
+        """The JSON body of :meth:`body` as pieces to send as they are (``sendmsg``), never joined.
+
+        ``b"".join(spec.body_parts(salt)) == json.dumps(spec.body(salt)).encode()``;
+        the piece holding the prompt is the same object for every request of
+        this spec, so a long prompt costs no copy per request.
+        """
+        before, prompt, after = self._body_template
+        return [before, json.dumps(salt)[1:-1].encode(), prompt, after]
+
 
 # -- SSE framing -----------------------------------------------------------------
 
@@ -111,6 +146,14 @@ class SSESplitter:
         self._pending_cr = False
 
     def feed(self, data: bytes) -> list[bytes]:
+        if not self._buf and not self._pending_cr and b"\r" not in data:
+            # the common read: LF line ends, nothing held over; the same frames as below
+            frames = data.split(b"\n\n")
+            rest = frames.pop()
+            if rest:
+                self._buf += rest
+                self._scan_from = len(self._buf)
+            return frames
         if self._pending_cr:
             data = b"\r" + data
             self._pending_cr = False
@@ -194,6 +237,15 @@ class _StreamState:
         self._last_usage_completion: int | None = None
 
     def frame(self, frame: bytes, t: float) -> None:
+        if frame.startswith(b"data: {") and b"\n" not in frame:
+            # the common frame, one "data: {...}" line: JSON straight from the bytes
+            try:
+                obj = json.loads(frame[6:])
+            except ValueError:
+                pass  # the general path below says what is wrong with it
+            else:
+                self._object(obj, "message", frame, t)
+                return
         f = parse_frame(frame)
         if f.data is None:
             if f.unknown:
@@ -209,9 +261,13 @@ class _StreamState:
             obj = json.loads(f.data)
         except ValueError as exc:
             raise _Malformed(f"data is not JSON ({exc}): {f.data[:80]!r}") from None
+        self._object(obj, f.event, frame, t)
+
+    def _object(self, obj: Any, event: str, frame: bytes, t: float) -> None:
+        """One frame's parsed JSON data (``event``: the frame's event name)."""
         if not isinstance(obj, dict):
-            raise _Malformed(f"data is not a JSON object: {f.data[:80]!r}")
-        if f.event == "error" or "error" in obj:
+            raise _Malformed(f"data is not a JSON object: {_data_snip(frame)!r}")
+        if event == "error" or "error" in obj:
             err = obj.get("error", obj)
             msg = err.get("message", "") if isinstance(err, dict) else str(err)
             self.error = ("error_mid_stream", f"server error in stream: {str(msg)[:200]}")
@@ -219,7 +275,7 @@ class _StreamState:
         choices = obj.get("choices")
         usage = obj.get("usage")
         if choices is None and usage is None:
-            raise _Malformed(f"chunk has neither choices nor usage: {f.data[:80]!r}")
+            raise _Malformed(f"chunk has neither choices nor usage: {_data_snip(frame)!r}")
         if choices is not None and not isinstance(choices, list):
             raise _Malformed("choices is not a list")
         if usage is not None and not isinstance(usage, dict):
@@ -276,6 +332,12 @@ class _StreamState:
         return text
 
 
+def _data_snip(frame: bytes) -> str:
+    """The first 80 characters of a frame's data, for a message."""
+    data = parse_frame(frame).data
+    return (data or "")[:80]
+
+
 def _int_or_none(v: Any) -> int | None:
     return v if isinstance(v, int) and not isinstance(v, bool) else None
 
@@ -305,12 +367,22 @@ class ClientTimeouts:
     request_s: float = 3600.0
 
 
+Engine = Literal["auto", "wire", "httpx"]
+
+
 class BenchClient:
     """Async streaming client; one per (base URL, concurrency).
 
     Use as ``async with BenchClient(url, concurrency=16) as c: await c.run_batch(specs)``.
-    The connection pool holds ``concurrency`` HTTP/1.1 connections; call
-    :meth:`warm_up` before timing so no measured request pays for a TCP connect.
+    The pool holds ``concurrency`` HTTP/1.1 connections; call :meth:`warm_up`
+    (or :meth:`open_connections`) before timing so no measured request pays
+    for a TCP connect.
+
+    ``engine``: ``"wire"`` (:mod:`sparkctl.bench.wire`: raw sockets read in the
+    loop's reader callback, bodies sent as pieces) for plain ``http://`` without
+    proxies, ``"httpx"`` (httpx over :mod:`sparkctl.bench.stamped`) for TLS or
+    when ``trust_env`` asks for proxies; ``"auto"`` picks. Both record the same
+    events by the same definitions (docs/bench-metrics.md).
     """
 
     def __init__(
@@ -322,25 +394,46 @@ class BenchClient:
         api_key: str | None = None,
         trust_env: bool = False,
         kernel_stamps: bool = True,
+        engine: Engine = "auto",
     ) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be >= 1")
         self.base_url = base_url.rstrip("/")
         self.concurrency = concurrency
         self.timeouts = timeouts
+        url = urllib.parse.urlsplit(self.base_url)
+        if engine == "auto":
+            engine = "wire" if url.scheme == "http" and not trust_env else "httpx"
+        if engine == "wire" and url.scheme != "http":
+            raise ValueError("the wire engine speaks plain http:// only")
+        self.engine: Engine = engine
         headers = {"Accept": "text/event-stream", "Accept-Encoding": "identity"}
         if api_key:
             headers["Authorization"] = f"Bearer {api_key}"
-        limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-        self._client = httpx.AsyncClient(
-            http1=True,
-            http2=False,
-            limits=limits,
-            timeout=httpx.Timeout(connect=timeouts.connect_s, read=timeouts.read_s, write=timeouts.write_s, pool=None),
-            headers=headers,
-            trust_env=trust_env,
-            transport=StampedTransport(limits=limits, kernel_stamps=kernel_stamps),
-        )
+        self._client: httpx.AsyncClient | None = None
+        self._pool: WirePool | None = None
+        if engine == "wire":
+            port = url.port or 80
+            host = url.hostname or "127.0.0.1"
+            hostport = host if port == 80 else f"{host}:{port}"
+            self._heads = {
+                ep: (f"POST {url.path.rstrip('/')}{path} HTTP/1.1\r\nHost: {hostport}\r\n"
+                     + "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+                     + "Content-Type: application/json\r\nContent-Length: ")
+                for ep, path in _PATHS.items()}
+            self._pool = WirePool(host, port, concurrency, connect_s=timeouts.connect_s, kernel_stamps=kernel_stamps)
+        else:
+            limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+            self._client = httpx.AsyncClient(
+                http1=True,
+                http2=False,
+                limits=limits,
+                timeout=httpx.Timeout(connect=timeouts.connect_s, read=timeouts.read_s, write=timeouts.write_s,
+                                      pool=None),
+                headers=headers,
+                trust_env=trust_env,
+                transport=StampedTransport(limits=limits, kernel_stamps=kernel_stamps),
+            )
         self._seq = 0
 
     async def __aenter__(self) -> BenchClient:
@@ -350,21 +443,45 @@ class BenchClient:
         await self.aclose()
 
     async def aclose(self) -> None:
-        await self._client.aclose()
+        if self._client is not None:
+            await self._client.aclose()
+        if self._pool is not None:
+            self._pool.close()
+
+    async def open_connections(self) -> None:
+        """Open all ``concurrency`` connections now (wire engine; httpx opens them on first use)."""
+        if self._pool is not None:
+            try:
+                await self._pool.open_all()
+            except WireError:
+                pass  # each request reports its own connect failure
 
     async def warm_up(self, spec: RequestSpec) -> list[RequestResult]:
         """Fill the pool: ``concurrency`` copies of ``spec`` released together."""
+        await self.open_connections()
         return await self.run_batch([spec] * self.concurrency)
 
-    async def run_batch(self, specs: Sequence[RequestSpec]) -> list[RequestResult]:
-        """Release all ``specs`` together (behind one gate); results in the same order."""
+    @staticmethod
+    def prepare(specs: Sequence[RequestSpec]) -> None:
+        """Build each distinct spec's body template now (before anything is timed)."""
+        for spec in {id(s): s for s in specs}.values():
+            spec.body_parts("")
+
+    async def run_batch(self, specs: Sequence[RequestSpec],
+                        request_ids: Sequence[str] | None = None) -> list[RequestResult]:
+        """Release all ``specs`` together (behind one gate); results in the same order.
+
+        Each distinct spec's body is built before the gate opens (outside
+        every request's timing).
+        """
+        self.prepare(specs)
         gate = asyncio.Event()
 
-        async def one(spec: RequestSpec) -> RequestResult:
+        async def one(i: int, spec: RequestSpec) -> RequestResult:
             await gate.wait()
-            return await self.request(spec)
+            return await self.request(spec, request_ids[i] if request_ids is not None else None)
 
-        tasks = [asyncio.create_task(one(s)) for s in specs]
+        tasks = [asyncio.create_task(one(i, s)) for i, s in enumerate(specs)]
         await asyncio.sleep(0)  # every task reaches the gate before it opens
         gate.set()
         return list(await asyncio.gather(*tasks))
@@ -374,30 +491,92 @@ class BenchClient:
         self._seq += 1
         rid = request_id or f"r{self._seq:06d}"
         salt = new_salt() if spec.salt else ""
-        content = json.dumps(spec.body(salt)).encode()
+        parts = spec.body_parts(salt)
+        if self._pool is not None:
+            return await self._request_wire(spec, rid, salt, parts)
+        return await self._request_httpx(spec, rid, salt, b"".join(parts))
+
+    def _result(self, spec: RequestSpec, rid: str, salt: str, events: list[Event], state: _StreamState,
+                t_release: float, n_body: int, status: Status, detail: str = "",
+                http_status: int | None = None) -> RequestResult:
+        if not any(e.kind == "sent" for e in events):
+            # never fully written (connect failed, ...): the release time stands in
+            events.insert(0, Event(t_release, "sent", raw_len=n_body, detail="not written"))
+        if status != "ok":
+            events.append(Event(time.perf_counter(), "error", detail=f"{status}: {detail}"))
+        return RequestResult(
+            request_id=rid,
+            status=status,
+            events=tuple(events),
+            http_status=http_status,
+            detail=detail,
+            salt=salt,
+            endpoint=spec.endpoint,
+            t_release_s=t_release,
+            labels=dict(spec.labels),
+            text="".join(state.texts) if state.texts is not None else None,
+        )
+
+    async def _request_wire(self, spec: RequestSpec, rid: str, salt: str, parts: list[bytes]) -> RequestResult:
+        assert self._pool is not None
+        t_release = time.perf_counter()
+        n_body = sum(len(p) for p in parts)
+        events: list[Event] = []
+        state = _StreamState(spec.endpoint, events, keep_text=spec.keep_text)
+        loop = asyncio.get_running_loop()
+        sink = _WireSink(state, events, loop.create_future())
+        conn: WireConnection | None = None
+        read_timer: asyncio.TimerHandle | None = None
+
+        def check_read() -> None:
+            nonlocal read_timer
+            silent = time.perf_counter() - max(conn.last_read_t if conn else 0.0, t_sent)
+            if silent >= self.timeouts.read_s:
+                sink.finish("timeout", f"ReadTimeout: no bytes for {self.timeouts.read_s:g} s")
+                if conn is not None:
+                    conn.close()
+            else:
+                read_timer = loop.call_later(self.timeouts.read_s - silent, check_read)
+
+        t_sent = t_release
+        try:
+            async with asyncio.timeout(self.timeouts.request_s):
+                try:
+                    conn = await self._pool.acquire()
+                except WireError as exc:
+                    return self._result(spec, rid, salt, events, state, t_release, n_body, "disconnected",
+                                        f"connect failed: {exc}")
+                head = (self._heads[spec.endpoint] + f"{n_body}\r\n\r\n").encode()
+                t_sent = time.perf_counter()
+                events.append(Event(t_sent, "sent", raw_len=n_body, detail="written"))
+                read_timer = loop.call_later(self.timeouts.read_s, check_read)
+                try:
+                    await conn.send([head, *parts], sink, timeout_s=self.timeouts.write_s)
+                except WireError as exc:
+                    sink.finish("timeout" if exc.kind == "write_timeout" else "disconnected", str(exc))
+                    conn.close()
+                status, detail = await sink.outcome
+        except TimeoutError:
+            status, detail = "timeout", f"request took longer than {self.timeouts.request_s:g} s"
+            if conn is not None:
+                conn.close()
+        finally:
+            if read_timer is not None:
+                read_timer.cancel()
+            if conn is not None:
+                self._pool.release(conn)
+        return self._result(spec, rid, salt, events, state, t_release, n_body, status, detail, sink.http_status)
+
+    async def _request_httpx(self, spec: RequestSpec, rid: str, salt: str, content: bytes) -> RequestResult:
+        assert self._client is not None
         events: list[Event] = []
         status_code: int | None = None
+        state = _StreamState(spec.endpoint, events, keep_text=spec.keep_text)
+        t_release = time.perf_counter()
 
         def result(status: Status, detail: str = "") -> RequestResult:
-            if not any(e.kind == "sent" for e in events):
-                # never fully written (connect failed, ...): the release time stands in
-                events.insert(0, Event(t_release, "sent", raw_len=len(content), detail="not written"))
-            if status != "ok":
-                events.append(Event(time.perf_counter(), "error", detail=f"{status}: {detail}"))
-            return RequestResult(
-                request_id=rid,
-                status=status,
-                events=tuple(events),
-                http_status=status_code,
-                detail=detail,
-                salt=salt,
-                endpoint=spec.endpoint,
-                t_release_s=t_release,
-                labels=dict(spec.labels),
-                text="".join(state.texts) if state.texts is not None else None,
-            )
-
-        t_release = time.perf_counter()
+            return self._result(spec, rid, salt, events, state, t_release, len(content), status, detail,
+                                status_code)
 
         async def trace(name: str, info: Mapping[str, Any]) -> None:
             # 'sent' = the moment the request body goes to the socket. httpcore calls
@@ -412,7 +591,6 @@ class BenchClient:
         req = self._client.build_request("POST", self.base_url + _PATHS[spec.endpoint], content=content,
                                          headers={"Content-Type": "application/json"},
                                          extensions={"trace": trace})
-        state = _StreamState(spec.endpoint, events, keep_text=spec.keep_text)
         try:
             async with asyncio.timeout(self.timeouts.request_s):
                 resp = await self._client.send(req, stream=True)
@@ -469,6 +647,91 @@ class BenchClient:
             return result("disconnected", f"connect failed: {exc}")
         except (httpx.NetworkError, httpx.RemoteProtocolError) as exc:
             return result("disconnected", f"{type(exc).__name__}: {exc}")
+
+
+class _WireSink:
+    """One request's response as the wire connection delivers it, in the loop's reader callback.
+
+    The same decisions as the httpx path of :meth:`BenchClient.request`, in
+    the same order: status, error body, first byte, frames, ``[DONE]``.
+    """
+
+    def __init__(self, state: _StreamState, events: list[Event], outcome: asyncio.Future[tuple[Status, str]]) -> None:
+        self.state = state
+        self.events = events
+        self.outcome = outcome
+        self.http_status: int | None = None
+        self.splitter = SSESplitter()
+        self.first = True
+        self.error_body: bytearray | None = None
+        self.encoded = ""
+
+    def finish(self, status: Status, detail: str = "") -> None:
+        if not self.outcome.done():
+            self.outcome.set_result((status, detail))
+
+    def on_head(self, t: float, status: int, headers: dict[str, str]) -> None:
+        self.events.append(Event(t, "headers"))
+        self.http_status = status
+        if status != 200:
+            self.error_body = bytearray()
+        enc = headers.get("content-encoding", "identity").lower()
+        self.encoded = "" if enc in ("", "identity") else enc
+
+    def on_body(self, t: float, data: bytes, source: str) -> bool:
+        if self.outcome.done():
+            return False
+        if self.error_body is not None:
+            self.error_body += data
+            if len(self.error_body) >= _ERROR_BODY_MAX:
+                self._http_error()
+                return False
+            return True
+        if self.encoded:
+            self.finish("malformed_sse", f"content-encoding {self.encoded} on a stream asked as identity")
+            return False
+        state = self.state
+        if self.first:
+            self.events.append(Event(t, "first_byte", raw_len=len(data), detail=source))
+            self.first = False
+        if state.done:
+            return True  # the rest of the body (the chunked terminator) keeps the connection reusable
+        try:
+            for frame in self.splitter.feed(data):
+                state.frame(frame, t)
+                if state.error is not None:
+                    self.finish(*state.error)
+                    return False
+                if state.done:
+                    break
+        except _Malformed as exc:
+            self.finish("malformed_sse", str(exc))
+            return False
+        return True
+
+    def _http_error(self) -> None:
+        body = bytes(self.error_body or b"")
+        self.finish("http_error", f"HTTP {self.http_status}: {body[:300].decode(errors='replace')}")
+
+    def on_end(self, t: float, error: WireError | None) -> None:
+        if self.outcome.done():
+            return
+        if self.error_body is not None and error is None:
+            self._http_error()
+        elif self.state.done:
+            self.finish("ok")
+        elif error is not None and self.http_status is None:
+            self.finish("disconnected", f"RemoteProtocolError: {error}")
+        elif error is not None and error.kind == "protocol":
+            self.finish("disconnected", f"RemoteProtocolError: {error}")
+        else:
+            rest = self.splitter.flush()
+            if rest:
+                self.finish("disconnected", f"stream ended inside a frame ({len(rest)} bytes unterminated)")
+            elif self.state.finish_seen:
+                self.finish("ok", "stream ended after finish_reason without [DONE]")
+            else:
+                self.finish("disconnected", "stream ended without [DONE]" + (f" ({error})" if error else ""))
 
 
 # -- event-loop lag ----------------------------------------------------------------

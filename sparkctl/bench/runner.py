@@ -33,6 +33,7 @@ import asyncio
 import json
 import platform
 import time
+import urllib.parse
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
@@ -44,6 +45,7 @@ import httpx
 from sparkctl import __version__
 from sparkctl.bench import workloads as wl
 from sparkctl.bench.client import BenchClient, ClientTimeouts, RequestSpec, new_salt
+from sparkctl.bench.pool import PooledBenchClient, WorkerPool, default_workers
 from sparkctl.bench.events import RequestResult, result_to_jsonl
 from sparkctl.bench.fitting import AgentFit, ContextFit
 from sparkctl.bench.metrics import request_metrics
@@ -84,6 +86,10 @@ __all__ = [
 
 Progress = Callable[[str], None]
 
+# From this many streams released together, a point's client runs one event loop
+# per core (issue 23: one loop's stamps went 17 ms stale at 256 streams).
+POOL_MIN_STREAMS = 64
+
 KNOWN_ENGINES = ("ds41f", "tensorfold", "vllm", "sglang", "llamacpp")
 
 
@@ -110,6 +116,10 @@ class RunOptions:
     soak_scale: float = 1.0                         # scales the soak mix's prompt lengths
     telemetry_interval_s: float = 1.0
     timeouts: ClientTimeouts = ClientTimeouts()
+    client_workers: int | None = None
+    """Worker processes (event loops) for a client: None = one per core for
+    released-together points of >= ``POOL_MIN_STREAMS`` streams, else one loop
+    (:mod:`sparkctl.bench.pool`); 1 = always one loop."""
 
     def __post_init__(self) -> None:
         bad = [s for s in self.suites if s not in wl.SUITES]
@@ -208,6 +218,23 @@ class Runner(ContextFit, Suites):
         return row
 
 
+    async def _batch_client(self, concurrency: int) -> BenchClient | PooledBenchClient:
+        """The client of released-together batches: one event loop per core from
+        ``POOL_MIN_STREAMS`` streams (``client_workers``). One batch at a time: the
+        suites that send requests concurrently one by one keep :meth:`_client`."""
+        workers = self.opt.client_workers
+        if workers is None:  # auto: one event loop per core once one loop would fall behind
+            workers = default_workers() if concurrency >= POOL_MIN_STREAMS else 1
+        if workers <= 1 or urllib.parse.urlsplit(self.base_url).scheme != "http":
+            return await self._client(concurrency)
+        pool = WorkerPool(self.base_url, concurrency=concurrency, workers=workers, timeouts=self.opt.timeouts,
+                          api_key=self._api_key)
+        await pool.start()
+        c = PooledBenchClient(pool)
+        warm = self._spec([{"role": "user", "content": new_salt() + "Say OK."}], 1, {}, {"warmup": "1"})
+        self._log(await c.warm_up(warm), counted=False)
+        return c
+
     async def _client(self, concurrency: int) -> BenchClient:
         c = BenchClient(self.base_url, concurrency=concurrency, timeouts=self.opt.timeouts, api_key=self._api_key)
         warm = self._spec([{"role": "user", "content": new_salt() + "Say OK."}], 1, {}, {"warmup": "1"})
@@ -271,12 +298,12 @@ class Runner(ContextFit, Suites):
     # -- suites ---------------------------------------------------------------------
     async def run_points(self, points: Sequence[wl.Point]) -> None:
         """Single-request and released-together points (prefill, decode, concurrency, peak)."""
-        clients: dict[int, BenchClient] = {}
+        clients: dict[int, BenchClient | PooledBenchClient] = {}
         try:
             for p in points:
                 c = len(p.asks) if p.together else 1
                 if c not in clients:
-                    clients[c] = await self._client(c)
+                    clients[c] = await (self._batch_client(c) if p.together else self._client(c))
                 client = clients[c]
                 self.progress(f"{p.name}: {p.repeats} repeats")
                 if p.warm:

@@ -46,6 +46,7 @@ while a wrong formula moves every request.
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -105,6 +106,11 @@ class Capacity:
     loop_lag_p99_ms: float
     loop_lag_max_ms: float
     statuses: Mapping[str, int]
+    workers: int = 0
+    """0: the client in the self-test's own process (one loop); N: a WorkerPool of N processes."""
+    pressure: Pressure | None = None
+    starved: bool = False
+    """CPU-starved while measured (:meth:`Pressure.starved`): the figure measures the machine."""
 
 
 @dataclass(frozen=True)
@@ -123,6 +129,8 @@ class SelfTestReport:
     wake_lateness_max_ms: float = 0.0
     """Worst lateness of the reference server's precise timer on this machine,
     measured before the runs (information: the checks use the server's traces)."""
+    capacities: tuple[Capacity, ...] = ()
+    """The client's capacity per worker count (``capacity`` is the first of them)."""
 
     def failures(self) -> tuple[Check, ...]:
         return tuple(c for c in self.checks if not c.passed)
@@ -173,6 +181,103 @@ def cpu_pressure_total_s() -> float | None:
     except (OSError, ValueError, IndexError):
         return None
     return None
+
+
+def run_delay_s(pids: Sequence[int]) -> float:
+    """Seconds the threads of ``pids`` have waited on a run queue (``/proc/PID/task/*/schedstat``, field 2).
+
+    PSI says the machine was contended; this says whether *these* processes
+    were the ones kept off a CPU. 0.0 where schedstat is missing.
+    """
+    total = 0
+    for pid in pids:
+        try:
+            tids = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        for tid in tids:
+            try:
+                with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                    total += int(f.read().split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+    return total / 1e9
+
+
+def cpu_busy_s() -> float | None:
+    """Seconds of CPU the whole machine has spent busy, all cores (``/proc/stat``; None where missing)."""
+    try:
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    # user + nice + system + steal: irq/softirq left out (loopback traffic of the measured
+    # processes is handled there and charged to no process); steal is a hypervisor's other guests
+    busy = v[0] + v[1] + v[2] + (v[7] if len(v) > 7 else 0)
+    return busy / os.sysconf("SC_CLK_TCK")
+
+
+def process_cpu_s(pids: Sequence[int]) -> float:
+    """CPU seconds (user + system, all threads) the processes ``pids`` have used (``/proc/PID/stat``)."""
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])
+        except (OSError, ValueError, IndexError):
+            continue
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+# Others' CPU (the machine's busy time not used by the measured processes) above
+# this many cores: the pressure is not (only) our own (see Pressure.starved).
+OTHER_LOAD_CORES = 0.25
+
+
+@dataclass(frozen=True)
+class Pressure:
+    """CPU pressure over a window: PSI "some" (% of wall time some task waited for a CPU), our own wait,
+    and the CPU others used meanwhile."""
+
+    psi_some_pct: float | None
+    own_wait_pct: float
+    """Run-queue wait of the measured processes, summed, as % of the window (per process, not per core)."""
+    wall_s: float
+    other_cores: float | None = None
+    """CPU used by processes other than the measured ones, in cores (machine busy - ours) / wall."""
+
+    def starved(self, psi_limit_pct: float, other_limit_cores: float = OTHER_LOAD_CORES) -> bool:
+        """PSI above the limit while other processes used more than ``other_limit_cores`` of CPU.
+
+        PSI alone cannot tell a machine busy with other work from the measured
+        processes saturating it themselves (then the figure is the capacity,
+        not an artefact); the machine's busy time minus ours can.
+        """
+        if self.psi_some_pct is None or self.psi_some_pct <= psi_limit_pct:
+            return False
+        return self.other_cores is None or self.other_cores > other_limit_cores
+
+
+class PressureMeter:
+    """``with PressureMeter(pids) as m: ...``; then ``m.result`` (:class:`Pressure`)."""
+
+    def __init__(self, pids: Sequence[int] = ()) -> None:
+        self.pids = list(pids) or [os.getpid()]
+        self.result = Pressure(None, 0.0, 0.0)
+
+    def __enter__(self) -> PressureMeter:
+        self._b0, self._o0 = cpu_busy_s(), process_cpu_s(self.pids)
+        self._p0, self._d0, self._t0 = cpu_pressure_total_s(), run_delay_s(self.pids), time.perf_counter()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        p1, d1, t1 = cpu_pressure_total_s(), run_delay_s(self.pids), time.perf_counter()
+        b1, o1 = cpu_busy_s(), process_cpu_s(self.pids)
+        wall = max(t1 - self._t0, 1e-9)
+        psi = None if p1 is None or self._p0 is None else (p1 - self._p0) / wall * 100.0
+        other = None if b1 is None or self._b0 is None else max((b1 - self._b0) - (o1 - self._o0), 0.0) / wall
+        self.result = Pressure(psi, (d1 - self._d0) / wall * 100.0, wall, other)
 
 
 def _rel_err_pct(measured: float, expected: float) -> float:
@@ -417,23 +522,40 @@ async def measure_wake_lateness(n_short: int = 40, short_s: float = 0.005, n_lon
 
 async def measure_client_capacity(base_url: str, *, concurrency: int = 64, max_tokens: int = 256,
                                   gap_s: float = 0.0005, timeouts: ClientTimeouts = ClientTimeouts(request_s=120.0),
-                                  lag_period_s: float = 0.001) -> Capacity:
+                                  lag_period_s: float = 0.001, workers: int = 0,
+                                  server_pids: Sequence[int] = (),
+                                  contended_psi_pct: float = CONTENDED_PSI_PCT) -> Capacity:
     """Events/s the client absorbs at ``concurrency`` while the server offers ``concurrency / gap_s``.
 
     With the default ``gap_s`` the offered rate (128 k events/s at 64) is far
     above what one Python event loop can take, so the figure is the client's
-    ceiling. The loop-lag ticker runs alongside and reports how late a 1 ms
-    timer fires, i.e. how stale a timestamp can be at that load.
+    ceiling. The loop-lag ticker runs alongside (in every worker) and reports
+    how late a 1 ms timer fires, i.e. how stale a timestamp can be at that
+    load. ``workers`` > 0 spreads the streams over that many worker processes
+    (:class:`~sparkctl.bench.pool.WorkerPool`); the CPU pressure while it ran
+    says whether the figure is the client's or the machine's (``starved``).
     """
+    from sparkctl.bench.pool import WorkerPool
+
     spec = RequestSpec("completions", "refserver", max_tokens, prompt="capacity probe",
                        extra_body={"ref": {"ttft_base_s": 0.01, "ttft_per_token_s": 0.0, "gap_s": gap_s,
                                            "tokens_per_chunk": 1}})
     warm = RequestSpec("completions", "refserver", 2, prompt="warm",
                        extra_body={"ref": {"ttft_base_s": 0.0, "gap_s": 0.0}})
-    async with BenchClient(base_url, concurrency=concurrency, timeouts=timeouts) as client:
-        await client.warm_up(warm)
-        async with LoopLagProbe(lag_period_s) as lag:
-            results = await client.run_batch([spec] * concurrency)
+    if workers:
+        async with WorkerPool(base_url, concurrency=concurrency, workers=workers, timeouts=timeouts,
+                              lag_period_s=lag_period_s) as pool:
+            await pool.warm_up(warm)
+            with PressureMeter([*pool.pids, os.getpid(), *server_pids]) as pm:
+                batch = await pool.run_batch([spec] * concurrency)
+            results, samples = batch.results, batch.lag_samples_s
+    else:
+        async with BenchClient(base_url, concurrency=concurrency, timeouts=timeouts) as client:
+            await client.warm_up(warm)
+            with PressureMeter([os.getpid(), *server_pids]) as pm:
+                async with LoopLagProbe(lag_period_s) as lag:
+                    results = await client.run_batch([spec] * concurrency)
+            samples = lag.samples_s
     chunks = [e for r in results for e in r.events if e.kind == "chunk"]
     first = min(r.t_sent_s for r in results if r.t_sent_s is not None)
     last = max(e.t_s for r in results for e in r.events)
@@ -441,7 +563,7 @@ async def measure_client_capacity(base_url: str, *, concurrency: int = 64, max_t
     statuses: dict[str, int] = {}
     for r in results:
         statuses[r.status] = statuses.get(r.status, 0) + 1
-    samples = lag.samples_s or [0.0]
+    samples = samples or [0.0]
     return Capacity(
         concurrency=concurrency,
         n_events=len(chunks),
@@ -452,6 +574,9 @@ async def measure_client_capacity(base_url: str, *, concurrency: int = 64, max_t
         loop_lag_p99_ms=(percentile(samples, 99.0) or 0.0) * 1e3,
         loop_lag_max_ms=max(samples) * 1e3,
         statuses=statuses,
+        workers=workers,
+        pressure=pm.result,
+        starved=pm.result.starved(contended_psi_pct),
     )
 
 
@@ -460,7 +585,8 @@ async def run_selftest_async(concurrency_levels: Sequence[int] = (1, 16), *, rep
                              capacity_concurrency: int | None = 64, server: str = "process",
                              stagger_words: int = 4, retries: int = 2,
                              starved_lag_ms: float = 2.0,
-                             contended_psi_pct: float = CONTENDED_PSI_PCT) -> SelfTestReport:
+                             contended_psi_pct: float = CONTENDED_PSI_PCT,
+                             capacity_workers: Sequence[int] = (0, 1, 2)) -> SelfTestReport:
     """The self-test inside a running event loop. ``server``: ``"process"`` or ``"inprocess"``.
 
     Request ``i`` of a batch has ``stagger_words * i`` more prompt words, so
@@ -531,12 +657,15 @@ async def run_selftest_async(concurrency_levels: Sequence[int] = (1, 16), *, rep
                                       True, n))
                     rows.append(Check(sc.name, c, "attempts", 1.0, float(attempt), None, "info", True, n))
                 lag_p99[c] = (percentile(lags, 99.0) or 0.0) * 1e3
-        cap = await measure_client_capacity(srv.base_url, concurrency=capacity_concurrency) \
-            if capacity_concurrency else None
+        server_pids = [srv.pid] if isinstance(srv, RefServerProcess) and srv.pid else []
+        caps = tuple([await measure_client_capacity(srv.base_url, concurrency=capacity_concurrency, workers=w,
+                                                    server_pids=server_pids, contended_psi_pct=contended_psi_pct)
+                      for w in capacity_workers] if capacity_concurrency else [])
     return SelfTestReport(
         ok=all(r.passed for r in rows),
         checks=tuple(rows),
-        capacity=cap,
+        capacity=caps[0] if caps else None,
+        capacities=caps,
         loop_lag_p99_ms=lag_p99,
         server=server,
         duration_s=time.perf_counter() - t_start,
@@ -571,11 +700,16 @@ def format_report(report: SelfTestReport) -> str:
                  f"{report.wake_lateness_max_ms:.3f} ms")
     for c, lag in report.loop_lag_p99_ms.items():
         lines.append(f"loop lag p99 during c={c}: {lag:.3f} ms")
-    if report.capacity:
-        k = report.capacity
+    for k in report.capacities or ((report.capacity,) if report.capacity else ()):
         offered = f"{k.offered_events_per_s:,.0f}" if k.offered_events_per_s else "unpaced"
-        lines.append(f"client capacity at c={k.concurrency}: {k.events_per_s:,.0f} events/s "
+        who = f"{k.workers} worker process{'es' if k.workers > 1 else ''}" if k.workers else "in-process, one loop"
+        p = k.pressure
+        psi = "" if p is None else (f"; CPU pressure {'n/a' if p.psi_some_pct is None else f'{p.psi_some_pct:.0f}%'}"
+                                    + ("" if p.other_cores is None else f", others' CPU {p.other_cores:.2f} cores"))
+        figure = "CPU-STARVED, no figure (measured " if k.starved else ""
+        lines.append(f"client capacity at c={k.concurrency} ({who}): {figure}{k.events_per_s:,.0f} events/s"
+                     f"{')' if k.starved else ''} "
                      f"({k.n_events} events in {k.window_s:.2f} s, offered {offered}/s); "
                      f"loop lag p50 {k.loop_lag_p50_ms:.2f} ms, p99 {k.loop_lag_p99_ms:.2f} ms, "
-                     f"max {k.loop_lag_max_ms:.2f} ms; statuses {dict(k.statuses)}")
+                     f"max {k.loop_lag_max_ms:.2f} ms{psi}; statuses {dict(k.statuses)}")
     return "\n".join(lines)
