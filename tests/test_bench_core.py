@@ -13,8 +13,6 @@ from sparkctl.bench.client import (
     BenchClient,
     ClientTimeouts,
     RequestSpec,
-    SSESplitter,
-    parse_frame,
 )
 from sparkctl.bench.events import (
     Event,
@@ -29,6 +27,7 @@ from sparkctl.bench.metrics import (
     summarize,
 )
 from sparkctl.bench.refserver import RefConfig, RefServer, count_prompt_tokens
+from sparkctl.bench.sse import SSESplitter, parse_frame
 
 # -- synthetic logs ----------------------------------------------------------------
 # Times are multiples of 1/8 s (exact in binary), so every expected value is exact.

@@ -21,8 +21,9 @@ from sparkctl.bench.events import Event, RequestResult
 from sparkctl.bench.leanserver import LeanRefServer
 from sparkctl.bench.metrics import aggregate_throughput, request_metrics
 from sparkctl.bench.pool import WorkerPool, merge_lag, merge_results, spread
+from sparkctl.bench.pressure import Pressure, PressureMeter
 from sparkctl.bench.refserver import RefConfig, RefServer
-from sparkctl.bench.selftest import Pressure, PressureMeter, fetch_traces
+from sparkctl.bench.selftest import fetch_traces
 from sparkctl.bench.wire import WireConnection, WireError
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tools"))
@@ -329,7 +330,7 @@ def test_a_server_that_refuses_a_long_body_early_ends_the_request_as_a_value() -
 def test_splitter_gives_the_same_frames_however_the_stream_is_cut() -> None:
     import random
 
-    from sparkctl.bench.client import SSESplitter
+    from sparkctl.bench.sse import SSESplitter
 
     stream = b"".join(b'data: {"i":%d}\n\n' % i + (b": keep-alive\n\n" if i % 7 == 0 else b"") for i in range(200))
     stream += b"data: a\n\n\ndata: b\n\n"  # three LFs: the third opens the next frame

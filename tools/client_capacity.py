@@ -54,8 +54,9 @@ from sparkctl.bench.client import BenchClient, ClientTimeouts, LoopLagProbe, Req
 from sparkctl.bench.events import RequestResult  # noqa: E402
 from sparkctl.bench.metrics import aggregate_throughput, percentile, request_metrics  # noqa: E402
 from sparkctl.bench.pool import WorkerPool  # noqa: E402
+from sparkctl.bench.pressure import OTHER_LOAD_CORES, Pressure, PressureMeter  # noqa: E402
 from sparkctl.bench.refserver import EmitTrace, RefConfig, RefServerProcess  # noqa: E402
-from sparkctl.bench.selftest import OTHER_LOAD_CORES, Pressure, PressureMeter, fetch_traces  # noqa: E402
+from sparkctl.bench.selftest import fetch_traces  # noqa: E402
 
 KEEP_UP = 0.95  # achieved / offered below this: the client fell behind the offer
 TIMEOUTS = ClientTimeouts(connect_s=10.0, read_s=30.0, request_s=300.0)

@@ -56,8 +56,8 @@ from typing import Any
 
 from sparkctl.bench.client import BenchClient, ClientTimeouts, RequestSpec
 from sparkctl.bench.metrics import aggregate_throughput, request_metrics
+from sparkctl.bench.pressure import cpu_pressure_total_s
 from sparkctl.bench.refserver import RefConfig, RefServerProcess
-from sparkctl.bench.selftest import cpu_pressure_total_s
 
 INSTALL = ("AIPerf is not installed (it is not a sparkctl dependency). Install it in its own venv:\n"
            "  python3 -m venv /tmp/aiperf-venv && /tmp/aiperf-venv/bin/pip install aiperf==0.13.0\n"

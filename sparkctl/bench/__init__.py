@@ -4,9 +4,12 @@ Layout (measurement core):
 
 * :mod:`sparkctl.bench.events`   -- the per-request event log and its outcome (data only);
 * :mod:`sparkctl.bench.client`   -- the async streaming client that records event logs;
+* :mod:`sparkctl.bench.sse`      -- the client's SSE reading: byte stream -> frames -> events;
 * :mod:`sparkctl.bench.metrics`  -- PURE: event logs -> TTFT, ITL, TPOT, rates, summaries;
 * :mod:`sparkctl.bench.refserver` -- a loopback OpenAI-compatible server with known rates;
-* :mod:`sparkctl.bench.selftest` -- client + metrics checked against the refserver's closed forms.
+* :mod:`sparkctl.bench.selftest` -- client + metrics checked against the refserver's closed forms;
+* :mod:`sparkctl.bench.capacity` -- the events/s the client itself absorbs (in-process or in worker processes);
+* :mod:`sparkctl.bench.pressure` -- CPU pressure over a window: PSI, our run-queue wait, others' CPU.
 
 Suites, runs and reports:
 

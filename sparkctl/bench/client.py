@@ -2,8 +2,8 @@
 
 Owns sending ``/v1/completions`` and ``/v1/chat/completions`` requests with
 ``stream: true`` and ``stream_options.include_usage``, reading the SSE byte
-stream with its own frame splitter (no line-length limit: a 1 MB frame is just
-a long frame), and recording every observation as an
+stream (split into frames and turned into events by :mod:`sparkctl.bench.sse`),
+and recording every observation as an
 :class:`~sparkctl.bench.events.Event` stamped with ``time.perf_counter()`` when
 its bytes were received (in the loop's read callback, by
 :mod:`sparkctl.bench.stamped`), not when this task got around to parsing them. Every request ends as a
@@ -37,10 +37,10 @@ from typing import Any, Literal
 import httpx
 
 from sparkctl.bench.events import Event, RequestResult, Status
+from sparkctl.bench.sse import Endpoint, Malformed, SSESplitter, StreamState
 from sparkctl.bench.stamped import StampedStream, StampedTransport
 from sparkctl.bench.wire import WireConnection, WireError, WirePool
 
-Endpoint = Literal["completions", "chat"]
 _PATHS: dict[str, str] = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
 _ERROR_BODY_MAX = 4096
 # stands in for salt + prompt while the body's JSON is built (NULs: no prompt holds this)
@@ -127,229 +127,6 @@ class RequestSpec:
         """
         before, prompt, after = self._body_template
         return [before, json.dumps(salt)[1:-1].encode(), prompt, after]
-
-
-# -- SSE framing -----------------------------------------------------------------
-
-
-class SSESplitter:
-    """Split an SSE byte stream into frames (the text between blank lines).
-
-    Accepts ``\\n``, ``\\r\\n`` and ``\\r`` line ends, frames split across reads,
-    and frames of any length; the scan resumes where it stopped, so a long
-    frame arriving in many reads costs linear time.
-    """
-
-    def __init__(self) -> None:
-        self._buf = bytearray()
-        self._scan_from = 0
-        self._pending_cr = False
-
-    def feed(self, data: bytes) -> list[bytes]:
-        if not self._buf and not self._pending_cr and b"\r" not in data:
-            # the common read: LF line ends, nothing held over; the same frames as below
-            frames = data.split(b"\n\n")
-            rest = frames.pop()
-            if rest:
-                self._buf += rest
-                self._scan_from = len(self._buf)
-            return frames
-        if self._pending_cr:
-            data = b"\r" + data
-            self._pending_cr = False
-        if data.endswith(b"\r"):
-            # a CR at the end may be the first half of CRLF: decide with the next read
-            data, self._pending_cr = data[:-1], True
-        if b"\r" in data:
-            data = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
-        self._buf += data
-        frames: list[bytes] = []
-        start = 0
-        scan = max(self._scan_from - 1, 0)
-        while True:
-            i = self._buf.find(b"\n\n", scan)
-            if i < 0:
-                break
-            frames.append(bytes(self._buf[start:i]))
-            start = scan = i + 2
-        if start:
-            del self._buf[:start]
-        self._scan_from = len(self._buf)
-        return frames
-
-    def flush(self) -> bytes:
-        """What is left without a closing blank line (a truncated frame), and reset."""
-        rest = bytes(self._buf) + (b"\r" if self._pending_cr else b"")
-        self._buf.clear()
-        self._scan_from = 0
-        self._pending_cr = False
-        return rest.strip(b"\r\n")
-
-
-_SSE_FIELDS = frozenset({"data", "event", "id", "retry"})
-
-
-@dataclass(frozen=True)
-class SSEFrame:
-    event: str
-    data: str | None  # None: the frame had no data field (comment / keep-alive)
-    unknown: tuple[str, ...] = ()
-    """Lines that are neither comments nor SSE fields (e.g. JSON sent without ``data:``)."""
-
-
-def parse_frame(frame: bytes) -> SSEFrame:
-    """The ``event`` name and the joined ``data`` lines of one frame (SSE spec rules)."""
-    if frame.startswith(b"data: ") and b"\n" not in frame:
-        # the common frame, one "data: ..." line: no line splitting
-        return SSEFrame("message", frame[6:].decode("utf-8", errors="replace"))
-    event = "message"
-    data: list[str] = []
-    unknown: list[str] = []
-    for raw in frame.decode("utf-8", errors="replace").split("\n"):
-        if not raw or raw.startswith(":"):
-            continue
-        name, sep, value = raw.partition(":")
-        if sep and value.startswith(" "):
-            value = value[1:]
-        if name == "data":
-            data.append(value)
-        elif name == "event":
-            event = value
-        elif name not in _SSE_FIELDS:
-            unknown.append(raw[:80])
-    return SSEFrame(event, "\n".join(data) if data else None, tuple(unknown))
-
-
-class _Malformed(Exception):
-    pass
-
-
-class _StreamState:
-    """Turns frames into events; decides ``malformed_sse`` and ``error_mid_stream``."""
-
-    def __init__(self, endpoint: Endpoint, events: list[Event], keep_text: bool = False) -> None:
-        self.endpoint = endpoint
-        self.events = events
-        self.texts: list[str] | None = [] if keep_text else None
-        self.done = False
-        self.finish_seen = False
-        self.error: tuple[Status, str] | None = None
-        self._last_usage_completion: int | None = None
-
-    def frame(self, frame: bytes, t: float) -> None:
-        if frame.startswith(b"data: {") and b"\n" not in frame:
-            # the common frame, one "data: {...}" line: JSON straight from the bytes
-            try:
-                obj = json.loads(frame[6:])
-            except ValueError:
-                pass  # the general path below says what is wrong with it
-            else:
-                self._object(obj, "message", frame, t)
-                return
-        f = parse_frame(frame)
-        if f.data is None:
-            if f.unknown:
-                # the SSE spec ignores unknown fields, but a stream of them (JSON without
-                # "data:") would otherwise end "ok" with nothing counted
-                raise _Malformed(f"frame without a data field: {f.unknown[0]!r}")
-            return
-        if f.data.strip() == "[DONE]":
-            self.events.append(Event(t, "done", raw_len=len(frame)))
-            self.done = True
-            return
-        try:
-            obj = json.loads(f.data)
-        except ValueError as exc:
-            raise _Malformed(f"data is not JSON ({exc}): {f.data[:80]!r}") from None
-        self._object(obj, f.event, frame, t)
-
-    def _object(self, obj: Any, event: str, frame: bytes, t: float) -> None:
-        """One frame's parsed JSON data (``event``: the frame's event name)."""
-        if not isinstance(obj, dict):
-            raise _Malformed(f"data is not a JSON object: {_data_snip(frame)!r}")
-        if event == "error" or "error" in obj:
-            err = obj.get("error", obj)
-            msg = err.get("message", "") if isinstance(err, dict) else str(err)
-            self.error = ("error_mid_stream", f"server error in stream: {str(msg)[:200]}")
-            return
-        choices = obj.get("choices")
-        usage = obj.get("usage")
-        if choices is None and usage is None:
-            raise _Malformed(f"chunk has neither choices nor usage: {_data_snip(frame)!r}")
-        if choices is not None and not isinstance(choices, list):
-            raise _Malformed("choices is not a list")
-        if usage is not None and not isinstance(usage, dict):
-            raise _Malformed("usage is not an object")
-        usage_completion = _int_or_none(usage.get("completion_tokens")) if usage else None
-        details = usage.get("prompt_tokens_details") if usage else None
-        cached = _int_or_none(details.get("cached_tokens")) if isinstance(details, dict) else None
-        if choices:
-            c0 = choices[0]
-            if not isinstance(c0, dict):
-                raise _Malformed("choice is not an object")
-            text = self._text(c0)
-            if self.texts is not None:
-                self.texts.append(self._content(c0))
-            hint = _logprob_count(c0)
-            if hint == 0 and usage_completion is not None and text:
-                # per-chunk ("continuous") usage: the growth is what this chunk carried
-                hint = usage_completion - (self._last_usage_completion or 0)
-                hint = max(hint, 0)
-            if c0.get("finish_reason"):
-                self.finish_seen = True
-            self.events.append(Event(t, "chunk", n_text_chars=len(text), n_content_tokens_hint=hint, raw_len=len(frame)))
-        if usage:
-            self.events.append(
-                Event(
-                    t,
-                    "usage",
-                    raw_len=len(frame) if not choices else 0,
-                    prompt_tokens=_int_or_none(usage.get("prompt_tokens")),
-                    completion_tokens=usage_completion,
-                    cached_tokens=cached,
-                )
-            )
-            if usage_completion is not None:
-                self._last_usage_completion = usage_completion
-
-    def _content(self, choice: dict[str, Any]) -> str:
-        """The answer text of a chunk, without reasoning text (already validated by _text)."""
-        if self.endpoint == "completions":
-            return choice.get("text") or ""
-        return (choice.get("delta") or {}).get("content") or ""
-
-    def _text(self, choice: dict[str, Any]) -> str:
-        if self.endpoint == "completions":
-            text = choice.get("text") or ""
-        else:
-            delta = choice.get("delta") or {}
-            if not isinstance(delta, dict):
-                raise _Malformed("delta is not an object")
-            # reasoning text is generated text too (it is in usage.completion_tokens)
-            text = (delta.get("content") or "") + (delta.get("reasoning_content") or delta.get("reasoning") or "")
-        if not isinstance(text, str):
-            raise _Malformed("text is not a string")
-        return text
-
-
-def _data_snip(frame: bytes) -> str:
-    """The first 80 characters of a frame's data, for a message."""
-    data = parse_frame(frame).data
-    return (data or "")[:80]
-
-
-def _int_or_none(v: Any) -> int | None:
-    return v if isinstance(v, int) and not isinstance(v, bool) else None
-
-
-def _logprob_count(choice: dict[str, Any]) -> int:
-    lp = choice.get("logprobs")
-    if isinstance(lp, dict):
-        for key in ("content", "tokens"):
-            seq = lp.get(key)
-            if isinstance(seq, list):
-                return len(seq)
-    return 0
 
 
 # -- the client ------------------------------------------------------------------
@@ -496,7 +273,7 @@ class BenchClient:
             return await self._request_wire(spec, rid, salt, parts)
         return await self._request_httpx(spec, rid, salt, b"".join(parts))
 
-    def _result(self, spec: RequestSpec, rid: str, salt: str, events: list[Event], state: _StreamState,
+    def _result(self, spec: RequestSpec, rid: str, salt: str, events: list[Event], state: StreamState,
                 t_release: float, n_body: int, status: Status, detail: str = "",
                 http_status: int | None = None) -> RequestResult:
         if not any(e.kind == "sent" for e in events):
@@ -522,7 +299,7 @@ class BenchClient:
         t_release = time.perf_counter()
         n_body = sum(len(p) for p in parts)
         events: list[Event] = []
-        state = _StreamState(spec.endpoint, events, keep_text=spec.keep_text)
+        state = StreamState(spec.endpoint, events, keep_text=spec.keep_text)
         loop = asyncio.get_running_loop()
         sink = _WireSink(state, events, loop.create_future())
         conn: WireConnection | None = None
@@ -571,7 +348,7 @@ class BenchClient:
         assert self._client is not None
         events: list[Event] = []
         status_code: int | None = None
-        state = _StreamState(spec.endpoint, events, keep_text=spec.keep_text)
+        state = StreamState(spec.endpoint, events, keep_text=spec.keep_text)
         t_release = time.perf_counter()
 
         def result(status: Status, detail: str = "") -> RequestResult:
@@ -639,7 +416,7 @@ class BenchClient:
                     return result("disconnected", "stream ended without [DONE]")
                 finally:
                     await resp.aclose()
-        except _Malformed as exc:
+        except Malformed as exc:
             return result("malformed_sse", str(exc))
         except (TimeoutError, httpx.TimeoutException) as exc:
             return result("timeout", f"{type(exc).__name__}: {exc}".rstrip(": "))
@@ -656,7 +433,7 @@ class _WireSink:
     the same order: status, error body, first byte, frames, ``[DONE]``.
     """
 
-    def __init__(self, state: _StreamState, events: list[Event], outcome: asyncio.Future[tuple[Status, str]]) -> None:
+    def __init__(self, state: StreamState, events: list[Event], outcome: asyncio.Future[tuple[Status, str]]) -> None:
         self.state = state
         self.events = events
         self.outcome = outcome
@@ -704,7 +481,7 @@ class _WireSink:
                     return False
                 if state.done:
                     break
-        except _Malformed as exc:
+        except Malformed as exc:
             self.finish("malformed_sse", str(exc))
             return False
         return True

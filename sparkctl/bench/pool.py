@@ -184,7 +184,7 @@ class WorkerPool:
 
     @property
     def pids(self) -> list[int]:
-        """The worker processes' ids (for :class:`~sparkctl.bench.selftest.PressureMeter`)."""
+        """The worker processes' ids (for :class:`~sparkctl.bench.pressure.PressureMeter`)."""
         return [p.pid for p in self._procs]
 
     async def _recv(self, conn: multiprocessing.connection.Connection, timeout_s: float | None = None) -> Any:

@@ -4,8 +4,9 @@ Owns: starting :mod:`sparkctl.bench.refserver` on 127.0.0.1 (a child process
 by default, so the server has its own interpreter), running the
 :mod:`sparkctl.bench.client` at each concurrency level over several server
 configurations, and checking every metric of :mod:`sparkctl.bench.metrics`
-against its closed form. Also measures the client's own capacity (events/s at
-concurrency 64, event-loop lag p99). Results are frozen dataclasses; nothing
+against its closed form. Then measures the client's own capacity
+(:mod:`sparkctl.bench.capacity`: events/s at concurrency 64, event-loop lag
+p99, the CPU pressure meanwhile). Results are frozen dataclasses; nothing
 here prints (see :func:`format_report`).
 
 The truth each request is judged against: the closed forms over the token
@@ -46,7 +47,6 @@ while a wrong formula moves every request.
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -54,9 +54,11 @@ from typing import Any
 
 import httpx
 
+from sparkctl.bench.capacity import Capacity, measure_client_capacity
 from sparkctl.bench.client import BenchClient, ClientTimeouts, LoopLagProbe, RequestSpec
 from sparkctl.bench.events import RequestResult
 from sparkctl.bench.metrics import aggregate_throughput, percentile, request_metrics
+from sparkctl.bench.pressure import CONTENDED_PSI_PCT, cpu_pressure_total_s
 from sparkctl.bench.refserver import (
     EmitTrace,
     PreciseWaker,
@@ -70,10 +72,6 @@ TTFT_SLACK_S = 0.002  # the issue's budget: TTFT within +2 ms of the closed form
 TTFT_CAUSAL_EPS_S = 0.00005  # a kernel receive stamp is converted from CLOCK_REALTIME
 RATE_TOL_PCT_C1 = 1.0  # rates at concurrency 1
 RATE_TOL_PCT = 2.0  # rates above concurrency 1
-# Above this CPU pressure (share of a cell's wall time in which some runnable task
-# waited for a CPU) other load owns the timing: the client and the server alone
-# stay well under it on 2 cores (measured: see docs/bench-metrics.md).
-CONTENDED_PSI_PCT = 10.0
 
 
 @dataclass(frozen=True)
@@ -91,26 +89,6 @@ class Check:
     n_requests: int
     worst_error_pct: float | None = None
     """The worst single request's error (reported, not judged; see check_cell)."""
-
-
-@dataclass(frozen=True)
-class Capacity:
-    """What the client itself can absorb (the server floods; the client is the bottleneck)."""
-
-    concurrency: int
-    n_events: int
-    window_s: float
-    events_per_s: float
-    offered_events_per_s: float | None
-    loop_lag_p50_ms: float
-    loop_lag_p99_ms: float
-    loop_lag_max_ms: float
-    statuses: Mapping[str, int]
-    workers: int = 0
-    """0: the client in the self-test's own process (one loop); N: a WorkerPool of N processes."""
-    pressure: Pressure | None = None
-    starved: bool = False
-    """CPU-starved while measured (:meth:`Pressure.starved`): the figure measures the machine."""
 
 
 @dataclass(frozen=True)
@@ -169,115 +147,6 @@ DEFAULT_SCENARIOS: tuple[Scenario, ...] = (
     Scenario("completions-no-usage", "completions", 300, 64, {"usage": False}),
     Scenario("completions-lockstep", "completions", 300, 64, lockstep=True),
 )
-
-
-def cpu_pressure_total_s() -> float | None:
-    """Linux PSI: total seconds some runnable task waited for a CPU (None where PSI is missing)."""
-    try:
-        with open("/proc/pressure/cpu") as f:
-            for line in f:
-                if line.startswith("some "):
-                    return int(line.rsplit("total=", 1)[1]) / 1e6
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
-
-
-def run_delay_s(pids: Sequence[int]) -> float:
-    """Seconds the threads of ``pids`` have waited on a run queue (``/proc/PID/task/*/schedstat``, field 2).
-
-    PSI says the machine was contended; this says whether *these* processes
-    were the ones kept off a CPU. 0.0 where schedstat is missing.
-    """
-    total = 0
-    for pid in pids:
-        try:
-            tids = os.listdir(f"/proc/{pid}/task")
-        except OSError:
-            continue
-        for tid in tids:
-            try:
-                with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
-                    total += int(f.read().split()[1])
-            except (OSError, ValueError, IndexError):
-                continue
-    return total / 1e9
-
-
-def cpu_busy_s() -> float | None:
-    """Seconds of CPU the whole machine has spent busy, all cores (``/proc/stat``; None where missing)."""
-    try:
-        with open("/proc/stat") as f:
-            v = [int(x) for x in f.readline().split()[1:]]
-    except (OSError, ValueError):
-        return None
-    # user + nice + system + steal: irq/softirq left out (loopback traffic of the measured
-    # processes is handled there and charged to no process); steal is a hypervisor's other guests
-    busy = v[0] + v[1] + v[2] + (v[7] if len(v) > 7 else 0)
-    return busy / os.sysconf("SC_CLK_TCK")
-
-
-def process_cpu_s(pids: Sequence[int]) -> float:
-    """CPU seconds (user + system, all threads) the processes ``pids`` have used (``/proc/PID/stat``)."""
-    total = 0
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            total += int(fields[11]) + int(fields[12])
-        except (OSError, ValueError, IndexError):
-            continue
-    return total / os.sysconf("SC_CLK_TCK")
-
-
-# Others' CPU (the machine's busy time not used by the measured processes) above
-# this many cores: the pressure is not (only) our own (see Pressure.starved).
-OTHER_LOAD_CORES = 0.25
-
-
-@dataclass(frozen=True)
-class Pressure:
-    """CPU pressure over a window: PSI "some" (% of wall time some task waited for a CPU), our own wait,
-    and the CPU others used meanwhile."""
-
-    psi_some_pct: float | None
-    own_wait_pct: float
-    """Run-queue wait of the measured processes, summed, as % of the window (per process, not per core)."""
-    wall_s: float
-    other_cores: float | None = None
-    """CPU used by processes other than the measured ones, in cores (machine busy - ours) / wall."""
-
-    def starved(self, psi_limit_pct: float, other_limit_cores: float = OTHER_LOAD_CORES) -> bool:
-        """PSI above the limit while other processes used more than ``other_limit_cores`` of CPU.
-
-        PSI alone cannot tell a machine busy with other work from the measured
-        processes saturating it themselves (then the figure is the capacity,
-        not an artefact); the machine's busy time minus ours can.
-        """
-        if self.psi_some_pct is None or self.psi_some_pct <= psi_limit_pct:
-            return False
-        return self.other_cores is None or self.other_cores > other_limit_cores
-
-
-class PressureMeter:
-    """``with PressureMeter(pids) as m: ...``; then ``m.result`` (:class:`Pressure`)."""
-
-    def __init__(self, pids: Sequence[int] = ()) -> None:
-        self.pids = list(pids) or [os.getpid()]
-        self.result = Pressure(None, 0.0, 0.0)
-
-    def __enter__(self) -> PressureMeter:
-        self._b0, self._o0 = cpu_busy_s(), process_cpu_s(self.pids)
-        self._p0, self._d0, self._t0 = cpu_pressure_total_s(), run_delay_s(self.pids), time.perf_counter()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        p1, d1, t1 = cpu_pressure_total_s(), run_delay_s(self.pids), time.perf_counter()
-        b1, o1 = cpu_busy_s(), process_cpu_s(self.pids)
-        wall = max(t1 - self._t0, 1e-9)
-        psi = None if p1 is None or self._p0 is None else (p1 - self._p0) / wall * 100.0
-        other = None if b1 is None or self._b0 is None else max((b1 - self._b0) - (o1 - self._o0), 0.0) / wall
-        self.result = Pressure(psi, (d1 - self._d0) / wall * 100.0, wall, other)
 
 
 def _rel_err_pct(measured: float, expected: float) -> float:
@@ -518,66 +387,6 @@ async def measure_wake_lateness(n_short: int = 40, short_s: float = 0.005, n_lon
     finally:
         waker.close()
     return max(max(late), 0.0)
-
-
-async def measure_client_capacity(base_url: str, *, concurrency: int = 64, max_tokens: int = 256,
-                                  gap_s: float = 0.0005, timeouts: ClientTimeouts = ClientTimeouts(request_s=120.0),
-                                  lag_period_s: float = 0.001, workers: int = 0,
-                                  server_pids: Sequence[int] = (),
-                                  contended_psi_pct: float = CONTENDED_PSI_PCT) -> Capacity:
-    """Events/s the client absorbs at ``concurrency`` while the server offers ``concurrency / gap_s``.
-
-    With the default ``gap_s`` the offered rate (128 k events/s at 64) is far
-    above what one Python event loop can take, so the figure is the client's
-    ceiling. The loop-lag ticker runs alongside (in every worker) and reports
-    how late a 1 ms timer fires, i.e. how stale a timestamp can be at that
-    load. ``workers`` > 0 spreads the streams over that many worker processes
-    (:class:`~sparkctl.bench.pool.WorkerPool`); the CPU pressure while it ran
-    says whether the figure is the client's or the machine's (``starved``).
-    """
-    from sparkctl.bench.pool import WorkerPool
-
-    spec = RequestSpec("completions", "refserver", max_tokens, prompt="capacity probe",
-                       extra_body={"ref": {"ttft_base_s": 0.01, "ttft_per_token_s": 0.0, "gap_s": gap_s,
-                                           "tokens_per_chunk": 1}})
-    warm = RequestSpec("completions", "refserver", 2, prompt="warm",
-                       extra_body={"ref": {"ttft_base_s": 0.0, "gap_s": 0.0}})
-    if workers:
-        async with WorkerPool(base_url, concurrency=concurrency, workers=workers, timeouts=timeouts,
-                              lag_period_s=lag_period_s) as pool:
-            await pool.warm_up(warm)
-            with PressureMeter([*pool.pids, os.getpid(), *server_pids]) as pm:
-                batch = await pool.run_batch([spec] * concurrency)
-            results, samples = batch.results, batch.lag_samples_s
-    else:
-        async with BenchClient(base_url, concurrency=concurrency, timeouts=timeouts) as client:
-            await client.warm_up(warm)
-            with PressureMeter([os.getpid(), *server_pids]) as pm:
-                async with LoopLagProbe(lag_period_s) as lag:
-                    results = await client.run_batch([spec] * concurrency)
-            samples = lag.samples_s
-    chunks = [e for r in results for e in r.events if e.kind == "chunk"]
-    first = min(r.t_sent_s for r in results if r.t_sent_s is not None)
-    last = max(e.t_s for r in results for e in r.events)
-    window = last - first
-    statuses: dict[str, int] = {}
-    for r in results:
-        statuses[r.status] = statuses.get(r.status, 0) + 1
-    samples = samples or [0.0]
-    return Capacity(
-        concurrency=concurrency,
-        n_events=len(chunks),
-        window_s=window,
-        events_per_s=len(chunks) / window if window > 0 else 0.0,
-        offered_events_per_s=(concurrency / gap_s) if gap_s > 0 else None,
-        loop_lag_p50_ms=(percentile(samples, 50.0) or 0.0) * 1e3,
-        loop_lag_p99_ms=(percentile(samples, 99.0) or 0.0) * 1e3,
-        loop_lag_max_ms=max(samples) * 1e3,
-        statuses=statuses,
-        workers=workers,
-        pressure=pm.result,
-        starved=pm.result.starved(contended_psi_pct),
-    )
 
 
 async def run_selftest_async(concurrency_levels: Sequence[int] = (1, 16), *, repeats: int = 3,

@@ -28,7 +28,7 @@ once (ITL ~0 for one gap, ~2g for the next). Here the socket is read whenever
 it is readable, independently of the task, so each arrival keeps its own stamp
 (two events share one only when the whole loop stalls longer than their gap).
 
-Must not: parse HTTP or SSE (httpcore and :mod:`sparkctl.bench.client` do),
+Must not: parse HTTP or SSE (httpcore and :mod:`sparkctl.bench.sse` do),
 print, or read the environment.
 """
 

@@ -20,7 +20,7 @@ Same definitions as the httpx path (docs/bench-metrics.md): bytes are dated
 when the kernel took them in (else when the reader callback ran), and an SSE
 frame gets the stamp of the receive that brought its last byte.
 
-Must not: parse SSE (:mod:`sparkctl.bench.client` does), print, or read the
+Must not: parse SSE (:mod:`sparkctl.bench.sse` does), print, or read the
 environment.
 """
 
