@@ -1,13 +1,32 @@
-"""One error tree for sparkctl, and the one place exit codes are decided.
+"""One error tree for sparkctl, and the one table of its exit codes.
 
 Every error carries *what* went wrong, *where* (a :class:`Ref`: file, line,
-key, node, command) and a *hint* for the fix. Library code raises these; only
-``sparkctl.cli.main`` turns them into a message and an exit code.
+key, node, command) and a *hint* for the fix. Library code and the CLI's
+commands raise these; only ``sparkctl.cli.main`` turns them into a message and
+an exit code, always a member of :class:`ExitStatus` (httpie's ``status.py``
+is the model: one enum, returned by its ``core.py`` alone).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import IntEnum, unique
+
+
+@unique
+class ExitStatus(IntEnum):
+    """Every exit code ``sparkctl`` returns, and what it means (docs/ARCHITECTURE.md and README list the same)."""
+
+    SUCCESS = 0
+    ERROR = 1  # a SparkctlError with no more precise class; a click error other than usage
+    CONFIG = 2  # bad input: a profile, inventory or command-line value (click's usage errors are 2 too)
+    UNREACHABLE = 3  # a node could not be reached, or refused us (host key, ssh)
+    CHECK_FAILED = 4  # one or more laws fail (check, the check phase of up, bench's pre-check and --record)
+    LIFECYCLE = 5  # up / down / switch / weights did not reach the state asked for
+    LOCKED = 6  # the cluster is locked by another operator
+    SIM = 7  # the simulated cluster (sparkctl_sim's SimError: it lives there, sparkctl never imports it)
+    INTERNAL = 70  # a bug in sparkctl: EX_SOFTWARE of sysexits.h
+    INTERRUPTED = 130  # Ctrl-C: 128 + SIGINT, the shell's convention
 
 
 @dataclass(frozen=True)
@@ -42,7 +61,7 @@ def _printable(text: str, limit: int = 120) -> str:
 class SparkctlError(Exception):
     """Base of every error sparkctl raises on purpose."""
 
-    exit_code = 1
+    exit_code: ExitStatus = ExitStatus.ERROR
 
     def __init__(self, message: str, ref: Ref | None = None, hint: str | None = None) -> None:
         super().__init__(message)
@@ -77,7 +96,7 @@ class SparkctlError(Exception):
 class ConfigError(SparkctlError):
     """A profile, inventory or command-line value is wrong."""
 
-    exit_code = 2
+    exit_code = ExitStatus.CONFIG
 
 
 class InventoryError(ConfigError):
@@ -99,19 +118,19 @@ class NotFound(ConfigError):
 class TransportError(SparkctlError):
     """A node could not be reached, or refused us."""
 
-    exit_code = 3
+    exit_code = ExitStatus.UNREACHABLE
 
 
 class CheckFailed(SparkctlError):
     """One or more laws failed."""
 
-    exit_code = 4
+    exit_code = ExitStatus.CHECK_FAILED
 
 
 class LifecycleError(SparkctlError):
     """up / down / switch did not reach the state it was asked for."""
 
-    exit_code = 5
+    exit_code = ExitStatus.LIFECYCLE
 
 
 class LockUnavailable(LifecycleError):
@@ -122,8 +141,8 @@ class LockUnavailable(LifecycleError):
 class Interrupted(LifecycleError):
     """The operator interrupted sparkctl (SIGINT); what the run started is stopped."""
 
-    exit_code = 130  # the shell's convention for SIGINT
+    exit_code = ExitStatus.INTERRUPTED
 
 
 class LockHeld(SparkctlError):
-    exit_code = 6
+    exit_code = ExitStatus.LOCKED

@@ -46,8 +46,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from sparkctl_sim import nodestate
-from sparkctl_sim.shimbase import PREFIX_ENV, UNIT_DIR_ENV
-from sparkctl_sim.shims.common import STATE_ENV
+from sparkctl_sim.envnames import PREFIX_ENV, STATE_ENV, UNIT_DIR_ENV
 
 # Ubuntu 24.04 (noble) arm64: earlyoom 1.7-1 (packages.ubuntu.com/noble/earlyoom).
 # The unit and the conffile are Debian's earlyoom 1.7 files as `dpkg -L earlyoom` lists

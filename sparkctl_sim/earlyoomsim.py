@@ -39,8 +39,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from sparkctl_sim import nodestate
+from sparkctl_sim.envnames import STATE_ENV
 from sparkctl_sim.netns import pid_alive
-from sparkctl_sim.shims.common import STATE_ENV
 
 VERSION = "v1.7"
 BADNESS_PREFER, BADNESS_AVOID = 300, -300  # kill.c

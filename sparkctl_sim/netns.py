@@ -23,14 +23,14 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from sparkctl.errors import ExitStatus, SparkctlError
+
 # Every namespace the sim creates starts with this; nothing else is ever deleted.
 NETNS_PREFIX = "sparkctl-"
 # Host-side ends of management veths (the "switch ports").
 HOST_VETH_PREFIX = "spkv-"
 # ifalias written on every host-side link the sim creates (bridge, veths): the
 # ownership mark checked before deleting anything in the host namespace.
-from sparkctl.errors import SparkctlError  # noqa: E402
-
 LINK_ALIAS = "sparkctl-sim"
 IFNAMSIZ = 15  # Linux interface names are at most 15 bytes
 
@@ -41,7 +41,7 @@ class SimError(SparkctlError):
     Lives here, not in the product's error tree: sparkctl never imports the simulator.
     """
 
-    exit_code = 7
+    exit_code = ExitStatus.SIM  # listed in sparkctl's one table of exit codes
 
     def __init__(self, message: str, hint: str = "") -> None:
         super().__init__(message, None, hint or None)

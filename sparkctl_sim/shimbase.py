@@ -17,11 +17,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-RUN_DIR_ENV = "SPARKCTL_SIM_RUN_DIR"
-UNIT_DIR_ENV = "SPARKCTL_SIM_UNIT_DIR"
-SHIMMED_TOOLS_ENV = "SPARKCTL_SIM_SHIMMED_TOOLS"
-SERVICE_PASSENV_ENV = "SPARKCTL_SIM_SERVICE_PASSENV"
-PREFIX_ENV = "SPARKCTL_SIM_PREFIX"  # the node's root: "/" when namespaced, a directory rootless
+from sparkctl_sim.envnames import (  # noqa: F401 - re-exported: the shims' environment
+    PREFIX_ENV,
+    RUN_DIR_ENV,
+    SERVICE_PASSENV_ENV,
+    SHIMMED_TOOLS_ENV,
+    UNIT_DIR_ENV,
+)
+
 
 # earlyoom: Debian's unit runs /usr/bin/earlyoom; a node's is the stand-in (sparkctl_sim.earlyoomsim)
 DEFAULT_SHIMMED_TOOLS = ("nvidia-smi", "docker", "systemctl", "earlyoom")

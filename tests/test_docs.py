@@ -1,4 +1,4 @@
-"""Docs stay true: every law has its heading in docs/LAWS.md, every README command exists."""
+"""Docs stay true: every law has its heading in docs/LAWS.md, every README command exists, the exit codes."""
 
 from __future__ import annotations
 
@@ -36,3 +36,12 @@ def test_readme_commands_exist(sparkctl) -> None:
     from sparkctl.cli.main import cli
 
     assert used and used <= set(cli.list_commands(None)), used - set(cli.list_commands(None))  # type: ignore[arg-type]
+
+
+def test_the_exit_code_table_in_architecture_is_the_enum() -> None:
+    from sparkctl.errors import ExitStatus
+
+    text = (REPO / "docs" / "ARCHITECTURE.md").read_text()
+    section = text.split("\n## Exit codes\n", 1)[1].split("\n## ", 1)[0]
+    rows = re.findall(r"^\| (\d+) \| `(\w+)` \| .+ \|$", section, re.M)
+    assert [(int(code), name) for code, name in rows] == [(s.value, s.name) for s in ExitStatus]

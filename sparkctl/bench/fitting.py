@@ -27,7 +27,7 @@ from sparkctl.bench import workloads as wl
 from sparkctl.bench.rows import utc
 
 if TYPE_CHECKING:
-    from sparkctl.bench.runner import RunOptions
+    from sparkctl.bench.options import RunOptions
 
 
 @dataclass(frozen=True)

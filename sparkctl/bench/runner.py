@@ -44,11 +44,12 @@ import httpx
 
 from sparkctl import __version__
 from sparkctl.bench import workloads as wl
-from sparkctl.bench.client import BenchClient, ClientTimeouts, RequestSpec, new_salt
+from sparkctl.bench.client import BenchClient, RequestSpec, new_salt
 from sparkctl.bench.pool import PooledBenchClient, WorkerPool, default_workers
 from sparkctl.bench.events import RequestResult, result_to_jsonl
 from sparkctl.bench.fitting import AgentFit, ContextFit
 from sparkctl.bench.metrics import request_metrics
+from sparkctl.bench.options import RunOptions
 from sparkctl.bench.results import (
     CSV_COLUMNS,
     SCHEMA_VERSION,
@@ -91,42 +92,6 @@ Progress = Callable[[str], None]
 POOL_MIN_STREAMS = 64
 
 KNOWN_ENGINES = ("ds41f", "tensorfold", "vllm", "sglang", "llamacpp")
-
-
-@dataclass(frozen=True)
-class RunOptions:
-    """What to run. ``None`` = the profile's ``bench`` default, else the workloads default."""
-
-    suites: tuple[str, ...] = wl.DEFAULT_SUITES
-    repeats: int | None = None
-    record: bool = False
-    lengths: tuple[int, ...] | None = None          # prefill lengths (and the needle ladder's, for longctx)
-    concurrency: tuple[int, ...] | None = None      # concurrency levels (and agent session counts)
-    decode_tokens: int | None = None
-    duration_s: float = 600.0                       # soak
-    label: str | None = None
-    agent_warmup_s: float = 10.0
-    agent_measure_s: float = 60.0
-    agent_cooldown_s: float = 30.0                  # the most an in-flight request may run after the window
-    agent_corpora: tuple[str, ...] = ("draftable", "adversarial")
-    needle_depths: tuple[float, ...] = wl.DEFAULT_NEEDLE_DEPTHS
-    warm_prefix_tokens: int = wl.DEFAULT_WARM_PREFIX_TOKENS
-    quality_concurrency: int = 8
-    soak_concurrency: int = wl.DEFAULT_SOAK_CONCURRENCY
-    soak_scale: float = 1.0                         # scales the soak mix's prompt lengths
-    telemetry_interval_s: float = 1.0
-    timeouts: ClientTimeouts = ClientTimeouts()
-    client_workers: int | None = None
-    """Worker processes (event loops) for a client: None = one per core for
-    released-together points of >= ``POOL_MIN_STREAMS`` streams, else one loop
-    (:mod:`sparkctl.bench.pool`); 1 = always one loop."""
-
-    def __post_init__(self) -> None:
-        bad = [s for s in self.suites if s not in wl.SUITES]
-        if bad:
-            raise ConfigError(f"unknown suite {bad[0]!r}", hint=f"suites: {', '.join(wl.SUITES)}")
-        if self.repeats is not None and self.repeats < 1:
-            raise ConfigError("--repeats must be >= 1")
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ from sparkctl.bench.metrics import request_metrics, summarize
 from sparkctl.bench.rows import usage_cached_tokens, utc
 
 if TYPE_CHECKING:
-    from sparkctl.bench.runner import RunOptions
+    from sparkctl.bench.options import RunOptions
 
 LONGCTX_ANSWER_TOKENS = 48  # room for the passphrase and a sentence around it
 

@@ -30,7 +30,7 @@ from sparkctl.cli.base import (
     with_transport_options,
     with_waive_options,
 )
-from sparkctl.errors import ConfigError
+from sparkctl.errors import CheckFailed, ConfigError, LifecycleError
 
 
 @cli.command("check")
@@ -70,7 +70,10 @@ def check_cmd(c: Ctx, profile: str, sets: tuple[str, ...], waive: tuple[str, ...
         out.print(f"\n{'[green]ok[/]' if report.ok else f'[bold red]{fails} failing[/]'}: {len(report.nodes)} nodes, "
                   f"{len(report.verdicts)} verdicts in {report.duration_s:.1f} s")
     if not report.ok:
-        raise SystemExit(4)
+        bad = [v for v in report.verdicts if v.failed]
+        first = f"; first: {bad[0].law} on {bad[0].node}" if bad else ""
+        raise CheckFailed(f"check {profile}: {len(bad)} law(s) fail{first}",
+                          hint="each failing law's fix is in the verdicts above; --waive LAW --reason WHY accepts one")
 
 
 
@@ -328,7 +331,7 @@ def switch_cmd(c: Ctx, profile: str, sets: tuple[str, ...], waive: tuple[str, ..
         else:
             out.print(f"[bold red]switch to {profile} failed[/]: supervisor ended {sup.phase}")
         if wait and sup.phase != "done":
-            raise SystemExit(5)
+            raise LifecycleError(f"supervised switch to {profile} ended {sup.phase}", hint=f"its log: {sup.log} on {sup.head}")
         return
     with make_transport(inv, connect_timeout_s, command_timeout_s, deadline_s) as tr:
         result = switch(res, inv, tr, c.roots(), sets=sets, waivers=waivers, secrets=secrets_from_env(res),
@@ -342,7 +345,8 @@ def switch_cmd(c: Ctx, profile: str, sets: tuple[str, ...], waive: tuple[str, ..
         out.print(f"[bold red]switch to {profile} failed[/]: {escape(result.error)}")
         out.print(f"rolled back: {result.serving} serves again (endpoint unavailable for {result.downtime_s:.1f} s)")
     if not result.switched:
-        raise SystemExit(5)
+        raise LifecycleError(f"switch to {profile} failed" + (f"; {result.serving} serves again" if result.rolled_back else ""),
+                             hint="the failure is above (or in --json's error)")
 
 
 @cli.command("status")

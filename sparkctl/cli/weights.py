@@ -20,7 +20,7 @@ from sparkctl.cli.base import (
     pass_ctx,
     with_transport_options,
 )
-from sparkctl.errors import ConfigError
+from sparkctl.errors import ConfigError, LifecycleError
 
 # --------------------------------------------------------------------------- weights
 
@@ -180,4 +180,6 @@ def weights_sync_cmd(c: Ctx, profile: str, from_node: str | None, to_nodes: tupl
             out.print(f"{n}: {ns.bytes:,} bytes in {ns.seconds:.1f} s ({ns.rate_Bps / 1e6:.1f} MB/s), "
                       f"verified {ns.verified}" + (f", error {ns.error}" if ns.error else ""), markup=False)
     if not rep.ok:
-        raise SystemExit(5)
+        unverified = sorted(n for n, ns in rep.nodes.items() if not ns.verified)
+        raise LifecycleError(f"weights sync from {src}: not verified on {', '.join(unverified)}",
+                             hint="each node's error is above (or in --json)")

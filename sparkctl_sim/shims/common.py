@@ -13,9 +13,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from sparkctl_sim.envnames import STATE_ENV  # noqa: F401 - re-exported
+
 State = dict[str, Any]
 
-STATE_ENV = "SPARKCTL_SIM_STATE"
 TOOLS = (
     "nvidia-smi",
     "ibdev2netdev",

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from sparkctl_sim import nodestate
+from sparkctl_sim.nodestate import render_boot_id, render_meminfo  # noqa: F401 - re-exported by sparkctl_sim.shims
 from sparkctl_sim.shims.common import State, ToolResult, _copy_state, _result
 
 # --------------------------------------------------------------------------
@@ -92,57 +93,3 @@ def apt_mark(state: State, args: Sequence[str], *, euid: int) -> ToolResult:
     new = _copy_state(state)
     new["held_packages"] = sorted(held)
     return _result("".join(line + "\n" for line in out), new_state=new)
-
-
-def render_meminfo(state: State) -> str:
-    """A full arm64 6.17 ``/proc/meminfo`` whose MemAvailable follows the state."""
-    total = int(state["mem_total_kib"])
-    avail = nodestate.mem_available_kib(state)
-    engines_kib = int((sum(state["engine_mem_gib"].values()) + state["leaked_mem_gib"]) * 1024 * 1024)
-    buffers, sreclaim, sunreclaim = 13252, 477572, 520360
-    cached = min(3_407_872, max(0, avail - 1_000_000))
-    free = max(0, avail - cached - buffers - sreclaim // 2)  # nodestate.mem_free_base_kib
-    # The page cache of file reads (nodestate.fill_page_cache): out of MemFree, into Cached;
-    # MemAvailable counts it as reclaimable (mm/page_alloc.c si_mem_available).
-    in_cache = free - nodestate.mem_free_kib(state)
-    free, cached = free - in_cache, cached + in_cache
-    anon = max(0, min(total - free - cached - buffers - sreclaim - sunreclaim, 1_712_244 + engines_kib))
-    shmem = 3028
-    huge_kb = 2048 if int(state.get("page_size", 4096)) == 4096 else 524288
-    rows: list[tuple[str, int]] = [
-        ("MemTotal", total), ("MemFree", free), ("MemAvailable", avail), ("Buffers", buffers),
-        ("Cached", cached), ("SwapCached", 0),
-        ("Active", anon // 2 + cached // 2), ("Inactive", anon - anon // 2 + cached - cached // 2),
-        ("Active(anon)", anon // 2), ("Inactive(anon)", anon - anon // 2),
-        ("Active(file)", cached // 2), ("Inactive(file)", cached - cached // 2),
-        ("Unevictable", 24640), ("Mlocked", 24640),
-        ("SwapTotal", 16777212), ("SwapFree", 16777212), ("Zswap", 0), ("Zswapped", 0),
-        ("Dirty", 312), ("Writeback", 0), ("AnonPages", anon), ("Mapped", 612_480), ("Shmem", shmem),
-        ("KReclaimable", sreclaim), ("Slab", sreclaim + sunreclaim), ("SReclaimable", sreclaim),
-        ("SUnreclaim", sunreclaim), ("KernelStack", 23_168), ("PageTables", 31_412), ("SecPageTables", 0),
-        ("NFS_Unstable", 0), ("Bounce", 0), ("WritebackTmp", 0),
-        ("CommitLimit", total // 2 + 16777212), ("Committed_AS", 6_903_148 + engines_kib),
-        ("VmallocTotal", 133_141_626_880), ("VmallocUsed", 101_620), ("VmallocChunk", 0),
-        ("Percpu", 27_520),
-    ]
-    out = [f"{k + ':':<16}{v:>8} kB" for k, v in rows]
-    out.append(f"HardwareCorrupted: {0:>5} kB")
-    out += [f"{k + ':':<16}{v:>8} kB" for k, v in (
-        ("AnonHugePages", 0), ("ShmemHugePages", 0), ("ShmemPmdMapped", 0),
-        ("FileHugePages", 0), ("FilePmdMapped", 0), ("CmaTotal", 131_072), ("CmaFree", 69_320),
-    )]
-    out += [
-        f"HugePages_Total:   {0:>5}",
-        f"HugePages_Free:    {0:>5}",
-        f"HugePages_Rsvd:    {0:>5}",
-        f"HugePages_Surp:    {0:>5}",
-        f"Hugepagesize:   {huge_kb:>8} kB",
-        f"Hugetlb:        {0:>8} kB",
-    ]
-    return "\n".join(out) + "\n"
-
-
-def render_boot_id(state: State) -> str:
-    return f"{state['boot_id']}\n"
-
-
