@@ -72,6 +72,17 @@ def emit_json(data: Any) -> None:
     click.echo(json.dumps(data, indent=2, sort_keys=True, default=str))
 
 
+def print_plan(plan: Any, as_json: bool) -> None:
+    """A plan as `--dry-run` and `sparkctl plan` show it: its JSON, or its lines as they are."""
+    from sparkctl.plan.steps import describe
+
+    if as_json:
+        emit_json(plan.to_dict())
+        return
+    for line in describe(plan):
+        out.print(escape(line))
+
+
 PLUGIN_GROUP = "sparkctl.commands"
 # What a plugin needs beyond the product, and how to get it (the wheel's extras).
 PLUGIN_EXTRA = {"sim": "sim", "demo": "sim"}

@@ -24,6 +24,7 @@ from sparkctl.cli.base import (
     parse_waivers,
     pass_ctx,
     print_engine_warnings,
+    print_plan,
     print_verdicts,
     secrets_from_env,
     set_option,
@@ -189,11 +190,7 @@ def plan_cmd(c: Ctx, action: str, profile: str | None, sets: tuple[str, ...], wa
             with make_transport(inv, connect_timeout_s, command_timeout_s, deadline_s) as tr:
                 netplan = read_netplan(inv, tr)
         fplan, _files = plan_apply(inv, c.roots(), res, secrets_from_env(res) if res else {}, netplan)
-        if as_json:
-            emit_json(fplan.to_dict())
-        else:
-            for line in describe(fplan):
-                out.print(escape(line), soft_wrap=True)
+        print_plan(fplan, as_json)
         return
     if res is not None:
         print_engine_warnings(res, inv)

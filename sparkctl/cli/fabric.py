@@ -9,12 +9,12 @@ from sparkctl.cli.base import (
     NodeProgress,
     cli,
     emit_json,
-    escape,
     inventory_option,
     json_option,
     make_transport,
     out,
     pass_ctx,
+    print_plan,
     secrets_from_env,
     set_option,
     with_transport_options,
@@ -42,7 +42,6 @@ def fabric_apply_cmd(c: Ctx, profile: str | None, sets: tuple[str, ...], dry_run
     back at boot. Idempotent; `sparkctl fabric restore` puts the kept state back.
     """
     from sparkctl.ops.fabric import apply, plan_apply
-    from sparkctl.plan.steps import describe
 
     inv = c.inventory()
     res = c.resolve(profile, sets) if profile else None
@@ -53,11 +52,7 @@ def fabric_apply_cmd(c: Ctx, profile: str | None, sets: tuple[str, ...], dry_run
         with make_transport(inv, connect_timeout_s, command_timeout_s, deadline_s) as tr:
             netplan = read_netplan(inv, tr)
         plan, _files = plan_apply(inv, c.roots(), res, secrets, netplan)
-        if as_json:
-            emit_json(plan.to_dict())
-        else:
-            for line in describe(plan):
-                out.print(escape(line), markup=False)
+        print_plan(plan, as_json)
         return
     with make_transport(inv, connect_timeout_s, command_timeout_s, deadline_s) as tr:
         result = apply(inv, tr, c.roots(), res, secrets=secrets, progress=NodeProgress(quiet=as_json))

@@ -9,12 +9,12 @@ from sparkctl.cli.base import (
     NodeProgress,
     cli,
     emit_json,
-    escape,
     inventory_option,
     json_option,
     make_transport,
     out,
     pass_ctx,
+    print_plan,
     set_option,
     with_transport_options,
 )
@@ -50,18 +50,13 @@ def image_sync_cmd(c: Ctx, profile: str, from_node: str | None, sets: tuple[str,
     --key-hours; `sparkctl image revoke` takes it away at once.
     """
     from sparkctl.ops import image
-    from sparkctl.plan.steps import describe
 
     inv = c.inventory()
     res = c.resolve(profile, sets)
     with make_transport(inv, connect_timeout_s, command_timeout_s, deadline_s) as tr:
         if dry_run:
             plan, *_ = image.plan(res, inv, tr, from_node, key_hours)
-            if as_json:
-                emit_json(plan.to_dict())
-            else:
-                for line in describe(plan):
-                    out.print(escape(line), markup=False)
+            print_plan(plan, as_json)
             return
         result = image.sync(res, inv, tr, from_node, key_hours=key_hours, progress=NodeProgress(quiet=as_json))
     if as_json:
@@ -89,16 +84,11 @@ def image_revoke_cmd(c: Ctx, dry_run: bool, connect_timeout_s: float, command_ti
     """
     from sparkctl.ops import image
     from sparkctl.plan.imageplan import plan_image_revoke
-    from sparkctl.plan.steps import describe
 
     inv = c.inventory()
     if dry_run:
         plan = plan_image_revoke(inv)
-        if as_json:
-            emit_json(plan.to_dict())
-        else:
-            for line in describe(plan):
-                out.print(escape(line), markup=False)
+        print_plan(plan, as_json)
         return
     with make_transport(inv, connect_timeout_s, command_timeout_s, deadline_s) as tr:
         nodes = image.revoke(inv, tr, progress=NodeProgress(quiet=as_json))
