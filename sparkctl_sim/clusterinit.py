@@ -130,7 +130,10 @@ def dockerd_start() -> None:
     daemon/libnetwork/firewall_linux.go setupUserChain) it creates DOCKER-FORWARD and
     DOCKER-USER when missing (NewChain: a chain that exists is kept, never flushed) and
     re-inserts the FORWARD jumps at the top, DOCKER-FORWARD first, then DOCKER-USER, so
-    DOCKER-USER is always the first rule of FORWARD after a start or restart.
+    DOCKER-USER is always the first rule of FORWARD after a start or restart. The host's
+    INPUT it leaves alone: it flushes and removes only its own chains (iptabler.go), and
+    writes to filter INPUT only for a swarm overlay's encryption (drivers/overlay/encryption.go
+    programInput), which a Spark's engines do not use.
     """
     fwd = Path("/proc/sys/net/ipv4/ip_forward")
     if fwd.read_text().strip() != "1":

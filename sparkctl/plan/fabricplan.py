@@ -5,8 +5,8 @@ the laws accept: keep what it replaces (the node's netplan files, its sysctl
 file and values) under :data:`~sparkctl.model.paths.FABRIC_BACKUP` the first
 time, take foreign netplan files that configure fabric ports into that backup
 (or refuse, naming them: :func:`refuse_foreign`), push the rendered netplan
-file (and on a ring's relays the sysctl file and the DOCKER-USER unit; with a
-profile, its clock-cap unit), flush stale addresses on the fabric ports,
+file and the fabric filter unit (INPUT; on a ring's relays also DOCKER-USER, and
+the sysctl file; with a profile, its clock-cap unit), flush stale addresses on the fabric ports,
 ``netplan generate`` and ``networkctl reconfigure`` of the fabric ports only
 (never ``netplan apply``: see :func:`_reconfigure`), apply the sysctl file now
 (``sysctl -p``; systemd-sysctl applies it at boot), enable the units, and wait
@@ -75,6 +75,8 @@ def _relay(inv: Inventory, node: str) -> bool:
 
 # sparkctl's own chain for what a relay may forward, jumped to from the top of DOCKER-USER.
 FORWARD_CHAIN = "SPARKCTL-FABRIC"
+# sparkctl's own chain for what reaches a cabled node's fabric addresses, jumped to from the top of INPUT.
+INPUT_CHAIN = "SPARKCTL-FABRIC-IN"
 
 
 def _docker_user_rule(pool: str) -> str:
@@ -97,37 +99,70 @@ def forward_rules(pool: str, ports: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(rules)
 
 
-def _forward_sh(pool: str, ports: tuple[str, ...]) -> tuple[str, str]:
-    """(start, stop) shell of the forward unit, with the real iptables.
+def input_rules(pool: str, ports: tuple[str, ...]) -> tuple[str, ...]:
+    """The rules of INPUT_CHAIN: the fabric pool is delivered locally from the fabric ports and lo only.
 
-    The chain is replaced in one iptables-restore commit (``--noflush`` keeps every other
-    chain; declaring the chain flushes it), so a re-apply never opens a gap. DOCKER-USER
-    is created when dockerd has not started yet (it keeps a chain it finds, and never
-    flushes it: moby daemon/libnetwork/firewall_linux.go setupUserChain), and so is the
-    FORWARD jump to it (dockerd's EnsureJumpRule deletes and re-inserts it at the top at
-    every start: daemon/libnetwork/iptables/iptables.go), so the rules hold from before
-    dockerd's first start and through each of its restarts."""
+    Linux is a weak host: it accepts a packet for any local address on any interface
+    (ip-sysctl.rst; no per-address setting refuses it), so a host on the management LAN that
+    routes a node's own fabric address through the node's management address reaches an
+    engine bound to that fabric address (serve.bind: fabric), relay or not. That is local
+    delivery (INPUT), which FORWARD_CHAIN never sees. Anything else returns to INPUT as before."""
+    rules = [f"-A {INPUT_CHAIN} -i {i} -j RETURN" for i in ("lo", *ports)]
+    rules.append(f"-A {INPUT_CHAIN} -d {pool} -j DROP")
+    return tuple(rules)
+
+
+def _forward_sh(pool: str, ports: tuple[str, ...], relay: bool = True) -> tuple[str, str]:
+    """(start, stop) shell of the fabric filter unit, with the real iptables.
+
+    Every cabled node gets INPUT_CHAIN (jumped to from the top of INPUT); a relay also
+    FORWARD_CHAIN (from the top of DOCKER-USER). The chains are replaced in one
+    iptables-restore commit (``--noflush`` keeps every other chain; declaring a chain
+    flushes it), so a re-apply never opens a gap. dockerd never touches an INPUT chain it
+    did not create: it flushes and removes only its own chains (moby
+    daemon/libnetwork/drivers/bridge/internal/iptabler/iptabler.go), and the host's filter
+    INPUT only for a swarm overlay's encryption rule (drivers/overlay/encryption.go
+    programInput, its own rule inserted or deleted). DOCKER-USER is created when dockerd
+    has not started yet (it keeps a chain it finds, and never flushes it: moby
+    daemon/libnetwork/firewall_linux.go setupUserChain), and so is the FORWARD jump to it
+    (dockerd's EnsureJumpRule deletes and re-inserts it at the top at every start:
+    daemon/libnetwork/iptables/iptables.go), so the rules hold from before dockerd's first
+    start and through each of its restarts. A node that is no longer a relay loses
+    FORWARD_CHAIN."""
     ipt = "iptables -w"
-    restore = " ".join(q(line) for line in ("*filter", f":{FORWARD_CHAIN} - [0:0]", *forward_rules(pool, ports),
-                                            "COMMIT"))
-    start = "; ".join([
-        "set -e",
-        f"printf '%s\\n' {restore} | iptables-restore -w --noflush",
-        f"{ipt} -N DOCKER-USER 2>/dev/null || true",
-        f"{ipt} -C DOCKER-USER -j {FORWARD_CHAIN} 2>/dev/null || {ipt} -I DOCKER-USER 1 -j {FORWARD_CHAIN}",
-        f"{ipt} -C FORWARD -j DOCKER-USER 2>/dev/null || {ipt} -I FORWARD 1 -j DOCKER-USER",
-        f"while {ipt} -D DOCKER-USER {_docker_user_rule(pool)} 2>/dev/null; do :; done",
-    ])
-    return start, _forward_stop_sh(pool)
+    chains = [f":{INPUT_CHAIN} - [0:0]", *input_rules(pool, ports)]
+    if relay:
+        chains = [f":{FORWARD_CHAIN} - [0:0]", *forward_rules(pool, ports), *chains]
+    restore = " ".join(q(line) for line in ("*filter", *chains, "COMMIT"))
+    start = ["set -e",
+             f"printf '%s\\n' {restore} | iptables-restore -w --noflush",
+             f"{ipt} -C INPUT -j {INPUT_CHAIN} 2>/dev/null || {ipt} -I INPUT 1 -j {INPUT_CHAIN}"]
+    if relay:
+        start += [
+            f"{ipt} -N DOCKER-USER 2>/dev/null || true",
+            f"{ipt} -C DOCKER-USER -j {FORWARD_CHAIN} 2>/dev/null || {ipt} -I DOCKER-USER 1 -j {FORWARD_CHAIN}",
+            f"{ipt} -C FORWARD -j DOCKER-USER 2>/dev/null || {ipt} -I FORWARD 1 -j DOCKER-USER",
+            f"while {ipt} -D DOCKER-USER {_docker_user_rule(pool)} 2>/dev/null; do :; done"]
+    else:
+        start.append(_forward_chain_stop_sh(pool))
+    return "; ".join(start), _forward_stop_sh(pool)
 
 
-def _forward_stop_sh(pool: str) -> str:
-    """Remove FORWARD_CHAIN and its jump (and an older sparkctl's DOCKER-USER rule); Docker's own stay.
-    Safe under ``set -e`` (the restore script) when there is nothing left to remove."""
+def _forward_chain_stop_sh(pool: str) -> str:
+    """Remove FORWARD_CHAIN and its jump (and an older sparkctl's DOCKER-USER rule); Docker's own stay."""
     ipt = "iptables -w"
     return (f"while {ipt} -D DOCKER-USER -j {FORWARD_CHAIN} 2>/dev/null; do :; done; "
             f"{{ {ipt} -F {FORWARD_CHAIN} && {ipt} -X {FORWARD_CHAIN}; }} 2>/dev/null || true; "
             f"while {ipt} -D DOCKER-USER {_docker_user_rule(pool)} 2>/dev/null; do :; done; true")
+
+
+def _forward_stop_sh(pool: str) -> str:
+    """Remove both chains and their jumps (and an older sparkctl's DOCKER-USER rule); Docker's own stay.
+    Safe under ``set -e`` (the restore script) when there is nothing left to remove."""
+    ipt = "iptables -w"
+    return (f"while {ipt} -D INPUT -j {INPUT_CHAIN} 2>/dev/null; do :; done; "
+            f"{{ {ipt} -F {INPUT_CHAIN} && {ipt} -X {INPUT_CHAIN}; }} 2>/dev/null || true; "
+            + _forward_chain_stop_sh(pool))
 
 
 def render_fabric(inv: Inventory, roots: Roots, profile_rendering: Rendering | None = None) -> FabricFiles:
@@ -140,16 +175,16 @@ def render_fabric(inv: Inventory, roots: Roots, profile_rendering: Rendering | N
         links = inv.node_links(n.name)
         if not links:
             continue
-        accept_sh, remove_sh = _forward_sh(pool, tuple(ep.netdev for ep in inv.endpoints(n.name)))
+        relay = _relay(inv, n.name)
+        accept_sh, remove_sh = _forward_sh(pool, tuple(ep.netdev for ep in inv.endpoints(n.name)), relay)
         ctx = dict(version=__version__, r=_NodeRef(n.name), node=n.name, inv=inv, links=links,
                    routes=inv.routes_for(n.name), mtu=inv.mtu, pool=pool, chain=FORWARD_CHAIN,
-                   accept_sh=accept_sh, remove_sh=remove_sh)
-        want = [(NETPLAN, "fabric-netplan.yaml.j2", 0o600)]
-        node_units: list[str] = []
-        if _relay(inv, n.name):
-            want += [(SYSCTL, "sysctl-forward.conf.j2", 0o644),
-                     (FORWARD_UNIT, "sparkctl-fabric-forward.service.j2", 0o644)]
-            node_units.append(posixpath.basename(FORWARD_UNIT))
+                   in_chain=INPUT_CHAIN, relay=relay, accept_sh=accept_sh, remove_sh=remove_sh)
+        # every cabled node: its fabric addresses from its fabric ports only; a relay also forwards
+        want = [(NETPLAN, "fabric-netplan.yaml.j2", 0o600),
+                *([(SYSCTL, "sysctl-forward.conf.j2", 0o644)] if relay else []),
+                (FORWARD_UNIT, "sparkctl-fabric-forward.service.j2", 0o644)]
+        node_units: list[str] = [posixpath.basename(FORWARD_UNIT)]
         out = []
         for path, tmpl, mode in want:
             full = under(n.prefix, path)
@@ -404,11 +439,12 @@ def plan_fabric_apply(inv: Inventory, fabric: FabricFiles, profile: str | None =
                           sudo=_fan(inv, aside), timeout_s=30))
     if nodes:
         steps += [
-            Step("push", "push", "put", nodes, "push the rendered fabric files", changes="netplan file"
-                 + (", sysctl file and DOCKER-USER unit on " + ", ".join(relays) if relays else ""), files=put),
+            Step("push", "push", "put", nodes, "push the rendered fabric files", changes="netplan file and "
+                 "fabric filter unit (INPUT; DOCKER-USER on relays)"
+                 + (", sysctl file on " + ", ".join(relays) if relays else ""), files=put),
             Step("apply", "apply", "run", nodes, "flush stale fabric addresses, netplan generate, networkctl "
                  "reconfigure the fabric ports only (never netplan apply), sysctl -p, enable units",
-                 changes="fabric addresses, routes, forwarding, rp_filter, DOCKER-USER rule, enabled units",
+                 changes="fabric addresses, routes, forwarding, rp_filter, INPUT and DOCKER-USER rules, enabled units",
                  commands=apply, sudo=_fan(inv, apply), timeout_s=APPLY_TIMEOUT_S),
             Step("gids", "verify", "run", nodes, "wait for exactly one RoCE v2 IPv4 GID per cabled port",
                  commands=wait, sudo=_fan(inv, wait), timeout_s=GID_WAIT_S + 15)]
@@ -466,7 +502,7 @@ def plan_fabric_restore(inv: Inventory) -> Plan:
         # with it, first, so that a node with nothing else to restore loses them too
         *revoke_steps(inv),
         Step("restore", "restore", "run", nodes, "put back the netplan files, sysctl file and values, earlyoom's "
-             "file, units", changes="fabric files, addresses, forwarding, DOCKER-USER rule, enabled units, "
+             "file, units", changes="fabric files, addresses, forwarding, INPUT and DOCKER-USER rules, enabled units, "
              "earlyoom's arguments", commands=cmds, sudo=_fan(inv, cmds), timeout_s=APPLY_TIMEOUT_S),
     ))
 
