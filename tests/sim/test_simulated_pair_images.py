@@ -93,7 +93,7 @@ def test_simulated_node_key_runs_only_the_load_expires_and_is_revoked(sim_pair_b
     def resync(variant: str) -> None:
         sim.sparkctl("sim", "image", "load", "spark-b", IMAGE, "--variant", variant, check=True)
         r = sim.sparkctl(*inv, "image", "sync", PROFILE, "--from", "spark-a", "--key-hours", "2", check=True)
-        assert "copied from spark-a to spark-b, verified by image ID" in r.stdout, r.stdout
+        assert "copied from spark-a to spark-b, verified by content digest" in r.stdout, r.stdout
 
     resync("again")
     line = sim.ssh("spark-b", f"grep sparkctl-image-sync@ {NODE_AUTHORIZED_KEYS}").stdout.strip().splitlines()
