@@ -41,7 +41,7 @@ def image_group() -> None:
 def image_sync_cmd(c: Ctx, profile: str, from_node: str | None, sets: tuple[str, ...], key_hours: float,
                    dry_run: bool, connect_timeout_s: float, command_timeout_s: float, deadline_s: float,
                    as_json: bool) -> None:
-    """Copy PROFILE's image from one node to the others over the fabric, verified by content digest (the same on both docker stores).
+    """Copy PROFILE's image from one node to the others over the fabric, verified by content digest.
 
     Runs `docker save IMAGE | ssh <fabric address> docker load` on the source
     node (streamed, no temporary file), as the community copies locally built
