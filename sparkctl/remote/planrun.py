@@ -5,7 +5,8 @@ Used in two places with the same code: by the executor on the operator's side
 (``sparkctl.ops.executor``, whose backend is sparkctl's SSH transport), and on
 the head node by a supervised switch (``python3 planrun.py supervise ...``,
 whose backend runs commands locally and over ssh to the peers). Standard
-library only: this file is pushed to the head as one file.
+library only: this file is pushed to the head with the one readiness probe
+it imports (``endpoint_probe.py``), beside it.
 
 The plan (see ``sparkctl/plan/steps.py``) is a list of steps; each fans out to
 its nodes and waits for all. A failed step leads to the branch its
@@ -23,10 +24,13 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
+
+if __package__:  # imported: the operator's executor
+    from sparkctl.remote import endpoint_probe
+else:  # run on the head as ``python3 planrun.py``: endpoint_probe.py is pushed beside it
+    import endpoint_probe  # type: ignore[no-redef]
 
 Res = dict  # {"ok": bool, "exit_code": int | None, "stdout": str, "stderr": str, "error": str}
 
@@ -282,30 +286,10 @@ def _api_key(spec: dict | None) -> str | None:
 
 def _probe(url: str, served_name: str, metric: str | None, smoke: bool,
            api_key: dict | None = None, via: str | None = None) -> tuple[bool, str]:
-    """The readiness probe of ``sparkctl.ops.readiness.probe_endpoint``, in the standard library.
+    """The one readiness probe (``endpoint_probe.probe_endpoint``) with the key as the head holds it.
 
     ``via``: the head, whose own address ``url`` is: this runner runs there and asks it directly."""
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    key = _api_key(api_key)
-    auth = {"Authorization": f"Bearer {key}"} if key else {}
-    try:
-        with opener.open(urllib.request.Request(f"{url}/v1/models", headers=auth), timeout=5) as r:
-            models = [m.get("id") for m in json.loads(r.read()).get("data", [])]
-        if served_name not in models:
-            return False, f"/v1/models lists {models or 'nothing'}, not {served_name!r}"
-        if not smoke:
-            return True, "model listed"
-        body = json.dumps({"model": served_name, "prompt": "ping", "max_tokens": 1, "temperature": 0}).encode()
-        req = urllib.request.Request(f"{url}/v1/completions", data=body,
-                                     headers={"Content-Type": "application/json", **auth})
-        with opener.open(req, timeout=30) as r:
-            answer = json.loads(r.read())
-        usage = answer.get("usage") or {}
-        if int(usage.get("completion_tokens", 0)) < 1:
-            return False, "1-token completion returned no tokens"
-        return True, "serving"
-    except (OSError, ValueError, urllib.error.URLError) as exc:
-        return False, f"{type(exc).__name__}: {str(exc)[:120]}"
+    return endpoint_probe.probe_endpoint(url, served_name, metric, smoke=smoke, api_key=_api_key(api_key))
 
 
 class HeadBackend:
