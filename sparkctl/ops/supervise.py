@@ -115,8 +115,9 @@ def switch_supervised(res: Resolved, inv: Inventory, transport: Transport, roots
         backend = TransportBackend(inv, transport, say, rendering, extra,
                                    check=_check_fn(res, inv, transport, waivers, say))
         state = run_plan(mine, backend)
-        if state["result"] != "done":
-            f = state["failed"]
+        if state.result != "done":
+            f = state.failed
+            assert f is not None
             cause = f.cause if isinstance(f.cause, SparkctlError) else LifecycleError(f.detail, Ref(node=f.node))
             raise cause.in_phase(op, f.step["phase"])
         addrs = _provision_supervisor_ssh(inv, transport, head, say)
