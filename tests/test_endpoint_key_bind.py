@@ -31,6 +31,7 @@ from sparkctl.model.record import RunRecord, on_node_host, operator_route
 from sparkctl.ops import readiness
 from sparkctl.ops.readiness import operator_key
 from sparkctl.ops.status import endpoint_status
+from sparkctl.remote import endpoint_probe
 from sparkctl.transport import FakeTransport
 from sparkctl.transport.base import TransportSettings
 from sparkctl.transport.connection import SSHTransport
@@ -164,7 +165,7 @@ def test_operator_key_names_the_variable_and_hides_the_key() -> None:
     k = operator_key("H16_KEY", {"H16_KEY": KEY})
     assert k.problem is None and k.key == KEY and KEY not in repr(k)
     assert operator_key(None, {}).problem is None
-    assert readiness.auth_headers(k.key) == {"Authorization": f"Bearer {KEY}"}
+    assert endpoint_probe.auth_headers(k.key) == {"Authorization": f"Bearer {KEY}"}
 
 
 # --------------------------------------------------------------------------- the models fact

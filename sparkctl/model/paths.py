@@ -41,6 +41,7 @@ FABRIC_BACKUP = f"{STATE_DIR}/fabric-backup"  # what `fabric apply` replaced; `f
 # the supervised switch (runs on the head)
 SUPERVISOR_PLAN = f"{STATE_DIR}/supervisor-plan.json"
 SUPERVISOR_RUNNER = f"{OPT_DIR}/planrun.py"
+SUPERVISOR_PROBE = f"{OPT_DIR}/endpoint_probe.py"  # the readiness probe the runner imports, beside it
 SUPERVISOR_EVENTS = f"{STATE_DIR}/supervisor.jsonl"
 SUPERVISOR_PID = f"{STATE_DIR}/supervisor.pid"
 SUPERVISOR_LOG = f"{LOG_DIR}/supervisor.log"

@@ -235,8 +235,9 @@ def _check_fn(res: Resolved, inv: Inventory, transport: Transport, waivers: Mapp
     return check
 
 
-def _raise_failure(state: Mapping[str, Any], op: str) -> None:
-    f: planrun.StepFailed = state["failed"]
+def _raise_failure(state: planrun.RunState, op: str) -> None:
+    f = state.failed
+    assert f is not None
     phase = f.step["phase"]
     if isinstance(f.cause, SparkctlError):
         raise f.cause.in_phase(op, phase) from None
@@ -244,20 +245,20 @@ def _raise_failure(state: Mapping[str, Any], op: str) -> None:
     raise err.in_phase(op, phase) from None
 
 
-def run_plan(plan: Plan, backend: TransportBackend) -> dict[str, Any]:
+def run_plan(plan: Plan, backend: TransportBackend) -> planrun.RunState:
     """Execute exactly ``plan``; KeyboardInterrupt becomes Interrupted naming the phase."""
     try:
         return planrun.execute(plan.to_dict(), backend)
     except KeyboardInterrupt as exc:
-        state = exc.args[0] if exc.args and isinstance(exc.args[0], dict) else {}
-        phase = (state.get("failure") or {}).get("phase", "?")
+        state = exc.args[0] if exc.args and isinstance(exc.args[0], planrun.RunState) else None
+        phase = ((state.failure if state else None) or {}).get("phase", "?")
         raise Interrupted(f"{plan.op} interrupted in phase {phase}",
                           hint="what this run started was stopped; `sparkctl status` shows what runs") from None
 
 
-def _phases(state: Mapping[str, Any]) -> tuple[PhaseTime, ...]:
+def _phases(state: planrun.RunState) -> tuple[PhaseTime, ...]:
     out: dict[str, float] = {}
-    for o in state["outcomes"]:
+    for o in state.outcomes:
         out[o["phase"]] = out.get(o["phase"], 0.0) + o["seconds"]
     return tuple(PhaseTime(k, v) for k, v in out.items())
 
@@ -284,7 +285,7 @@ def up(res: Resolved, inv: Inventory, transport: Transport, roots: Roots, *,
             return UpResult(res.name, "noop", read_record(inv, transport), (), None)
         backend = TransportBackend(inv, transport, say, rendering, check=_check_fn(res, inv, transport, waivers, say))
         state = run_plan(plan, backend)
-        if state["result"] != "done":
+        if state.result != "done":
             _raise_failure(state, op)
         return _up_result(res, plan, state, backend)
     except SparkctlError as exc:
@@ -294,14 +295,14 @@ def up(res: Resolved, inv: Inventory, transport: Transport, roots: Roots, *,
             guard.release()
 
 
-def _up_result(res: Resolved, plan: Plan, state: Mapping[str, Any], backend: TransportBackend) -> UpResult:
+def _up_result(res: Resolved, plan: Plan, state: planrun.RunState, backend: TransportBackend) -> UpResult:
     push = next(s for s in plan.steps if s.phase == "push")
     restarted = tuple(push.nodes)
     whole = not plan.note
-    rec = RunRecord.from_dict(state["record"]) if state["record"] else None
-    ready = sum(o["seconds"] for o in state["outcomes"] if o["phase"] == "ready")
+    rec = RunRecord.from_dict(state.record) if state.record else None
+    ready = sum(o["seconds"] for o in state.outcomes if o["phase"] == "ready")
     return UpResult(res.name, "started" if whole else "restarted", rec, _phases(state), backend.check_report,
-                    ready_s=ready, restarted_nodes=restarted, steps=tuple(state["outcomes"]))
+                    ready_s=ready, restarted_nodes=restarted, steps=tuple(state.outcomes))
 
 
 def down(inv: Inventory, transport: Transport, *, reset_clocks: bool = False, progress: Progress | None = None,
@@ -321,8 +322,8 @@ def down(inv: Inventory, transport: Transport, *, reset_clocks: bool = False, pr
                 guard = None
         plan, _, _ = plan_for("down", None, inv, transport, Roots(()), reset_clocks=reset_clocks)
         state = run_plan(plan, TransportBackend(inv, transport, say))
-        record_failures = [f for f in state["soft_failures"] if f.step["kind"] == "record"]
-        left = state["left"]
+        record_failures = [f for f in state.soft_failures if f.step["kind"] == "record"]
+        left = state.left
         if record_failures:
             f = record_failures[0]
             raise LifecycleError(f"engines stopped{' except on ' + ', '.join(sorted(left)) if left else ''}, but "
@@ -330,10 +331,10 @@ def down(inv: Inventory, transport: Transport, *, reset_clocks: bool = False, pr
                                  Ref(node=f.node), hint=f.hint).in_phase("down", f.step["phase"])
         stop = next(s for s in plan.steps if s.kind == "stop")
         reset = next((s for s in plan.steps if s.id == "reset-clocks"), None)
-        failed_resets = {f.node for f in state["soft_failures"] if f.step["id"] == "reset-clocks"}
-        return DownResult(tuple(stop.nodes), dict(left), dict(state["leaks"]),
+        failed_resets = {f.node for f in state.soft_failures if f.step["id"] == "reset-clocks"}
+        return DownResult(tuple(stop.nodes), dict(left), dict(state.leaks),
                           tuple(n for n in (reset.nodes if reset else ()) if n not in failed_resets),
-                          steps=tuple(state["outcomes"]))
+                          steps=tuple(state.outcomes))
     except SparkctlError as exc:
         raise exc.in_phase("down", "lock") if exc.phase is None and guard and not guard.held else exc from None
     finally:
@@ -364,17 +365,19 @@ def switch(res: Resolved, inv: Inventory, transport: Transport, roots: Roots, *,
                                    check=_check_fn(res, inv, transport, waivers, say))
         t0 = time.monotonic()
         state = run_plan(plan, backend)
-        if state["result"] == "done":
+        if state.result == "done":
             result = _up_result(res, plan, state, backend)
             unavailable = sum(p.seconds for p in result.phases if p.phase in ("stop-stale", "push", "start", "ready"))
             return SwitchResult(res.name, True, False, unavailable if "rollback" in plan.branches else 0.0, up=result)
-        if "rollback" not in state["branches"]:
+        if "rollback" not in state.branches:
             _raise_failure(state, op)  # nothing was stopped, or nothing to roll back to
-        f: planrun.StepFailed = state["failed"]
+        f = state.failed
+        assert f is not None
         first = f.cause.in_phase(op, f.step["phase"]).one_line() if isinstance(f.cause, SparkctlError) else \
             f"{op} failed in phase {f.step['phase']}: {f.detail}"
-        if "rollback" not in state["completed"]:
-            b: planrun.StepFailed = state["branch_failure"]
+        if "rollback" not in state.completed:
+            b = state.branch_failure
+            assert b is not None
             prev_name = plan.branches["rollback"][-1].params["record"]["profile"]
             raise LifecycleError(f"switch to {res.name} failed ({f.detail}) and in phase rollback restoring "
                                  f"{prev_name} failed too: {b.detail}", Ref(node=b.node),

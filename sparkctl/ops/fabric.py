@@ -72,10 +72,10 @@ def _run(plan: Plan, inv: Inventory, transport: Transport, progress: Progress | 
         backend = TransportBackend(inv, transport, say)
         backend.blobs.update(blobs)
         state = run_plan(plan, backend)
-        if state.get("failed") is not None:
+        if state.failed is not None:
             _raise_failure(state, plan.op)
         nodes = tuple(dict.fromkeys(n for s in plan.steps for n in s.nodes))
-        return FabricResult(plan.op, nodes, tuple(state["outcomes"]))
+        return FabricResult(plan.op, nodes, tuple(state.outcomes))
     finally:
         guard.release()
 

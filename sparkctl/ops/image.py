@@ -186,12 +186,12 @@ def sync(res: Resolved, inv: Inventory, transport: Transport, from_node: str | N
         if known is not None:
             nodessh.forget(inv, source, nodessh.IMAGE_SYNC)  # until the files are written, nothing is vouched for
         state = run_plan(the_plan, backend)
-        if state.get("failed") is not None:
+        if state.failed is not None:
             nodessh.forget(inv, source, nodessh.IMAGE_SYNC)  # whatever went wrong, the next run provisions afresh
             _raise_failure(state, the_plan.op)
         if known is not None:
             nodessh.remember(inv, source, targets, known, nodessh.IMAGE_SYNC)
-        return ImageSyncResult(res.name, image, source, image_id, targets, tuple(state["outcomes"]))
+        return ImageSyncResult(res.name, image, source, image_id, targets, tuple(state.outcomes))
     finally:
         guard.release()
 
@@ -203,7 +203,7 @@ def revoke(inv: Inventory, transport: Transport, *, progress: Progress | None = 
     guard.acquire()
     try:
         state = run_plan(the_plan, TransportBackend(inv, transport, progress or (lambda *_: None)))
-        if state.get("failed") is not None:
+        if state.failed is not None:
             _raise_failure(state, the_plan.op)
         nodessh.forget_all(inv, nodessh.IMAGE_SYNC)
         return tuple(inv.names)

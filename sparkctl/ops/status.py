@@ -18,15 +18,13 @@ from sparkctl.ops.lock import read_record
 from sparkctl.ops.readiness import (
     OperatorKey,
     Route,
-    auth_headers,
-    mask,
-    metric_value,
     on_node_host,
     operator_key,
     operator_route,
 )
 from sparkctl.ops.supervise import supervisor_progress
 from sparkctl.plan.render import API_KEY_VAR, TOKENS_METRIC, under
+from sparkctl.remote.endpoint_probe import auth_headers, mask, metric_value
 from sparkctl.transport.forward import forward
 from sparkctl.transport.ssh import Transport
 

@@ -28,6 +28,7 @@ from sparkctl.model.paths import (
     SUPERVISOR_LOG,
     SUPERVISOR_PID,
     SUPERVISOR_PLAN,
+    SUPERVISOR_PROBE,
     SUPERVISOR_RUNNER,
 )
 from sparkctl.model.profiles import Resolved
@@ -114,8 +115,9 @@ def switch_supervised(res: Resolved, inv: Inventory, transport: Transport, roots
         backend = TransportBackend(inv, transport, say, rendering, extra,
                                    check=_check_fn(res, inv, transport, waivers, say))
         state = run_plan(mine, backend)
-        if state["result"] != "done":
-            f = state["failed"]
+        if state.result != "done":
+            f = state.failed
+            assert f is not None
             cause = f.cause if isinstance(f.cause, SparkctlError) else LifecycleError(f.detail, Ref(node=f.node))
             raise cause.in_phase(op, f.step["phase"])
         addrs = _provision_supervisor_ssh(inv, transport, head, say)
@@ -155,9 +157,10 @@ def handover_document(inv: Inventory, head: str, plan: Plan, backend: TransportB
 def _launch(inv: Inventory, transport: Transport, head: str, doc: Mapping[str, Any], prev: Any, profile: str,
             op: str, say: Progress) -> SupervisedSwitch:
     hs = node_sudo(inv, head)
-    runner = resources.files("sparkctl.remote").joinpath("planrun.py").read_bytes()
+    remote = resources.files("sparkctl.remote")
     for path, data, mode in ((SUPERVISOR_PLAN, json.dumps(doc, sort_keys=True).encode(), 0o600),
-                             (SUPERVISOR_RUNNER, runner, 0o755)):
+                             (SUPERVISOR_PROBE, remote.joinpath("endpoint_probe.py").read_bytes(), 0o644),
+                             (SUPERVISOR_RUNNER, remote.joinpath("planrun.py").read_bytes(), 0o755)):
         r = transport.put(head, node_path(inv, head, path), data, mode, sudo=hs)
         if not r.ok:
             raise LifecycleError(f"cannot write {path} on {head}: {r.error or r.stderr.strip()}", Ref(node=head))

@@ -5,7 +5,8 @@ Used in two places with the same code: by the executor on the operator's side
 (``sparkctl.ops.executor``, whose backend is sparkctl's SSH transport), and on
 the head node by a supervised switch (``python3 planrun.py supervise ...``,
 whose backend runs commands locally and over ssh to the peers). Standard
-library only: this file is pushed to the head as one file.
+library only: this file is pushed to the head with the one readiness probe
+it imports (``endpoint_probe.py``), beside it.
 
 The plan (see ``sparkctl/plan/steps.py``) is a list of steps; each fans out to
 its nodes and waits for all. A failed step leads to the branch its
@@ -23,12 +24,39 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+if __package__:  # imported: the operator's executor
+    from sparkctl.remote import endpoint_probe
+else:  # run on the head as ``python3 planrun.py``: endpoint_probe.py is pushed beside it
+    import endpoint_probe  # type: ignore[no-redef]
 
 Res = dict  # {"ok": bool, "exit_code": int | None, "stdout": str, "stderr": str, "error": str}
+
+
+class Backend(Protocol):
+    """What :func:`execute` asks of the side it runs on: ``ops.executor.TransportBackend`` (the
+    operator's, over sparkctl's transport) or :class:`HeadBackend` (the head's, in a supervised switch)."""
+
+    def emit(self, node: str, phase: str, message: str) -> None: ...  # node or "*"
+    def now(self) -> str: ...  # ISO 8601, UTC: the record's updated_at
+    def monotonic(self) -> float: ...
+    def sleep(self, seconds: float) -> None: ...
+
+    def probe(self, url: str, served_name: str, metric: str | None, smoke: bool,
+              api_key: Mapping[str, str] | None = None, via: str | None = None) -> tuple[bool, str]:
+        """The one readiness probe (``endpoint_probe``); ``api_key`` names where the key is, never the key."""
+        ...
+
+    def run_all(self, commands: Mapping[str, str], sudo: Mapping[str, bool],
+                timeout_s: float | None) -> dict[str, Res]: ...
+    def put_all(self, files: Mapping[str, Sequence[Mapping[str, Any]]]) -> dict[str, Res]: ...
+    def write_record(self, node: str, path: str, data: Mapping[str, Any]) -> Res: ...
+    def leaks(self, results: Mapping[str, Mapping[str, Any]]) -> dict[str, float]: ...  # node -> GiB held
+    def check(self, params: Mapping[str, Any]) -> str: ...
 
 
 class StepFailed(Exception):
@@ -43,16 +71,36 @@ class StepFailed(Exception):
         return {"step": self.step["id"], "phase": self.step["phase"], "node": self.node, "detail": self.detail}
 
 
+@dataclass
+class RunState:
+    """What a run did, as :func:`execute` returns it (and carries in the KeyboardInterrupt it re-raises)."""
+
+    op: str  # "switch NAME": the record's note names it
+    result: str = ""  # done | failed | interrupted
+    outcomes: list[dict[str, Any]] = field(default_factory=list)  # per step run: id, phase, ok, seconds, detail
+    failure: dict[str, Any] | None = None  # the main line's failure: step, phase, node, detail
+    failed: StepFailed | None = None  # ... as raised
+    branches: list[str] = field(default_factory=list)  # entered, in order
+    completed: list[str] = field(default_factory=list)  # branches that ran to their end
+    branch_failure: StepFailed | None = None  # the first failure inside a branch
+    soft_failures: list[StepFailed] = field(default_factory=list)  # steps with on_fail "continue" that failed
+    left: dict[str, str] = field(default_factory=dict)  # node -> what the stop step found still running
+    leaks: dict[str, float] = field(default_factory=dict)  # node -> GiB held with no engine
+    interrupted: bool = False
+    record: dict[str, Any] | None = None  # the last record written
+    current: dict[str, Any] | None = None  # the step running
+
+
 def _last_line(r: Res) -> str:
     return r.get("error") or ((r.get("stderr") or "").strip().splitlines() or [f"exit {r.get('exit_code')}"])[-1]
 
 
-def _fan(step: dict, backend: Any, commands: dict[str, str] | None = None) -> dict[str, Res]:
+def _fan(step: dict, backend: Backend, commands: dict[str, str] | None = None) -> dict[str, Res]:
     cmds = commands if commands is not None else step.get("commands", {})
     return backend.run_all(cmds, step.get("sudo", {}), step.get("timeout_s"))
 
 
-def _run(step: dict, backend: Any, state: dict) -> str:
+def _run(step: dict, backend: Backend, state: RunState) -> str:
     res = _fan(step, backend)
     bad = sorted(n for n, r in res.items() if not r["ok"])
     if bad:
@@ -60,7 +108,7 @@ def _run(step: dict, backend: Any, state: dict) -> str:
     return f"{len(res)} nodes"
 
 
-def _stop(step: dict, backend: Any, state: dict) -> str:
+def _stop(step: dict, backend: Backend, state: RunState) -> str:
     res = _fan(step, backend)
     left: dict[str, str] = {}
     for n, r in res.items():
@@ -75,7 +123,7 @@ def _stop(step: dict, backend: Any, state: dict) -> str:
         ports = next((ln[6:].strip() for ln in out.splitlines() if ln.startswith("ports:")), "")
         if procs or ports:
             left[n] = " ".join(x for x in (f"pids {procs}" if procs else "", f"ports {ports}" if ports else "") if x)
-    state["left"].update(left)
+    state.left.update(left)
     if left:
         n = sorted(left)[0]
         raise StepFailed(step, f"could not stop the engine on {n}: {left[n]}", n,
@@ -83,7 +131,7 @@ def _stop(step: dict, backend: Any, state: dict) -> str:
     return "clean"
 
 
-def _put(step: dict, backend: Any, state: dict) -> str:
+def _put(step: dict, backend: Backend, state: RunState) -> str:
     res = backend.put_all(step.get("files", {}))
     bad = sorted(n for n, r in res.items() if not r["ok"])
     if bad:
@@ -92,7 +140,7 @@ def _put(step: dict, backend: Any, state: dict) -> str:
     return f"{sum(len(v) for v in step.get('files', {}).values())} files"
 
 
-def _ready(step: dict, backend: Any, state: dict) -> str:
+def _ready(step: dict, backend: Backend, state: RunState) -> str:
     p = step["params"]
     t0 = backend.monotonic()
     pending = dict(p["endpoints"])
@@ -125,7 +173,7 @@ def _ready(step: dict, backend: Any, state: dict) -> str:
         backend.sleep(0.3)
 
 
-def _not_ready(step: dict, backend: Any, detail: str) -> None:
+def _not_ready(step: dict, backend: Backend, detail: str) -> None:
     p = step["params"]
     tails = backend.run_all(p.get("tail_on_failure", {}), {}, 30)
     lines = [f"  [{n}] {line}" for n in p.get("tail_on_failure", {})
@@ -135,34 +183,34 @@ def _not_ready(step: dict, backend: Any, detail: str) -> None:
                      hint="last log lines:\n" + "\n".join(lines) if lines else None)
 
 
-def _record(step: dict, backend: Any, state: dict) -> str:
+def _record(step: dict, backend: Backend, state: RunState) -> str:
     p = step["params"]
     data = dict(p["record"])
     data["updated_at"] = backend.now()
-    failure = state.get("failure")
-    if state.get("interrupted"):
+    failure = state.failure
+    if state.interrupted:
         data["state"] = "stopped"
     if p.get("note_from_failure") and failure:
-        verb = "interrupted" if state.get("interrupted") else "failed"
-        data["note"] = f"{state['op']} {verb} in phase {failure['phase']}: {failure['detail']}"[:300]
-    if p.get("state_if_left") and state["left"]:
+        verb = "interrupted" if state.interrupted else "failed"
+        data["note"] = f"{state.op} {verb} in phase {failure['phase']}: {failure['detail']}"[:300]
+    if p.get("state_if_left") and state.left:
         data["state"] = p["state_if_left"]
-        data["note"] = ("down left " + "; ".join(f"{n}: {w}" for n, w in sorted(state["left"].items())))[:300]
-    data["steps"] = [{k: o[k] for k in ("id", "phase", "ok", "seconds")} for o in state["outcomes"]]
+        data["note"] = ("down left " + "; ".join(f"{n}: {w}" for n, w in sorted(state.left.items())))[:300]
+    data["steps"] = [{k: o[k] for k in ("id", "phase", "ok", "seconds")} for o in state.outcomes]
     r = backend.write_record(step["nodes"][0], p["path"], data)
     if not r["ok"]:
         raise StepFailed(step, f"cannot write the run record on {step['nodes'][0]}: {_last_line(r)}",
                          step["nodes"][0], hint="check the disk on the head node")
-    state["record"] = data
+    state.record = data
     return data["state"]
 
 
-def _leaks(step: dict, backend: Any, state: dict) -> str:
-    state["leaks"] = backend.leaks(_fan(step, backend))
-    return f"{len(state['leaks'])} nodes hold memory" if state["leaks"] else "no leak"
+def _leaks(step: dict, backend: Backend, state: RunState) -> str:
+    state.leaks = backend.leaks(_fan(step, backend))
+    return f"{len(state.leaks)} nodes hold memory" if state.leaks else "no leak"
 
 
-def _check(step: dict, backend: Any, state: dict) -> str:
+def _check(step: dict, backend: Backend, state: RunState) -> str:
     return backend.check(step["params"])
 
 
@@ -170,19 +218,19 @@ KINDS = {"run": _run, "stop": _stop, "put": _put, "ready": _ready, "record": _re
          "check": _check}
 
 
-def _step(step: dict, backend: Any, state: dict) -> None:
-    state["current"] = step
+def _step(step: dict, backend: Backend, state: RunState) -> None:
+    state.current = step
     backend.emit("*", step["phase"], step["summary"])
     t0 = backend.monotonic()
     outcome = {"id": step["id"], "phase": step["phase"], "ok": False, "seconds": 0.0, "detail": ""}
-    state["outcomes"].append(outcome)
+    state.outcomes.append(outcome)
     try:
         outcome["detail"] = KINDS[step["kind"]](step, backend, state)
         outcome["ok"] = True
     except StepFailed as f:
         outcome["detail"] = f.detail
         if step.get("on_fail") == "continue":
-            state["soft_failures"].append(f)
+            state.soft_failures.append(f)
             return
         raise
     except (KeyboardInterrupt, SystemExit):
@@ -192,49 +240,48 @@ def _step(step: dict, backend: Any, state: dict) -> None:
         outcome["detail"] = str(exc)[:300]
         f = StepFailed(step, str(exc), getattr(getattr(exc, "ref", None), "node", None), cause=exc)
         if step.get("on_fail") == "continue":
-            state["soft_failures"].append(f)
+            state.soft_failures.append(f)
             return
         raise f from exc
     finally:
         outcome["seconds"] = round(backend.monotonic() - t0, 3)
 
 
-def _branch(plan: dict, name: str, backend: Any, state: dict) -> None:
+def _branch(plan: dict, name: str, backend: Backend, state: RunState) -> None:
     """Run branch ``name``; a failure in it leads to its own ``on_fail`` branch."""
     seen: list[str] = []
     while name not in ("abort", "continue") and name not in seen:
         seen.append(name)
-        state["branches"].append(name)
+        state.branches.append(name)
         try:
             for s in plan["branches"].get(name, []):
                 _step(s, backend, state)
-            state["completed"].append(name)
+            state.completed.append(name)
             return
         except StepFailed as f:
-            state["branch_failure"] = f  # the first failure of a branch stays: what the operator must hear
+            state.branch_failure = f  # the first failure of a branch stays: what the operator must hear
             name = f.step.get("on_fail", "abort")
 
 
-def execute(plan: dict, backend: Any) -> dict[str, Any]:
-    """Run ``plan``; returns what happened. Re-raises KeyboardInterrupt after stopping what was started."""
-    state: dict[str, Any] = {"op": f"{plan['op']} {plan.get('profile') or ''}".strip(), "outcomes": [], "failure": None, "failed": None, "branches": [],
-                             "branch_failure": None, "completed": [], "soft_failures": [], "left": {}, "leaks": {},
-                             "interrupted": False, "record": None, "current": None}
+def execute(plan: dict, backend: Backend) -> RunState:
+    """Run ``plan``; returns what happened. Re-raises KeyboardInterrupt (its argument: the
+    RunState) after stopping what was started."""
+    state = RunState(f"{plan['op']} {plan.get('profile') or ''}".strip())
     try:
         for s in plan["steps"]:
             _step(s, backend, state)
-        state["result"] = "done"
+        state.result = "done"
     except StepFailed as f:
-        state["failure"], state["failed"] = f.as_dict(), f
+        state.failure, state.failed = f.as_dict(), f
         _branch(plan, f.step.get("on_fail", "abort"), backend, state)
-        state["result"] = "failed"
+        state.result = "failed"
     except KeyboardInterrupt:
-        cur = state["current"] or {"id": "?", "phase": "?"}
-        state["interrupted"] = True
-        state["failure"] = {"step": cur["id"], "phase": cur["phase"], "node": None, "detail": "interrupted"}
+        cur = state.current or {"id": "?", "phase": "?"}
+        state.interrupted = True
+        state.failure = {"step": cur["id"], "phase": cur["phase"], "node": None, "detail": "interrupted"}
         if cur.get("on_fail", "abort") != "abort":
             _branch(plan, "stop", backend, state)  # Ctrl-C stops what was started; it never rolls back
-        state["result"] = "interrupted"
+        state.result = "interrupted"
         raise KeyboardInterrupt(state) from None
     return state
 
@@ -259,7 +306,7 @@ def _atomic_write(path: str, data: bytes, mode: int) -> None:
         raise
 
 
-def _api_key(spec: dict | None) -> str | None:
+def _api_key(spec: Mapping[str, str] | None) -> str | None:
     """The endpoint's key on the head: the runner's environment, else the 0600 env file rendered for
     the engine (``VAR='value'`` lines quoted for sh; the runner reads it as root)."""
     if not spec:
@@ -281,31 +328,11 @@ def _api_key(spec: dict | None) -> str | None:
 
 
 def _probe(url: str, served_name: str, metric: str | None, smoke: bool,
-           api_key: dict | None = None, via: str | None = None) -> tuple[bool, str]:
-    """The readiness probe of ``sparkctl.ops.readiness.probe_endpoint``, in the standard library.
+           api_key: Mapping[str, str] | None = None, via: str | None = None) -> tuple[bool, str]:
+    """The one readiness probe (``endpoint_probe.probe_endpoint``) with the key as the head holds it.
 
     ``via``: the head, whose own address ``url`` is: this runner runs there and asks it directly."""
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    key = _api_key(api_key)
-    auth = {"Authorization": f"Bearer {key}"} if key else {}
-    try:
-        with opener.open(urllib.request.Request(f"{url}/v1/models", headers=auth), timeout=5) as r:
-            models = [m.get("id") for m in json.loads(r.read()).get("data", [])]
-        if served_name not in models:
-            return False, f"/v1/models lists {models or 'nothing'}, not {served_name!r}"
-        if not smoke:
-            return True, "model listed"
-        body = json.dumps({"model": served_name, "prompt": "ping", "max_tokens": 1, "temperature": 0}).encode()
-        req = urllib.request.Request(f"{url}/v1/completions", data=body,
-                                     headers={"Content-Type": "application/json", **auth})
-        with opener.open(req, timeout=30) as r:
-            answer = json.loads(r.read())
-        usage = answer.get("usage") or {}
-        if int(usage.get("completion_tokens", 0)) < 1:
-            return False, "1-token completion returned no tokens"
-        return True, "serving"
-    except (OSError, ValueError, urllib.error.URLError) as exc:
-        return False, f"{type(exc).__name__}: {str(exc)[:120]}"
+    return endpoint_probe.probe_endpoint(url, served_name, metric, smoke=smoke, api_key=_api_key(api_key))
 
 
 class HeadBackend:
@@ -345,14 +372,15 @@ class HeadBackend:
         return {"ok": p.returncode == 0, "exit_code": p.returncode, "stdout": p.stdout.decode(errors="replace"),
                 "stderr": p.stderr.decode(errors="replace"), "error": ""}
 
-    def run_all(self, commands: dict[str, str], sudo: dict[str, bool], timeout_s: float | None) -> dict[str, Res]:
+    def run_all(self, commands: Mapping[str, str], sudo: Mapping[str, bool], timeout_s: float | None
+                ) -> dict[str, Res]:
         if not commands:
             return {}
         with ThreadPoolExecutor(max_workers=len(commands)) as pool:
             futs = {n: pool.submit(self._one, n, c, bool(sudo.get(n)), timeout_s) for n, c in commands.items()}
             return {n: f.result() for n, f in futs.items()}
 
-    def _put_node(self, node: str, files: list[dict[str, Any]]) -> Res:
+    def _put_node(self, node: str, files: Sequence[Mapping[str, Any]]) -> Res:
         for f in files:
             data = base64.b64decode(self.blobs[f["sha256"]])
             path, mode = f["path"], f["mode"]
@@ -364,12 +392,12 @@ class HeadBackend:
                 return r
         return {"ok": True, "exit_code": 0, "stdout": "", "stderr": "", "error": ""}
 
-    def put_all(self, files: dict[str, list[dict[str, Any]]]) -> dict[str, Res]:
+    def put_all(self, files: Mapping[str, Sequence[Mapping[str, Any]]]) -> dict[str, Res]:
         with ThreadPoolExecutor(max_workers=max(1, len(files))) as pool:
             futs = {n: pool.submit(self._put_node, n, fs) for n, fs in files.items()}
             return {n: f.result() for n, f in futs.items()}
 
-    def write_record(self, node: str, path: str, data: dict[str, Any]) -> Res:
+    def write_record(self, node: str, path: str, data: Mapping[str, Any]) -> Res:
         try:
             _atomic_write(path, (json.dumps(data, indent=2, sort_keys=True) + "\n").encode(), 0o644)
             return {"ok": True, "exit_code": 0, "stdout": "", "stderr": "", "error": ""}
@@ -378,10 +406,10 @@ class HeadBackend:
                 os.unlink(path)  # no record claims nothing serves; a stale "serving" must not outlive its stack
             return {"ok": False, "exit_code": None, "stdout": "", "stderr": "", "error": str(exc)}
 
-    def leaks(self, results: dict[str, Res]) -> dict[str, float]:
+    def leaks(self, results: Mapping[str, Mapping[str, Any]]) -> dict[str, float]:
         return {}
 
-    def check(self, params: dict[str, Any]) -> str:
+    def check(self, params: Mapping[str, Any]) -> str:
         raise RuntimeError("the check runs on the operator's side before the supervisor starts")
 
 
@@ -417,15 +445,16 @@ def supervise(plan_path: str, events: str, pid_file: str, lock_dir: str, holder:
         except KeyboardInterrupt:
             backend.emit("*", "aborted", "supervisor interrupted")
             return 130
-        if state["result"] == "done":
+        failure = state.failure or {}
+        if state.result == "done":
             backend.emit("*", "done", f"{doc['plan']['profile']} serves {doc['served_name']}")
             rc = 0
-        elif "rollback" in state["completed"]:
+        elif "rollback" in state.completed:
             backend.emit("*", "rolled-back", f"{doc.get('previous')} serves {doc.get('previous_served_name')} again "
-                                             f"({state['failure']['detail'][:200]})")
+                                             f"({str(failure.get('detail'))[:200]})")
             rc = 1
         else:
-            backend.emit("*", "failed", f"{state['failure']['detail'][:300]}; nothing serves")
+            backend.emit("*", "failed", f"{str(failure.get('detail'))[:300]}; nothing serves")
             rc = 2
     finally:
         # release the lock only if it is still ours
