@@ -353,13 +353,15 @@ def demo_cmd(out_dir: str | None, keep: bool) -> None:
         ("the inventory: ring order, fabric addresses, routes", ["-i", inv, "inventory"], False),
         ("the fabric plan, printed before it runs", ["-i", inv, "fabric", "apply", "ds41f-tp4-ring", "--dry-run"],
          False),
-        ("fabric apply: netplan, forwarding, the DOCKER-USER rule, the clock-cap unit enabled for boot, earlyoom",
+        ("fabric apply: netplan (the fabric ports only), forwarding, the INPUT and DOCKER-USER chains, the "
+         "clock-cap unit enabled for boot, earlyoom (apt-get waits for the dpkg lock)",
          ["-i", inv, "fabric", "apply", "ds41f-tp4-ring"], False),
         ("SIMULATION: the operator builds the ds41f and TensorFold images on the head only "
          "(a real box has none), then copies them with image sync over the fabric",
          ["sim", "image", "load", "spark-a", "ghcr.io/ds41f/ds41f-spark:1029",
           "ghcr.io/tensorfold/tensorfold-spark:4x-2026.10"], False),
-        ("image sync: docker save | ssh <fabric address> docker load, verified by image ID",
+        ("image sync: docker save | ssh <fabric address> (a key that may only load, expiring) docker load, "
+         "verified by content digest",
          ["-i", inv, "image", "sync", "ds41f-tp4-ring"], False),
         ("image sync TensorFold's image too", ["-i", inv, "image", "sync", "tensorfold-tp4-ring"], False),
         ("check every law; apply the clock cap; waive the 64 KiB page size like the field report",
