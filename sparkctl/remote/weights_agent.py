@@ -1235,15 +1235,7 @@ def _fetch_chunk(
             if stop.is_set():
                 raise Interrupted("stopped")
             src = source.url if source is not None else str(url)
-            try:
-                resp = client.get(src, {**(headers or {}), "Range": f"bytes={pos}-{last}"})
-            except (OSError, http.client.HTTPException) as exc:
-                patience.wait(f"network: {exc.__class__.__name__}: {exc}")
-                continue
-            if resp.status in RETRY_STATUSES:
-                _drain(resp, client)
-                patience.wait(f"HTTP {resp.status} {resp.reason}", resp.status, resp.getheader)
-                continue
+            resp = _request(client, src, {**(headers or {}), "Range": f"bytes={pos}-{last}"}, patience)
             if resp.status in EXPIRED_STATUSES and source is not None and source.redirected:
                 _drain(resp, client)
                 source.refresh(src, resp.status)
