@@ -54,7 +54,7 @@ def test_the_fact_reads_what_each_file_configures() -> None:
         "NetworkManager"
     assert got["40-cx7.yaml"].interfaces == ("enp1s0f1np1", "enP2p1s0f1np1")
     assert got["40-cx7.yaml"].sha256 == describe_file("x", playbook.static(1).encode()).sha256
-    assert got["90-NM-x.yaml"].interfaces == ("NM-x", "enP7s7")  # the id and the name it matches
+    assert got["90-NM-x.yaml"].interfaces == ("enP7s7",)  # the name it matches; the id NM-x is a label
     assert got["50-secret.yaml"].error and not got["50-secret.yaml"].interfaces
     with pytest.raises(Exception, match="cut off"):
         parse_netplan_files("file a.yaml\nbmV0\n")
@@ -96,6 +96,46 @@ def test_a_file_that_also_configures_the_management_link_is_refused_by_name() ->
     unreadable = {"spark-b": parse_netplan_files("unreadable 40-cx7.yaml\n")}
     with pytest.raises(ConfigError, match="40-cx7.yaml cannot be read"):
         plan_apply(inv, Roots.make(env={}), None, None, unreadable)
+
+
+NM_ON_A_PORT = """network:
+  version: 2
+  ethernets:
+    NM-0b6e5c0e:
+      renderer: NetworkManager
+      match:
+        name: "enp1s0f0np0"
+      link-local: [ ipv4 ]
+"""
+
+
+def test_a_definition_that_matches_a_port_by_name_is_that_port_not_its_id() -> None:
+    """NetworkManager's own netplan files (90-NM-<uuid>.yaml) match the device by name: such a file on a
+    CX-7 port configures that port only, so it is taken aside, not refused for an interface "NM-..."."""
+    plan, _ = plan_apply(_inv(), Roots.make(env={}), None, None,
+                         {"spark-a": (describe_file("90-NM-0b6e5c0e.yaml", NM_ON_A_PORT.encode()),)})
+    aside = next(s for s in plan.steps if s.id == "netplan-aside")
+    assert "/etc/netplan/90-NM-0b6e5c0e.yaml" in aside.summary
+
+
+@pytest.mark.parametrize("match, why", [
+    ('name: "enp1s0f*"', 'enp1s0f*'),                 # a glob: it takes the port, and may take more
+    ("driver: mlx5_core", "match:driver=mlx5_core"),  # every CX-7 port, by its driver
+    ("driver: mlx5*", "match:driver=mlx5*"),
+])
+def test_a_definition_that_may_match_more_than_the_ports_is_refused_by_name(match: str, why: str) -> None:
+    text = f"network:\n  version: 2\n  ethernets:\n    cx7:\n      match:\n        {match}\n      dhcp4: true\n"
+    with pytest.raises(ConfigError) as e:
+        plan_apply(_inv(), Roots.make(env={}), None, None, {"spark-a": (describe_file("70-cx7.yaml", text.encode()),)})
+    assert "spark-a: /etc/netplan/70-cx7.yaml configures fabric port" in e.value.message
+    assert f"and also {why}" in e.value.message
+
+
+def test_a_definition_matched_by_another_driver_is_not_a_fabric_file() -> None:
+    text = "network:\n  version: 2\n  ethernets:\n    lan:\n      match:\n        driver: r8169\n      dhcp4: true\n"
+    netplan = {"spark-a": (describe_file("50-lan.yaml", text.encode()),)}
+    plan, _ = plan_apply(_inv(), Roots.make(env={}), None, None, netplan)
+    assert not any(s.id == "netplan-aside" for s in plan.steps)
 
 
 def test_restore_reconfigures_the_ports_and_hands_them_back_to_network_manager() -> None:

@@ -35,12 +35,18 @@ DEVICE_TYPES = ("ethernets", "modems", "wifis", "bridges", "bonds", "tunnels", "
 
 
 def _names(section: str, ident: str, conf: object) -> list[str]:
-    out = [ident]
+    """What a definition names: with ``match:`` the id is only a label (netplan doc/netplan-yaml.md,
+    "match": "the ID is not the interface name"), so its ``match: name:`` (a glob) or ``set-name:``;
+    a match by driver or MAC alone is kept as ``match:driver=...`` / ``match:macaddress=...``."""
     if not isinstance(conf, dict):
-        return out
+        return [ident]
     match = conf.get("match")
-    if isinstance(match, dict) and isinstance(match.get("name"), str):
-        out.append(match["name"])
+    out = [] if isinstance(match, dict) else [ident]
+    if isinstance(match, dict):
+        if isinstance(match.get("name"), str):
+            out.append(match["name"])
+        elif not isinstance(conf.get("set-name"), str):
+            out += [f"match:{k}={match[k]}" for k in ("driver", "macaddress") if isinstance(match.get(k), str)]
     if isinstance(conf.get("set-name"), str):
         out.append(conf["set-name"])
     if section in ("bonds", "bridges", "vrfs") and isinstance(conf.get("interfaces"), list):

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from sparkctl import __version__
 from sparkctl.errors import ConfigError
 from sparkctl.model.inventory import Inventory
-from sparkctl.model.netplanfile import NetplanFile, foreign
+from sparkctl.model.netplanfile import NetplanFile, foreign, split_ports
 from sparkctl.model.paths import (
     EARLYOOM_DEFAULT,
     FABRIC_BACKUP,
@@ -290,9 +290,9 @@ def foreign_netplan(inv: Inventory, netplan: Mapping[str, tuple[NetplanFile, ...
             continue
         cx7 = _cx7_netdevs(inv, node)
         for f in foreign(files):
-            ports = tuple(i for i in f.interfaces if i in cx7)
+            ports, others = split_ports(f, cx7)
             if ports or f.error:
-                out.append(ForeignNetplan(node, f, ports, tuple(i for i in f.interfaces if i not in cx7)))
+                out.append(ForeignNetplan(node, f, ports, others))
     return tuple(out)
 
 

@@ -6,7 +6,7 @@ Pure checks over NodeFacts and the active probes' results. Nothing here touches 
 from __future__ import annotations
 
 from sparkctl.model.inventory import Link
-from sparkctl.model.netplanfile import foreign
+from sparkctl.model.netplanfile import foreign, split_ports
 from sparkctl.plan.laws.base import (
     AC_CYCLE_FIX,
     BANDWIDTH_FLOOR_GBPS,
@@ -55,7 +55,8 @@ def check_fabric(ctx: Context) -> list[Verdict]:
                 problems.append(f"no RoCEv2 IPv4 GID on {ep.rdma}")
             # netplan merges every file's addresses for a device (netplan doc/netplan-generate.md): a foreign
             # file on this port (NVIDIA's playbook leaves /etc/netplan/40-cx7.yaml) is a second address and GID
-            others = [nf.path for nf in foreign(getattr(f, "netplan_files", None) or ()) if ep.netdev in nf.interfaces]
+            others = [nf.path for nf in foreign(getattr(f, "netplan_files", None) or ())
+                      if ep.netdev in split_ports(nf, (ep.netdev,))[0]]
             if others:
                 problems.append(f"{', '.join(others)} also configures {ep.netdev}")
             if problems:
