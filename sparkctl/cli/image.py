@@ -32,9 +32,9 @@ def image_group() -> None:
               "(default: the build most nodes have, on a tie the first node's)")
 @inventory_option
 @set_option
-@click.option("--key-hours", type=click.FloatRange(min=0, min_open=True), default=4.0, show_default=True,
+@click.option("--key-hours", type=click.FloatRange(min=0, min_open=True, max=24 * 366), default=4.0, show_default=True,
               help="how long the receivers accept the source's node-to-node key (expiry-time=); each sync renews it")
-@click.option("--dry-run", is_flag=True, help="read the image IDs, print the plan, change nothing")
+@click.option("--dry-run", is_flag=True, help="read the content digests, print the plan, change nothing")
 @with_transport_options
 @json_option
 @pass_ctx

@@ -47,9 +47,9 @@ from sparkctl.plan.steps import FileRef, Plan, Step
 
 GID_WAIT_S = 30  # mlx5 fills a RoCE v2 GID within a second of the address; 30 s is a dead port
 APPLY_TIMEOUT_S = 120
-# apt-get install on a fresh box, twice when the lists need a refresh: each waits up to
-# watchdog.DPKG_LOCK_TIMEOUT_S for the dpkg lock, then a slow mirror
-APT_TIMEOUT_S = 2 * watchdog.DPKG_LOCK_TIMEOUT_S + 300
+# apt-get on a fresh box: install, and when that fails update and install again; each of the
+# three may wait up to watchdog.DPKG_LOCK_TIMEOUT_S for the dpkg lock; then a slow mirror
+APT_TIMEOUT_S = 3 * watchdog.DPKG_LOCK_TIMEOUT_S + 300
 q = shlex.quote
 
 
