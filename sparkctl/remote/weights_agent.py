@@ -755,6 +755,11 @@ class _Source:
     def redirected(self) -> bool:
         return self.url != self.origin
 
+    def progress(self) -> None:
+        """Bytes came through a resolved URL: the next refusals count from zero ("in a row")."""
+        with self.lock:
+            self.resolves = 0
+
     def refresh(self, seen: str, status: int) -> None:
         """A fresh URL in place of ``seen``, refused with ``status``; raises when the Hub will not give one."""
         with self.lock:
@@ -1279,8 +1284,12 @@ def _fetch_chunk(
                 client.close()
                 if pos > began:
                     patience.progress()  # bytes came: the budget starts again (huggingface_hub http_get does too)
+                    if source is not None:
+                        source.progress()
                 patience.wait(f"network: the body stopped at byte {pos} ({cut}); resuming from there")
                 continue
+            if source is not None:
+                source.progress()  # the chunk came whole through the URL it has now
             digest = h.hexdigest() if h is not None else None
             if expect is not None and digest != expect:
                 # a mismatch is fetched again twice at most: a relay may have served a chunk of a
