@@ -242,7 +242,8 @@ def _launch_on_b(tmp_path: Path, repo: Path, wait_s: int) -> tuple[str, dict[str
         f"{{name: spark-b, host: 192.168.1.102, prefix: {tmp_path}/node, sysfs_root: {tmp_path}/sys}}")
     inv = loads_inventory(text, "inv.yaml")
     roots = Roots.make(env={})
-    for f in render(resolve("ds41f-tp4-ring", roots, (f"serve.fabric_wait_s={wait_s}",)), inv, roots
+    sets = ("serve.persist=true", "serve.restart_interval_s=86400", f"serve.fabric_wait_s={wait_s}")
+    for f in render(resolve("ds41f-tp4-ring", roots, sets), inv, roots
                     ).files["spark-b"].values():
         Path(f.path).parent.mkdir(parents=True, exist_ok=True)
         Path(f.path).write_text(f.text)

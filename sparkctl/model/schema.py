@@ -338,10 +338,11 @@ class ServeSpec(_Strict):
         15, ge=1, le=600, description="persist: the pause before a failed rank restarts (the unit's RestartSec=)"
     )
     fabric_wait_s: int = Field(
-        300, ge=0, le=3600, description="multi-node: how long a rank's launch waits at each start for the RoCE v2 "
-        "GIDs of its fabric addresses (a port gets its address only once the neighbour's end has carrier, so a "
-        "neighbour that boots minutes later is waited for, not counted against restart_burst); then it exits 78; "
-        "0 = no wait"
+        300, ge=0, le=3600, description="multi-node, with persist: how long a rank's launch waits at each start for "
+        "the RoCE v2 GIDs of its fabric addresses (a port gets its address only once the neighbour's end has "
+        "carrier, so a neighbour that boots minutes later is waited for, not counted against restart_burst); then "
+        "it exits 78; 0 = no wait. Without persist (an up or switch the operator watches) the launch does not "
+        "wait: a rank without its GIDs fails at once, naming its node"
     )
     bind: Literal["fabric", "management", "all"] = Field(
         "all", description="what address the head's endpoint listens on: its fabric address, its management "

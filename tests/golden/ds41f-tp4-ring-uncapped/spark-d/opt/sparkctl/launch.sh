@@ -35,7 +35,8 @@ GID=""
 # (systemd-networkd configures no link without carrier unless ConfigureWithoutCarrier=,
 # systemd.network(5)): a neighbour that boots minutes after this box is waited for here,
 # up to serve.fabric_wait_s, instead of failing every start and using up the start limit.
-WAIT_S=300
+# Only a persisted rank waits (systemd starts it at boot); an up or switch fails at once, naming the node.
+WAIT_S=0
 STEP_S=2
 waited=0
 for want in rocep1s0f0=0000:0000:0000:0000:0000:ffff:0a14:0604=10.20.6.4 roceP2p1s0f0=0000:0000:0000:0000:0000:ffff:0a14:0704=10.20.7.4 rocep1s0f1=0000:0000:0000:0000:0000:ffff:0a14:0404=10.20.4.4 roceP2p1s0f1=0000:0000:0000:0000:0000:ffff:0a14:0504=10.20.5.4; do

@@ -35,7 +35,8 @@ GID=""
 # (systemd-networkd configures no link without carrier unless ConfigureWithoutCarrier=,
 # systemd.network(5)): a neighbour that boots minutes after this box is waited for here,
 # up to serve.fabric_wait_s, instead of failing every start and using up the start limit.
-WAIT_S=300
+# Only a persisted rank waits (systemd starts it at boot); an up or switch fails at once, naming the node.
+WAIT_S=0
 STEP_S=2
 waited=0
 for want in rocep1s0f0=0000:0000:0000:0000:0000:ffff:0a14:0001=10.20.0.1 roceP2p1s0f0=0000:0000:0000:0000:0000:ffff:0a14:0101=10.20.1.1; do
