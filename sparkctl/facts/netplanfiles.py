@@ -26,7 +26,7 @@ import hashlib
 import yaml
 
 from sparkctl.facts.registry import NOT_FOUND, Fact, ProbeParseError, ScriptContext, q
-from sparkctl.model.netplanfile import NetplanFile, foreign  # noqa: F401  (re-exported for the ops)
+from sparkctl.model.netplanfile import NetplanFile
 from sparkctl.model.paths import NETPLAN_DIR, under
 
 # netplan's device sections (netplan doc/netplan-yaml.md, "Device types")

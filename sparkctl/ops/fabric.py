@@ -14,9 +14,10 @@ from typing import Any
 
 from sparkctl.errors import LifecycleError
 from sparkctl.facts.batch import PRELUDE
-from sparkctl.facts.netplanfiles import NETPLAN_FILES, NetplanFile
+from sparkctl.facts.netplanfiles import NETPLAN_FILES
 from sparkctl.facts.registry import ScriptContext
 from sparkctl.model.inventory import Inventory
+from sparkctl.model.netplanfile import NetplanFile
 from sparkctl.model.profiles import Resolved
 from sparkctl.model.resources import Roots
 from sparkctl.ops.executor import Progress, TransportBackend, _raise_failure, run_plan
