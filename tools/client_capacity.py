@@ -58,6 +58,7 @@ from sparkctl.bench.pressure import OTHER_LOAD_CORES, Pressure, PressureMeter  #
 from sparkctl.bench.refserver import EmitTrace, RefConfig, RefServerProcess  # noqa: E402
 from sparkctl.bench.selftest import fetch_traces  # noqa: E402
 
+CORES = len(os.sched_getaffinity(0))
 KEEP_UP = 0.95  # achieved / offered below this: the client fell behind the offer
 TIMEOUTS = ClientTimeouts(connect_s=10.0, read_s=30.0, request_s=300.0)
 WARM = RequestSpec("completions", "refserver", 2, prompt="warm", extra_body={"ref": {"ttft_base_s": 0.0, "gap_s": 0.0}})
@@ -220,6 +221,12 @@ async def sweep(a: argparse.Namespace, url: str, server_pid: int | None) -> None
             line += "; every step above it ran CPU-starved: a lower bound"
         elif failed_starved:
             line += f"; {len(failed_starved)} of the {len(above)} steps above it ran CPU-starved"
+        if w > 0 and w + 1 > CORES:
+            # the reference server is a busy process of its own: w workers and the server need w + 1 cores,
+            # so past CORES - 1 workers they share a core with the server and with each other (what the
+            # "wait" column shows): the figure measures this machine's cores, not the client's growth
+            line += (f"; {w} workers + the server = {w + 1} busy processes on {CORES} cores: "
+                     f"growth past {max(CORES - 1, 1)} worker(s) needs more cores than this machine has")
         print(f"capacity, {label}: {line}")
 
 
