@@ -245,3 +245,41 @@ def test_simulated_llama_server_has_no_histograms_and_the_report_says_so(tmp_pat
     assert rec["available"] is False and rec["reason"] == sm.NO_HISTOGRAMS["llamacpp"]
     md = build_report([str(tmp_path / "run")], tmp_path / "report", plots=False).markdown
     assert "## Server-side and client-side latency" in md and "no server-side histograms: llama.cpp" in md
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool (Debian's prometheus) not installed")
+@pytest.mark.parametrize("engine,argv", [("vllm", ["serve", "/m", "--served-model-name", "m"]),
+                                         ("sglang", ["--model-path", "/m", "--served-model-name", "m",
+                                                     "--enable-metrics"])])
+def test_simulated_engines_metrics_pass_promtool_and_agree_with_what_they_did(engine: str, argv: list[str]) -> None:
+    """The real Prometheus parses the simulated /metrics; its only lint is the colon the real names carry.
+    The histograms hold exactly the streams' tokens: 1 TTFT and n-1 gaps per stream."""
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from sparkctl_sim.engines import cli
+    from sparkctl_sim.engines.logs import EngineLog
+    from sparkctl_sim.engines.server import Engine, PerfState, build_app
+
+    cfg = cli.parse(engine, argv, {})
+    eng = Engine(cfg, EngineLog(engine, 0), 50.0, lambda: PerfState())
+
+    async def go() -> tuple[str, str]:
+        async with TestClient(TestServer(build_app(eng))) as client:
+            before = await (await client.get("/metrics")).text()
+            body = {"model": "m", "messages": [{"role": "user", "content": "hello " * 40}], "max_tokens": 6,
+                    "ignore_eos": True, "stream": True}
+            for _ in range(2):
+                resp = await client.post("/v1/chat/completions", json=body)
+                assert resp.status == 200 and (await resp.text()).endswith("data: [DONE]\n\n")
+            return before, await (await client.get("/metrics")).text()
+
+    before, after = asyncio.run(go())
+    r = subprocess.run(["promtool", "check", "metrics"], input=after, capture_output=True, text=True, timeout=30)
+    problems = [line for line in (r.stdout + r.stderr).splitlines() if line.strip()]
+    assert r.returncode in (0, 3) and problems, r.stdout + r.stderr   # 3: lint problems only, no parse error
+    assert all(line.endswith("metric names should not contain ':'") for line in problems), problems
+    names = sm.ENGINE_HISTOGRAMS[engine]
+    for kind, n in (("ttft", 2), ("itl", 2 * 5)):
+        d = ph.difference(ph.parse_histogram(before, names[kind][0]), ph.parse_histogram(after, names[kind][0]))
+        assert d.count == n and d.sum > 0
+    assert ("_created" in after) is (engine == "vllm")   # SGLang's multiprocess registry has none

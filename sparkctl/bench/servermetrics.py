@@ -107,16 +107,21 @@ class ServerMetrics:
 
     async def probe(self) -> None:
         """Learn which histograms the engine serves; sets :attr:`reason` when there are none."""
-        known = ENGINE_HISTOGRAMS.get(self.engine or "")
-        if known is None:
-            self.reason = NO_HISTOGRAMS.get(self.engine or "", f"no latency histograms known for engine "
-                                            f"{self.engine or 'unknown'!r}")
+        if (self.engine or "") in NO_HISTOGRAMS:
+            self.reason = NO_HISTOGRAMS[self.engine or ""]
             return
         try:
             offered = set(ph.histogram_families(await self._scrape()))
         except (httpx.HTTPError, ValueError) as exc:
             self.reason = f"/metrics not readable: {exc}"
             return
+        known = ENGINE_HISTOGRAMS.get(self.engine or "")
+        if known is None:  # an engine sparkctl was not told: whichever known family it serves
+            known = next((k for k in ENGINE_HISTOGRAMS.values() if k["ttft"][0] in offered), None)
+            if known is None:
+                self.reason = (f"{self.url} serves no latency histogram sparkctl knows "
+                               f"(engine {self.engine or 'unknown'})")
+                return
         for kind, names in known.items():
             name = next((n for n in names if n in offered), None)
             if name:

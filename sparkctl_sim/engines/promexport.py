@@ -101,7 +101,6 @@ class LatencyHistograms:
             self._ttft: Any = ttft.labels(served_name, "0")
             self._itl = [tpot.labels(served_name, "0"), itl.labels(served_name, "0")]
         elif engine == "sglang":
-            pc.disable_created_metrics()  # the multiprocess collector exports no _created samples
             self._labels = {"model_name": served_name}
             self._ttft_family = pc.Histogram("sglang:time_to_first_token_seconds",
                                              "Histogram of time to first token in seconds.", ["model_name"],
@@ -146,7 +145,25 @@ class LatencyHistograms:
             return ""
         import prometheus_client as pc
 
-        return pc.generate_latest(self.registry).decode()
+        if self.engine != "sglang":
+            return pc.generate_latest(self.registry).decode()
+        # SGLang's multiprocess collector exports no _created samples: leave them out here
+        # (per registry: prometheus_client's disable_created_metrics() would be process-wide)
+        registry = pc.CollectorRegistry()
+        registry.register(_NoCreated(self.registry))
+        return pc.generate_latest(registry).decode()
+
+
+class _NoCreated:
+    """A collector yielding another registry's families without their ``_created`` samples."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    def collect(self) -> Any:
+        for fam in self.inner.collect():
+            fam.samples = [s for s in fam.samples if not s.name.endswith("_created")]
+            yield fam
 
 
 def _labels(engine: Engine) -> str:
