@@ -184,7 +184,7 @@ class ServerMetrics:
                                "reason": self.reason, "histograms": dict(self.names),
                                "quantiles": "server: Prometheus histogram_quantile (linear interpolation "
                                             "inside the bucket); client: exact percentiles of the values",
-                               "suites": {}}
+                               "suites": {}, "suite_order": list(self.suites)}
         if not self.available:
             return out
         for suite, w in self.suites.items():
@@ -226,7 +226,9 @@ def table_rows(record: Mapping[str, Any]) -> list[list[str]]:
     count, mean and p50/p90/p99, server and client side by side; the server's quantiles with
     the bucket they were interpolated in (the truth is somewhere in it). Pure."""
     rows: list[list[str]] = []
-    for suite, s in (record.get("suites") or {}).items():
+    suites = record.get("suites") or {}
+    order = [x for x in record.get("suite_order") or () if x in suites] or sorted(suites)  # run.json sorts keys
+    for suite, s in ((x, suites[x]) for x in order):
         for kind, label in FIGURES:
             fig = s.get(kind) or {}
             srv, cli = fig.get("server") or {}, fig.get("client") or {}
