@@ -6,7 +6,7 @@ PY ?= python3
 # files and scripts (tests/test_real_tools.py; PID 1 is not needed); iptables: the simulated
 # node's Docker firewall rules, in the node's own network namespace.
 APT_PACKAGES = openssh-server openssh-client iproute2 iputils-ping procps psmisc curl ethtool \
-  systemd netplan.io shellcheck iptables earlyoom
+  systemd netplan.io shellcheck iptables earlyoom prometheus
 
 .PHONY: setup demo test
 

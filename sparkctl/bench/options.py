@@ -37,6 +37,8 @@ class RunOptions:
     soak_scale: float = 1.0                         # scales the soak mix's prompt lengths
     telemetry_interval_s: float = 1.0
     timeouts: ClientTimeouts = ClientTimeouts()
+    server_metrics: bool = False
+    """Read the engine's own TTFT/ITL histograms around every suite (:mod:`sparkctl.bench.servermetrics`)."""
     client_workers: int | None = None
     """Worker processes (event loops) for a client: None = one per core for
     released-together points of >= ``POOL_MIN_STREAMS`` streams, else one loop

@@ -255,6 +255,7 @@ def build_report(run_dirs: Sequence[str | Path], out_dir: str | Path, *, html_ou
     for i, r in enumerate(runs):
         md.append(_run_facts(r).replace(f"**{r.label}**", f"**{labels[i]}**", 1))
         md += _extras(r)
+    md += _server_side(runs, labels)
     if pngs:
         md += ["", "## Plots", ""] + [f"![{Path(p).stem}]({Path(p).name})" for p in pngs]
     text = "\n".join(md) + "\n"
@@ -264,6 +265,27 @@ def build_report(run_dirs: Sequence[str | Path], out_dir: str | Path, *, html_ou
         write_atomic(out / "report.html", _html(columns, measured, text, pngs))
         files.insert(1, str(out / "report.html"))
     return Report(runs, columns, text, tuple(files))
+
+
+def _server_side(runs: Sequence[LoadedRun], labels: Sequence[str]) -> list[str]:
+    """``## Server-side and client-side latency``: runs made with ``--server-metrics``."""
+    from sparkctl.bench.servermetrics import TABLE_HEADER, notes, table_rows
+
+    md: list[str] = []
+    for label, r in zip(labels, runs):
+        rec = r.meta.get("server_metrics")
+        if not rec:
+            continue
+        md += ["", f"### {label}", ""]
+        rows = table_rows(rec)
+        if rows:
+            md += [_md_table([list(TABLE_HEADER), *rows]), ""]
+        md += [f"- {line}" for line in notes(rec)]
+    if md:
+        md = ["", "## Server-side and client-side latency", "",
+              "The engine's own histograms (read before and after each suite) beside the client's figures; "
+              "what each includes: docs/bench-metrics.md, \"Server-side figures\"."] + md
+    return md
 
 
 def _unique_labels(runs: Sequence[LoadedRun]) -> list[str]:

@@ -65,6 +65,7 @@ from sparkctl.bench.rows import (
     usage_cached_tokens,
     utc,
 )
+from sparkctl.bench.servermetrics import ServerMetrics
 from sparkctl.bench.suites import LONGCTX_ANSWER_TOKENS, Suites
 from sparkctl.bench.telemetry import Telemetry, TelemetrySampler, telemetry_summary
 from sparkctl.errors import ConfigError, TransportError
@@ -138,6 +139,7 @@ class Runner(ContextFit, Suites):
         self._fixed: dict[Any, int] = {}       # probed engine tokens of a prompt's fixed part, by prompt
         self._agent_fit: dict[str, AgentFit] = {}
         self.n_fit_probes = 0
+        self.server: ServerMetrics | None = None   # --server-metrics: the engine's own histograms
         self.run_id = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
         bench = self.config.get("bench") or {}
         self.repeats = wl.repeats_for(options.repeats, options.record, bench.get("repeats"))
@@ -168,6 +170,8 @@ class Runner(ContextFit, Suites):
                 self.n_requests += 1
                 self.n_errors += not r.ok
             m = request_metrics(r.events)
+            if self.server is not None:
+                self.server.observe_client(m.ttft_s, m.itl_s, counted)
             tok = self.tokens_by_suite.setdefault(self._suite, [0, 0])
             tok[0] += m.completion_tokens or 0
             tok[1] += max(0, (m.prompt_tokens or 0) - (usage_cached_tokens(r.events) or 0))
@@ -278,11 +282,15 @@ class Runner(ContextFit, Suites):
                     t_start = utc()
                     labels = {"suite": p.suite, "point": p.name, "repeat": str(rep)}
                     specs = [self._ask_spec(a, new_salt(), labels) for a in p.asks]
+                    if self.server is not None:  # a measured window: warm-ups and probes stay outside
+                        await self.server.begin()
                     if p.together:
                         results = await client.run_batch(specs)
                     else:
                         results = [await client.request(s) for s in specs]
                     self._log(results)
+                    if self.server is not None:
+                        await self.server.end()
                     self._point_row(p, rep, results, t_start)
         finally:
             for client in clients.values():
@@ -350,24 +358,45 @@ class Runner(ContextFit, Suites):
         await self.preflight()
         self.progress(f"{self.base_url} serves {self.model} ({self.config.get('engine') or 'engine unknown'}); "
                       f"{self.repeats} repeats per point; writing {self.out}")
-        with (self.out / "events.jsonl").open("w") as fh:
-            self._events_fh = fh
-            for suite in self.opt.suites:
-                self._suite = suite
-                await self.sampler.start(suite)
-                try:
-                    if suite in ("prefill", "decode", "concurrency", "peak"):
-                        await self.run_points(await self._fitting(self._plans(suite)))
-                    else:
-                        await {"warm-prefix": self.suite_warm_prefix, "longctx": self.suite_longctx,
-                               "quality": self.suite_quality, "agent": self.suite_agent,
-                               "soak": self.suite_soak}[suite]()
-                finally:
-                    await self.sampler.stop()
-                self._write_tables()
-        if self._probe_http is not None:
-            await self._probe_http.aclose()
+        if self.opt.server_metrics:
+            self.server = ServerMetrics(self.base_url, self.engine, self.model, self._auth)
+            await self.server.probe()
+            self.progress(f"server-side histograms: {', '.join(self.server.names.values())}" if self.server.available
+                          else f"server-side histograms: none ({self.server.reason})")
+        try:
+            with (self.out / "events.jsonl").open("w") as fh:
+                self._events_fh = fh
+                for suite in self.opt.suites:
+                    await self._run_suite(suite)
+                    self._write_tables()
+        finally:
+            if self._probe_http is not None:
+                await self._probe_http.aclose()
+            if self.server is not None:
+                await self.server.aclose()
         return self._finish(started)
+
+    async def _run_suite(self, suite: str) -> None:
+        self._suite = suite
+        points = suite in ("prefill", "decode", "concurrency", "peak")
+        srv, probes = self.server if self.server is not None and self.server.available else None, self.n_fit_probes
+        if srv is not None:  # points: read around each measured repeat; the rest: around the suite
+            srv.start_suite(suite, per_suite_window=not points)
+            if not points:
+                await srv.begin()
+        await self.sampler.start(suite)
+        try:
+            if points:
+                await self.run_points(await self._fitting(self._plans(suite)))
+            else:
+                await {"warm-prefix": self.suite_warm_prefix, "longctx": self.suite_longctx,
+                       "quality": self.suite_quality, "agent": self.suite_agent,
+                       "soak": self.suite_soak}[suite]()
+        finally:
+            await self.sampler.stop()
+            if srv is not None and not points:
+                srv.suites[suite].n_unmeasured += self.n_fit_probes - probes
+                await srv.end()
 
     def _write_tables(self) -> None:
         write_atomic(self.out / "results.csv", csv_text(self.rows, CSV_COLUMNS))
@@ -402,6 +431,8 @@ class Runner(ContextFit, Suites):
             "client_host": platform.node(), "telemetry_failures": self.sampler.failures,
             "summary": asdict(summary),
         }
+        if self.server is not None:
+            meta["server_metrics"] = self.server.record()
         write_atomic(self.out / "run.json", json.dumps(meta, indent=2, sort_keys=True, default=str) + "\n")
         return summary
 

@@ -96,19 +96,23 @@ def bench_group() -> None:
 @click.option("--label", help="column label in reports (default: the profile, else the engine tag)")
 @click.option("--api-key-env", metavar="VAR", help="the environment variable holding the endpoint's key, sent as "
               "Authorization: Bearer (default: the profile's serve.api_key_env); the key is never printed")
+@click.option("--server-metrics", is_flag=True, help="also read the engine's own TTFT and inter-token latency "
+              "histograms (/metrics) before and after each suite and report them beside the client's figures "
+              "(vLLM; SGLang with --enable-metrics; llama.cpp has none: docs/bench-metrics.md)")
 @json_option
 @pass_ctx
 def bench_run_cmd(c: Ctx, profile: str | None, base_url: str | None, model: str | None, out_dir: str | None,
                   suites: tuple[str, ...], record: bool, force: bool, lengths: tuple[int, ...] | None,
                   concurrency: tuple[int, ...] | None, repeats: int | None, duration_s: float,
                   decode_tokens: int | None, warmup_s: float, measure_s: float, label: str | None,
-                  api_key_env: str | None, as_json: bool) -> None:
+                  api_key_env: str | None, server_metrics: bool, as_json: bool) -> None:
     """Run bench suites against PROFILE's cluster, or against --base-url URL --model NAME."""
     import contextlib
 
     with contextlib.ExitStack() as stack:
         _bench_run(c, profile, base_url, model, out_dir, suites, record, force, lengths, concurrency, repeats,
-                   duration_s, decode_tokens, warmup_s, measure_s, label, as_json, stack, api_key_env)
+                   duration_s, decode_tokens, warmup_s, measure_s, label, as_json, stack, api_key_env,
+                   server_metrics)
 
 
 def bench_check(res: Any, inv: Any, transport: Any, force: bool) -> dict[str, Any]:
@@ -143,7 +147,7 @@ def _bench_run(c: Ctx, profile: str | None, base_url: str | None, model: str | N
                suites: tuple[str, ...], record: bool, force: bool, lengths: tuple[int, ...] | None,
                concurrency: tuple[int, ...] | None, repeats: int | None, duration_s: float,
                decode_tokens: int | None, warmup_s: float, measure_s: float, label: str | None,
-               as_json: bool, stack: Any, api_key_env: str | None = None) -> None:
+               as_json: bool, stack: Any, api_key_env: str | None = None, server_metrics: bool = False) -> None:
     import time as _time
 
     from sparkctl.bench import runner as bench_runner
@@ -196,15 +200,16 @@ def _bench_run(c: Ctx, profile: str | None, base_url: str | None, model: str | N
     options = bench_runner.RunOptions(
         suites=chosen or bench_runner.wl.DEFAULT_SUITES, repeats=repeats, record=record, lengths=lengths,
         concurrency=concurrency, decode_tokens=decode_tokens, duration_s=duration_s, label=label,
-        agent_warmup_s=warmup_s, agent_measure_s=measure_s)
+        agent_warmup_s=warmup_s, agent_measure_s=measure_s, server_metrics=server_metrics)
     out_path = Path(out_dir) if out_dir else Path("runs") / f"{_time.strftime('%Y%m%d-%H%M%S')}-{_slug(profile or model)}"
     if out_path.exists() and any(out_path.iterdir()) and not force:
         raise ConfigError(f"{out_path} is not empty", hint="choose another --out, or --force to write into it")
     progress = None if as_json else (lambda m: err_console().print(f"[dim]{escape(m)}[/]"))
     summary = bench_runner.run(base_url, model, out_path, config, options, telemetry=telemetry, progress=progress,
                                api_key=key.key)
+    srv = _server_record(summary.out_dir) if server_metrics else None
     if as_json:
-        emit_json(asdict(summary))
+        emit_json({**asdict(summary), **({"server_metrics": srv} if srv is not None else {})})
     else:
         t = Table(box=None, pad_edge=False)
         for col in ("point", "metric", "median", "min", "max", "valid/runs", "flags"):
@@ -222,10 +227,37 @@ def _bench_run(c: Ctx, profile: str | None, base_url: str | None, model: str | N
             nodes = ", ".join(f"{n} {v['mean_w']:.0f}/{v['peak_w']:.0f} W" for n, v in tele["nodes"].items())
             jpt = tele.get("j_per_completion_token")
             out.print(f"power {suite} (mean/peak): {nodes}" + (f"; {jpt:.2f} J/token" if jpt else ""), markup=False)
+        if srv is not None:
+            _print_server_metrics(srv)
         out.print(f"{summary.n_requests} requests, {summary.n_errors} errors, {summary.duration_s:.1f} s; "
                   f"wrote {summary.out_dir}/results.csv, events.jsonl, telemetry.csv, run.json", markup=False)
     if record and not summary.record_grade:
         raise CheckFailed("not record grade: " + "; ".join(summary.record_problems), hint=f"see {summary.out_dir}")
+
+
+def _server_record(out_dir: str) -> dict[str, Any] | None:
+    import json
+
+    try:
+        return json.loads((Path(out_dir) / "run.json").read_text()).get("server_metrics")
+    except (OSError, ValueError):
+        return None
+
+
+def _print_server_metrics(record: dict[str, Any]) -> None:
+    """Server-side (the engine's histograms) and client-side TTFT/ITL side by side."""
+    from sparkctl.bench.servermetrics import TABLE_HEADER, notes, table_rows
+
+    rows = table_rows(record)
+    if rows:
+        t = Table(box=None, pad_edge=False, title="server-side vs client-side", title_justify="left")
+        for col in TABLE_HEADER:
+            t.add_column(col, justify="right" if col in ("server", "client") else "left")
+        for r in rows:
+            t.add_row(*map(escape, r))
+        out.print(t)
+    for line in notes(record):
+        out.print(line, markup=False)
 
 
 @bench_group.command("report")

@@ -1,8 +1,9 @@
 """The HTTP API of a simulated engine's rank 0 and its token scheduler.
 
 Owns: the OpenAI-compatible routes (``/health``, ``/v1/models``,
-``/v1/completions``, ``/v1/chat/completions``), ``/metrics`` with the engine's
-own counter names, ``/sim/info``, and the timing of every token.
+``/v1/completions``, ``/v1/chat/completions``), ``/sim/info``, and the timing
+of every token. ``/metrics`` (the engine's own counter names and latency
+histograms) is :mod:`sparkctl_sim.engines.promexport`.
 
 Timing (all durations divided by the speed-up factor):
 
@@ -41,28 +42,9 @@ from sparkctl_sim import perfmodel
 from sparkctl_sim.engines import tokens as tk
 from sparkctl_sim.engines.cli import EngineConfig, contract
 from sparkctl_sim.engines.logs import EngineLog
+from sparkctl_sim.engines.promexport import LatencyHistograms, metrics
 
 REASONING_EFFORTS = ("low", "medium", "high")
-
-COUNTER_NAMES = {  # docs/engines.md: the generated-token counter per engine
-    "ds41f": "ds41f_generation_tokens_total",
-    "tensorfold": "tensorfold_generated_tokens_total",
-    "vllm": "vllm:generation_tokens_total",
-    "sglang": "sglang:generation_tokens_total",
-}
-PROMPT_COUNTER_NAMES = {
-    "ds41f": "ds41f_prompt_tokens_total",
-    "tensorfold": "tensorfold_prompt_tokens_total",
-    "vllm": "vllm:prompt_tokens_total",
-    "sglang": "sglang:prompt_tokens_total",
-}
-RUNNING_GAUGE_NAMES = {
-    "ds41f": "ds41f_requests_running",
-    "tensorfold": "tensorfold_active_sequences",
-    "vllm": "vllm:num_requests_running",
-    "sglang": "sglang:num_running_reqs",
-}
-
 
 @dataclass(frozen=True)
 class PerfState:
@@ -112,6 +94,7 @@ class Engine:
         self.prompt_tokens = 0
         self.cached_tokens = 0
         self.finished: Counter[str] = Counter()
+        self.latency = LatencyHistograms(cfg.engine, cfg.served_name)  # the real release's TTFT/ITL histograms
         self.http: Counter[tuple[str, int]] = Counter()
         self._warned: set[str] = set()
 
@@ -134,11 +117,14 @@ class Engine:
         return waited
 
     async def run(
-        self, req: Request, emit: Callable[[int, str], Any], gone: Callable[[], bool] = lambda: False
+        self, req: Request, emit: Callable[[int, str], Any], gone: Callable[[], bool] = lambda: False,
+        arrival: float | None = None,
     ) -> int:
         """Prefill then decode ``req``, awaiting ``emit(i, text)`` per token; returns cached tokens.
 
         ``gone()`` tells whether the client disconnected (raises ConnectionResetError then).
+        ``arrival`` (``time.time()``): where the engine's TTFT starts; each token's latency is
+        observed into :attr:`latency` just before it is emitted (promexport).
         """
         loop = asyncio.get_running_loop()
         await self._while_wedged(gone)
@@ -162,6 +148,7 @@ class Engine:
             first_at = loop.time()
         self.decoding += 1
         try:
+            last = self.latency.first_token(arrival) if arrival is not None else None
             await emit(0, pieces[0])
             self.generation_tokens += 1
             stale = st.stale
@@ -179,6 +166,8 @@ class Engine:
                     anchor_t, anchor_i, gap = due, i - 1, g
                 due = anchor_t + (i - anchor_i) * gap
                 await self._sleep_until(due)
+                if last is not None:
+                    last = self.latency.next_tokens(last)
                 await emit(i, pieces[i])
                 self.generation_tokens += 1
         finally:
@@ -326,10 +315,13 @@ async def _generate(request: web.Request, chat: bool) -> web.StreamResponse:
         body = await request.json()
     except (ValueError, UnicodeDecodeError):
         return _error(engine, HTTPError(400, "the request body is not valid JSON"))
+    arrival = time.time()  # SGLang's created_time: before its tokenizer (tokenizer_manager.py generate_request)
     try:
         req = parse_request(engine, body, chat)
     except HTTPError as e:
         return _error(engine, e)
+    if engine.cfg.engine == "vllm":  # vLLM's arrival_time: after the template and tokenizer (processor.py)
+        arrival = time.time()
 
     rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
     created = int(time.time())
@@ -357,7 +349,7 @@ async def _generate(request: web.Request, chat: bool) -> web.StreamResponse:
             return None
 
         try:
-            cached = await engine.run(req, ignore, gone)
+            cached = await engine.run(req, ignore, gone, arrival)
         except ConnectionResetError:
             engine.finished["abort"] += 1
             return web.Response(status=499)  # nginx's "client closed request"; nobody reads it
@@ -388,7 +380,7 @@ async def _generate(request: web.Request, chat: bool) -> web.StreamResponse:
                     "choices": [choice(text, fin, i == 0)]})
 
     try:
-        cached = await engine.run(req, emit, gone)
+        cached = await engine.run(req, emit, gone, arrival)
         engine.finished[finish] += 1
         if req.include_usage:
             await send({"id": rid, "object": chunk_obj, "created": created, "model": name,
@@ -435,41 +427,6 @@ async def models(request: web.Request) -> web.Response:
             }]
         data.append(entry)
     return _json({"object": "list", "data": data})
-
-
-async def metrics(request: web.Request) -> web.Response:
-    engine = request.app[ENGINE_KEY]
-    cfg = engine.cfg
-    e = cfg.engine
-    labels = f'model_name="{cfg.served_name}"' if e in ("vllm", "sglang") else f'model="{cfg.served_name}"'
-    if e == "vllm":
-        labels = 'engine="0",' + labels
-    lines: list[str] = []
-
-    def metric(name: str, kind: str, help_: str, samples: list[tuple[str, float]]) -> None:
-        lines.append(f"# HELP {name} {help_}")
-        lines.append(f"# TYPE {name} {kind}")
-        for lab, v in samples:
-            lines.append(f"{name}{{{lab}}} {float(v)}" if lab else f"{name} {float(v)}")
-
-    metric(COUNTER_NAMES[e], "counter", "Number of generation tokens processed.",
-           [(labels, engine.generation_tokens)])
-    metric(PROMPT_COUNTER_NAMES[e], "counter", "Number of prefill tokens processed.",
-           [(labels, engine.prompt_tokens)])
-    metric(RUNNING_GAUGE_NAMES[e], "gauge", "Number of requests in decode.", [(labels, engine.decoding)])
-    if e == "vllm":
-        metric("vllm:request_success_total", "counter", "Count of successfully processed requests.",
-               [(f'{labels},finished_reason="{r}"', engine.finished[r]) for r in ("stop", "length", "abort")])
-    metric("sparkctl_sim_speedup", "gauge",
-           "SIMULATION: every simulated duration is divided by this factor.", [("", engine.speedup)])
-    metric("sparkctl_sim_requests_total", "counter", "SIMULATION: HTTP requests by endpoint and status.",
-           [(f'endpoint="{p}",status="{s}"', n) for (p, s), n in sorted(engine.http.items())])
-    metric("sparkctl_sim_finished_requests_total", "counter", "SIMULATION: finished completions by reason.",
-           [(f'reason="{r}"', n) for r, n in sorted(engine.finished.items())])
-    metric("sparkctl_sim_cached_prompt_tokens_total", "counter", "SIMULATION: prompt tokens read from the prefix cache.",
-           [("", engine.cached_tokens)])
-    return web.Response(text="\n".join(lines) + "\n", content_type="text/plain", charset="utf-8",
-                        headers={"X-Content-Type": "text/plain; version=0.0.4"})
 
 
 async def sim_info(request: web.Request) -> web.Response:
