@@ -21,7 +21,7 @@ from typing import Any
 from sparkctl.errors import CheckFailed, ConfigError, Interrupted, LifecycleError, LockHeld, Ref, SparkctlError
 from sparkctl.facts import probes
 from sparkctl.model.inventory import Inventory
-from sparkctl.model.layout import _ref, bind
+from sparkctl.model.layout import bind, profile_ref
 from sparkctl.model.paths import DEFAULT_STACK
 from sparkctl.model.profiles import Resolved, resolve
 from sparkctl.model.record import RunRecord
@@ -220,7 +220,7 @@ def lock_scope(res: Resolved, inv: Inventory, records: Mapping[str, RunRecord]) 
     stack = stack_of(res)
     p = res.profile
     why = refusal(stack, lay.nodes, p.model.served_name, model_identity(res), p.topology.shared_name,
-                  [r for s, r in records.items() if s != stack], ref=_ref(res, "topology.nodes"))
+                  [r for s, r in records.items() if s != stack], ref=profile_ref(res, "topology.nodes"))
     if why is not None:
         raise why
     prev = records.get(stack)

@@ -36,7 +36,7 @@ from sparkctl.model.paths import (
     under,
 )
 from sparkctl.model.profiles import Resolved
-from sparkctl.model.layout import _ref
+from sparkctl.model.layout import profile_ref
 from sparkctl.model.record import NodeRecord, RunRecord, operator_route
 from sparkctl.model.stacks import model_identity, refusal, stack_of
 from sparkctl.plan import contracts
@@ -323,7 +323,7 @@ def refuse_conflicts(res: Resolved, rendering: Rendering, others: Sequence[RunRe
     """Raise StackConflict when another live stack holds this profile's nodes or its served name."""
     p = res.profile
     why = refusal(stack_of(res), rendering.layout.nodes, p.model.served_name, model_identity(res),
-                  p.topology.shared_name, others, ref=_ref(res, "topology.nodes"))
+                  p.topology.shared_name, others, ref=profile_ref(res, "topology.nodes"))
     if why is not None:
         raise why
 
