@@ -231,3 +231,31 @@ def test_down_scope_names_the_stacks_there_are() -> None:
     with pytest.raises(ConfigError, match="no such stack") as e:
         down_scope(inv, {"left": LEFT}, "blue")
     assert "stacks: left" in (e.value.hint or "")
+
+
+def test_the_supervisor_takes_over_every_node_lock_of_its_stack_and_releases_each(tmp_path: Path) -> None:
+    from sparkctl.remote import planrun
+
+    plan = {"op": "switch --supervise", "profile": "p", "steps": [], "branches": {}, "reads": [], "note": ""}
+    doc = {"version": 1, "head": "spark-a", "plan": plan, "nodes": {}, "blobs": {}, "served_name": "m"}
+    (tmp_path / "plan.json").write_text(json.dumps(doc))
+    dirs = [tmp_path / "locks/spark-a.d", tmp_path / "locks/spark-b.d"]
+    for d in dirs:
+        d.mkdir(parents=True)
+        (d / "holder").write_text('{"holder": "alice pid 1"}\n')
+    seen: list[str] = []
+    real = planrun.execute
+
+    def execute(plan: dict, backend: object) -> object:  # while it runs, both locks name the supervisor
+        seen.extend((d / "holder").read_text() for d in dirs)
+        return real(plan, backend)
+
+    planrun.execute, saved = execute, planrun.execute  # type: ignore[assignment]
+    try:
+        rc = planrun.main(["supervise", str(tmp_path / "plan.json"), str(tmp_path / "ev.jsonl"), str(tmp_path / "pid"),
+                           json.dumps([str(d) for d in dirs]), json.dumps({"host": "spark-a"})])
+    finally:
+        planrun.execute = saved  # type: ignore[assignment]
+    assert rc == 0
+    assert len(seen) == 2 and all("supervisor pid" in h for h in seen), seen
+    assert not any(d.exists() for d in dirs)
