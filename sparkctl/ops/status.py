@@ -73,7 +73,7 @@ def _claims(records: Mapping[str, RunRecord]) -> dict[str, RunRecord]:
     record that ran there (a stopped or failed stack still names its ranks)."""
     out: dict[str, RunRecord] = {}
     for r in sorted(records.values(), key=lambda r: (r.live, r.updated_at)):
-        for n in r.nodes:
+        for n in (*r.heads, *r.nodes):
             out[n] = r  # live records sort last: they win
     return out
 
@@ -103,14 +103,14 @@ def cluster_status(inv: Inventory, transport: Transport, stack: str | None = Non
                               hint=f"stacks: {', '.join(records) or 'none'}")
         records = {stack: records[stack]}
     claims = _claims(records)
-    nodes = list(inv.names) if stack is None else [n for n in inv.names if n in records[stack].nodes]
+    nodes = list(inv.names) if stack is None else [n for n in inv.names if n in claims]
     scripts = {n: probes.remote_command(probes.build_script(
         inv.node(n), **(_on_node_endpoint(inv, claims[n], n) if (n in claims and n in claims[n].heads) else {})))
         for n in nodes}
     results = transport.run_all(scripts)
     hashes: dict[str, dict[str, str]] = {}
-    cmds = {n: "sha256sum " + " ".join(shlex.quote(f) for f in claims[n].nodes[n].files) + " 2>/dev/null; true"
-            for n in nodes if n in claims and claims[n].nodes[n].files}
+    files = {n: claims[n].nodes[n].files for n in nodes if n in claims and n in claims[n].nodes}
+    cmds = {n: "sha256sum " + " ".join(shlex.quote(f) for f in fs) + " 2>/dev/null; true" for n, fs in files.items() if fs}
     for n, r in transport.run_all(cmds).items():
         hashes[n] = {line.split()[1]: line.split()[0] for line in r.stdout.splitlines() if len(line.split()) == 2}
     out_nodes = []
