@@ -348,7 +348,7 @@ class Ring:
         with ThreadPoolExecutor(max_workers=5) as pool:
             procs_f = {n: pool.submit(ps, n) for n in self.inv.names}
             head = self.ssh(HEAD, f"cd {STATE_DIR} && ls -A; echo ---; cat record.json 2>/dev/null || echo __absent__; "
-                                  "echo; echo ---; test -d lock.d && echo locked || true")
+                                  "echo; echo ---; ls -d locks/*.d >/dev/null 2>&1 && echo locked || true")
             procs = {n: f.result() for n, f in procs_f.items()}
         listing, _, rest = head.stdout.partition("---\n")
         text, _, lock = rest.rpartition("---\n")

@@ -27,7 +27,7 @@ SERVE_EVENTS = '{"event":"started","pid":4242,"port":39999}\n'
 # What the operations run with no answer needed beyond "ok, no output" (the
 # first word of the command; `f=` and `[` open the small sh snippets).
 PROGRAMS = ("cat", "nvidia-smi", "sh", "systemctl", "grep", "f=", "sha256sum", "mkdir", "[", "tail", "ps", "rm",
-            "kill", "test", "ls", "docker", "sync", "set --", "echo 3 >")
+            "kill", "test", "ls", "docker", "sync", "set --", "echo 3 >", "for ")
 
 
 def answer(call: Call) -> Any:

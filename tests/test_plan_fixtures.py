@@ -54,6 +54,7 @@ def plan_case(name: str) -> dict[str, Any]:
     roots = _roots()
     inv = _inventory(case["inventory"])
     record = _record(case.get("record"), inv, roots)
+    others = tuple(_record(o, inv, roots) for o in case.get("others", ()))  # the other stacks' records
     if case["op"] == "fabric-apply":  # the node's netplan files as read: {node: {file name: text}}
         from sparkctl.facts.netplanfiles import describe_file
         from sparkctl.ops.fabric import plan_apply
@@ -63,13 +64,19 @@ def plan_case(name: str) -> dict[str, Any]:
         profile = resolve(case["profile"], roots) if case.get("profile") else None
         return plan_apply(inv, roots, profile, None, netplan)[0].to_dict()
     if case["op"] == "down":
+        if case.get("stack"):  # down --stack: that stack's record and nodes (sparkctl.ops.executor.down_scope)
+            from sparkctl.ops.executor import down_scope
+
+            recs, nodes = down_scope(inv, {r.stack: r for r in (record, *others) if r}, case["stack"])
+            return planner.plan_down(inv, recs, nodes=nodes, reset_clocks=bool(case.get("reset_clocks")),
+                                     started_at=STARTED).to_dict()
         return planner.plan_down(inv, record, reset_clocks=bool(case.get("reset_clocks")), started_at=STARTED).to_dict()
     if case["op"] == "fabric-restore":
         return fabricplan.plan_fabric_restore(inv).to_dict()
     res = resolve(case["profile"], roots)
     rendering = render(res, inv, roots, secrets={})
     f = case.get("facts", {})
-    facts = planner.UpFacts(record, dict(f.get("alive", {})), bool(f.get("healthy", False)))
+    facts = planner.UpFacts(record, dict(f.get("alive", {})), bool(f.get("healthy", False)), others=others)
     if case["op"] == "up":
         return planner.plan_up(res, inv, rendering, facts, started_at=STARTED).to_dict()
     prev_res = resolve(record.profile, roots)
@@ -149,3 +156,19 @@ def test_the_fabric_fixtures_say_what_the_issue_asks() -> None:
     restore = plan_case("fabric-restore")
     back = next(s for s in restore["steps"] if s["id"] == "restore")
     assert all("iptables -w -X SPARKCTL-FABRIC" in c for c in back["commands"].values())
+
+
+def test_the_stack_fixtures_keep_to_their_own_nodes() -> None:
+    """Issue 20, item 2: a stack beside another stops, starts and records only its own."""
+    up = plan_case("up-beside-stack")
+    touched = {n for s in up["steps"] for n in s["nodes"] if s["kind"] != "record"}
+    assert touched == {"spark-c", "spark-d"}, touched
+    for branch in up["branches"].values():
+        assert {n for s in branch for n in s["nodes"] if s["kind"] != "record"} <= {"spark-c", "spark-d"}
+    recs = [s for s in up["steps"] if s["kind"] == "record"]
+    assert {s["params"]["path"] for s in recs} == {"/var/lib/sparkctl/stacks/right.json"}
+    assert all(s["params"]["record"]["stack"] == "right" for s in recs)
+    down = plan_case("down-one-stack")
+    assert {n for s in down["steps"] for n in s["nodes"] if s["kind"] != "record"} == {"spark-c", "spark-d"}
+    assert [s["id"] for s in down["steps"] if s["kind"] == "record"] == ["record-stopping-right", "record-right"]
+    assert {s["params"]["record"]["stack"] for s in down["steps"] if s["kind"] == "record"} == {"right"}

@@ -39,6 +39,7 @@ from sparkctl.ops import executor, readiness, supervise, weights
 from sparkctl.plan import planner
 from sparkctl.plan.steps import FileRef
 from sparkctl.ops.check import run_check
+from sparkctl.ops.lock import read_records_command
 from sparkctl.ops.status import cluster_status
 from sparkctl.plan.render import MASK, render
 from sparkctl.transport.ssh import Call, LocalTransport, reply
@@ -172,6 +173,7 @@ def _operations(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *, fail_start: 
                lambda t: weights.sync(inv, t, res.profile.model.weights_path, "spark-a", poll_s=0)):
         t = fake_for(inv)
         t.add("*", re.compile(r"cat .*record\.json.*"), reply(record))
+        t.add("*", read_records_command(inv), reply(f"\n==> sparkctl-record /x/record.json\n{record}"))
         try:
             op(t)
         except SparkctlError as exc:
@@ -221,6 +223,8 @@ def test_status_json_never_shows_a_secret(tmp_path: Path, sparkctl, monkeypatch:
     inv = _inv(tmp_path)
     fake = fake_for(inv)
     fake.add("*", re.compile(r"cat .*record\.json.*"), reply(record))
+    # every stack's record in one round trip (sparkctl.ops.lock.read_records)
+    fake.add("*", read_records_command(inv), reply(f"\n==> sparkctl-record /x/record.json\n{record}"))
     from sparkctl.cli import cluster as cli_cluster
 
     monkeypatch.setattr(cli_cluster, "make_transport", lambda *a, **k: fake)
@@ -315,7 +319,7 @@ def test_the_supervisors_ssh_checks_host_keys_it_got_from_verified_connections(
 
 # What each command that runs under sudo does; everything else runs as the login user.
 SUDO_KINDS = {
-    "lock": r"(d=|grep -qF ).*lock\.d.*",  # /var/lib/sparkctl is root's
+    "lock": r"(d=|grep -qF |info=|for d in ).*locks/.*\.d.*",  # /var/lib/sparkctl is root's
     "clock-cap": r"(nvidia-smi -lgc 0,\d+ && )?mkdir -p .*clock-lock.*|nvidia-smi -lgc 0,\d+",  # check --fix: two
     "clock-reset": r"nvidia-smi -rgc && rm -f .*clock-lock'?",
     "stop-engines": r"set -u\nunit=.*",  # systemctl stop, docker rm, kill
@@ -331,7 +335,7 @@ SUDO_KINDS = {
     "weights-agent-job": r"python3 -S .*weights_agent\.py (fetch|manifest|serve|pull|stop) .*",
 }
 NO_SUDO = {
-    "read-record": r"cat .*record\.json.*",
+    "read-record": r"cat .*record\.json.*|for f in .*record\.json .*/stacks/\*\.json; do .*",
     "probe": r"sh -c .*@@sparkctl:.*",
     "boot-id": r"cat .*boot_id.*",
     "meminfo": r"cat .*meminfo.*",

@@ -122,7 +122,9 @@ def bench_check(res: Any, inv: Any, transport: Any, force: bool) -> dict[str, An
     from sparkctl.ops.lock import read_record
     from sparkctl.plan.laws import Waiver
 
-    rec = read_record(inv, transport)
+    from sparkctl.model.stacks import stack_of
+
+    rec = read_record(inv, transport, stack_of(res))
     waivers = {k: Waiver(k, v) for k, v in (rec.waivers if rec and rec.profile == res.name else {}).items()}
     report = run_check(res, inv, transport, waivers=waivers, bandwidth_s=0)
     fails = [v for v in report.verdicts if v.failed]

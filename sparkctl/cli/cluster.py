@@ -139,6 +139,11 @@ def trust_cmd(c: Ctx, nodes: tuple[str, ...], fingerprint: str | None, yes: bool
 # --------------------------------------------------------------------------- up / down / switch / status / logs
 
 
+def _stack_option(what: str) -> Any:
+    return click.option("--stack", "stack", default=None, metavar="NAME",
+                        help=f"{what} (a profile's topology.stack; `default` when unset)")
+
+
 def _up_summary(result: Any) -> None:
     if result.action == "noop":
         out.print(f"{result.profile}: already serving with the same rendered files; nothing to do")
@@ -158,6 +163,7 @@ def _up_summary(result: Any) -> None:
 @with_waive_options
 @click.option("--supervise", is_flag=True, help="switch: show what this side runs and what the head's runner runs")
 @click.option("--reset-clocks", is_flag=True, help="down: also reset the GPU clock lock")
+@_stack_option("down: only this stack; the others keep serving")
 @click.option("--assume-fresh", is_flag=True, help="read nothing from the nodes: plan for a cluster where nothing "
               "runs and no record exists (touches no host)")
 @click.option("--persist", is_flag=True, help="up: as `up --persist` (--set serve.persist=true)")
@@ -165,7 +171,8 @@ def _up_summary(result: Any) -> None:
 @json_option
 @pass_ctx
 def plan_cmd(c: Ctx, action: str, profile: str | None, sets: tuple[str, ...], waive: tuple[str, ...],
-             reason: str | None, supervise: bool, reset_clocks: bool, assume_fresh: bool, persist: bool,
+             reason: str | None, supervise: bool, reset_clocks: bool, stack: str | None, assume_fresh: bool,
+             persist: bool,
              connect_timeout_s: float, command_timeout_s: float, deadline_s: float, as_json: bool) -> None:
     """The exact steps `up|down|switch PROFILE` (or `fabric apply [PROFILE]`) would run now, every command and file.
 
@@ -178,6 +185,8 @@ def plan_cmd(c: Ctx, action: str, profile: str | None, sets: tuple[str, ...], wa
 
     if action in ("up", "switch") and not profile:
         raise click.UsageError(f"plan {action} needs a PROFILE")
+    if stack is not None and action != "down":
+        raise click.UsageError("--stack goes with `plan down` (a profile names its own stack: topology.stack)")
     if persist:
         sets = (*sets, "serve.persist=true")
     res = c.resolve(profile, sets) if action != "down" and profile else None
@@ -195,7 +204,8 @@ def plan_cmd(c: Ctx, action: str, profile: str | None, sets: tuple[str, ...], wa
     if res is not None:
         print_engine_warnings(res, inv)
     kw: dict[str, Any] = dict(sets=sets, waivers=parse_waivers(waive, reason),
-                              secrets=secrets_from_env(res) if res else {}, reset_clocks=reset_clocks)
+                              secrets=secrets_from_env(res) if res else {}, reset_clocks=reset_clocks,
+                              stack=stack if action == "down" else None)
     if assume_fresh:
         plan, _r, _x = plan_for(action, res, inv, None, c.roots(), **kw)
     else:
@@ -256,17 +266,18 @@ def up_cmd(c: Ctx, profile: str, sets: tuple[str, ...], waive: tuple[str, ...], 
 @cli.command("down")
 @inventory_option
 @click.option("--reset-clocks", is_flag=True, help="also reset the GPU clock lock (nvidia-smi -rgc)")
+@_stack_option("stop only this stack and lock only its nodes; the other stacks keep serving")
 @with_transport_options
 @json_option
 @pass_ctx
-def down_cmd(c: Ctx, reset_clocks: bool, connect_timeout_s: float, command_timeout_s: float, deadline_s: float,
-             as_json: bool) -> None:
-    """Stop what sparkctl started, verify processes gone and ports closed (idempotent)."""
+def down_cmd(c: Ctx, reset_clocks: bool, stack: str | None, connect_timeout_s: float, command_timeout_s: float,
+             deadline_s: float, as_json: bool) -> None:
+    """Stop what sparkctl started (every stack, or --stack NAME), verify processes gone and ports closed (idempotent)."""
     from sparkctl.ops.executor import down
 
     inv = c.inventory()
     with make_transport(inv, connect_timeout_s, command_timeout_s, deadline_s) as tr:
-        result = down(inv, tr, reset_clocks=reset_clocks, progress=NodeProgress(quiet=as_json))
+        result = down(inv, tr, reset_clocks=reset_clocks, progress=NodeProgress(quiet=as_json), stack=stack)
     if as_json:
         emit_json({"stopped": list(result.stopped), "leftovers": dict(result.leftovers), "leaks_gib": dict(result.leaks),
                    "clocks_reset": list(result.clocks_reset)})
@@ -349,18 +360,19 @@ def switch_cmd(c: Ctx, profile: str, sets: tuple[str, ...], waive: tuple[str, ..
 @cli.command("status")
 @inventory_option
 @click.option("--watch", "watch_s", type=float, default=None, metavar="SECONDS", help="refresh every SECONDS")
+@_stack_option("only this stack and its nodes")
 @with_transport_options
 @json_option
 @pass_ctx
-def status_cmd(c: Ctx, watch_s: float | None, connect_timeout_s: float, command_timeout_s: float, deadline_s: float,
-               as_json: bool) -> None:
-    """What runs on every node, and where it drifted from the record."""
+def status_cmd(c: Ctx, watch_s: float | None, stack: str | None, connect_timeout_s: float, command_timeout_s: float,
+               deadline_s: float, as_json: bool) -> None:
+    """What runs on every node, stack by stack, and where it drifted from each stack's record."""
     from sparkctl.ops.status import cluster_status
 
     inv = c.inventory()
     with make_transport(inv, connect_timeout_s, command_timeout_s, deadline_s) as tr:
         while True:
-            st = cluster_status(inv, tr)
+            st = cluster_status(inv, tr, stack=stack)
             if as_json:
                 emit_json(st)
             else:
@@ -371,21 +383,26 @@ def status_cmd(c: Ctx, watch_s: float | None, connect_timeout_s: float, command_
 
 
 def _print_status(st: dict[str, Any]) -> None:
-    rec = st["record"]
-    if rec:
-        out.print(f"[bold]{rec['profile']}[/] ({rec['engine']} {rec['engine_version']}, {rec['served_name']}): "
-                  f"{rec['state']} since {rec['started_at']}"
+    stacks = st.get("stacks") or []
+    for s in stacks:
+        rec = s["record"]
+        name = "" if s["stack"] == "default" and len(stacks) == 1 else f"stack {escape(s['stack'])}: "
+        out.print(f"{name}[bold]{rec['profile']}[/] ({rec['engine']} {rec['engine_version']}, {rec['served_name']}"
+                  f" on {', '.join(rec['nodes'])}): {rec['state']} since {rec['started_at']}"
                   + (f"; waivers: {', '.join(rec['waivers'])}" if rec["waivers"] else ""))
-    else:
+    if not stacks:
         out.print("no sparkctl record: nothing started by sparkctl")
+    many = len(stacks) > 1
     t = Table(box=None, pad_edge=False)
-    for col in ("node", "rank", "engine", "alive", "SM MHz", "cap", "W", "C", "MemAvail GiB", "earlyoom"):
+    for col in (("node",) + (("stack",) if many else ()) + ("rank", "engine", "alive", "SM MHz", "cap", "W", "C",
+                                                            "MemAvail GiB", "earlyoom")):
         t.add_column(col)
     for n in st["nodes"]:
+        first = (n["node"],) + ((escape(str(n.get("stack") or "-")),) if many else ())
         if not n["reachable"]:
-            t.add_row(n["node"], "-", "-", f"[red]unreachable[/] {escape(str(n['error']))[:40]}", "", "", "", "", "", "")
+            t.add_row(*first, "-", "-", f"[red]unreachable[/] {escape(str(n['error']))[:40]}", "", "", "", "", "", "")
             continue
-        t.add_row(n["node"], str(n.get("rank", "-")), str(n.get("engine") or "-"),
+        t.add_row(*first, str(n.get("rank", "-")), str(n.get("engine") or "-"),
                   "[green]yes[/]" if n["alive"] else "no", str(n["sm_mhz"]), str(n["clock_lock"] or "-"),
                   str(n["power_w"]), str(n["temp_c"]), str(n["mem_available_gib"]),
                   ("[green]active[/]" if n.get("watchdog") == "active" else f"[red]{escape(str(n.get('watchdog')))}[/]")
@@ -452,12 +469,16 @@ def logs_cmd(c: Ctx, node: str | None, lines: int, follow: bool, connect_timeout
 
 @cli.command("unlock")
 @inventory_option
+@click.option("--node", "nodes", multiple=True, metavar="NODE", help="only these nodes' locks (default: every node)")
 @pass_ctx
-def unlock_cmd(c: Ctx) -> None:
-    """Remove the cluster lock left by a process that is gone."""
+def unlock_cmd(c: Ctx, nodes: tuple[str, ...]) -> None:
+    """Remove the locks left by a process that is gone (every node's, or --node NODE's)."""
     from sparkctl.ops.lock import break_lock
 
     inv = c.inventory()
+    for n in nodes:
+        if n not in inv.names:
+            raise ConfigError(f"--node {n}: not in the inventory", hint=f"nodes: {', '.join(inv.names)}")
     with make_transport(inv, 5.0, 30.0, 60.0) as tr:
-        holder = break_lock(inv, tr)
+        holder = break_lock(inv, tr, list(nodes) or None)
     out.print(f"lock removed (was: {escape(holder) or 'none'})")

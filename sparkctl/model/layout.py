@@ -66,6 +66,11 @@ class Layout:
         return tuple(reversed(self.start_sequence()))
 
 
+def profile_ref(res: Resolved, key: str) -> Ref:
+    """Where ``key`` of a resolved profile was set (its file and line, or ``--set``)."""
+    return _ref(res, key)
+
+
 def _ref(res: Resolved, key: str) -> Ref:
     chain = res.explain(key) if key else []
     src = chain[-1].source if chain else None

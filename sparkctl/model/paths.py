@@ -32,8 +32,10 @@ SYSCTL_DIR = "/etc/sysctl.d"
 EARLYOOM_DEFAULT = "/etc/default/earlyoom"
 
 # state
-RECORD = f"{STATE_DIR}/record.json"
-LOCK_DIR = f"{STATE_DIR}/lock.d"
+RECORD = f"{STATE_DIR}/record.json"  # the run record of the stack "default" (the one record before stacks)
+STACKS_DIR = f"{STATE_DIR}/stacks"  # the run record of every other stack: stacks/<name>.json
+LOCKS_DIR = f"{STATE_DIR}/locks"  # one lock dir per node: locks/<node>.d (sparkctl.ops.lock)
+LOCK_DIR = f"{STATE_DIR}/lock.d"  # the one cluster lock before stacks: only `unlock` still removes it
 CLOCK_LOCK = f"{STATE_DIR}/clock-lock"  # "<boot id> <MHz>": see sparkctl.model.clocklock
 ENGINE_LOG = f"{LOG_DIR}/engine.log"
 FABRIC_BACKUP = f"{STATE_DIR}/fabric-backup"  # what `fabric apply` replaced; `fabric restore` puts it back
@@ -59,6 +61,22 @@ NCCL_CACHE_DIR = f"{STATE_DIR}/nccl-by-image"
 # weights
 WEIGHTS_AGENT = f"{OPT_DIR}/weights_agent.py"
 WEIGHTS_JOBS = f"{OPT_DIR}/weights"
+
+
+DEFAULT_STACK = "default"
+
+
+def record_path(stack: str) -> str:
+    """Where a stack's run record lives on the state node (the inventory's first node).
+
+    The stack ``default`` keeps the path of the one record sparkctl kept before it ran
+    several stacks, so such a record is read as that stack, unchanged."""
+    return RECORD if stack == DEFAULT_STACK else f"{STACKS_DIR}/{stack}.json"
+
+
+def node_lock_dir(node: str) -> str:
+    """The lock of one node (a node name matches the schema's NAME_RE: a safe file name)."""
+    return f"{LOCKS_DIR}/{node}.d"
 
 
 def under(prefix: str, path: str) -> str:

@@ -1,8 +1,13 @@
 """The run record: what sparkctl started, where, from which files. Pure data.
 
-Kept on the inventory's first node (``/var/lib/sparkctl/record.json`` under its
-prefix) and cached on the operator's side, so ``status`` works from any
-workstation that has the inventory.
+One record per stack (``stack``: the profile's topology.stack, ``default`` when
+unset), kept on the inventory's first node (the state node:
+``/var/lib/sparkctl/record.json`` for the stack ``default``,
+``/var/lib/sparkctl/stacks/<name>.json`` for the others, under its prefix:
+:func:`sparkctl.model.paths.record_path`) and cached on the operator's side, so
+``status`` works from any workstation that has the inventory. A record written
+before sparkctl ran several stacks has no ``stack``: it is read as ``default``,
+from the path it always had.
 
 Also where an endpoint is asked (:func:`operator_route`, :func:`on_node_host`),
 from what the record keeps of serve.bind (``listen``): pure, shared by the
@@ -15,10 +20,13 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 SCHEMA = 1
-from sparkctl.model.paths import LOCK_DIR, RECORD  # noqa: F401 - where the record and the lock live
+from sparkctl.model.paths import DEFAULT_STACK, LOCK_DIR, RECORD  # noqa: F401 - where the record and the lock live
 
 RECORD_PATH = RECORD
 STATES = ("starting", "serving", "stopping", "switching", "failed", "stopped")
+# A stack whose record is in one of these may have engines running: its nodes are its own
+# (another stack's up refuses them) until a down or a failed run records otherwise.
+LIVE_STATES = ("starting", "serving", "stopping", "switching")
 
 
 @dataclass(frozen=True)
@@ -60,6 +68,17 @@ class RunRecord:
     # 0.0.0.0, the management host, or the head's fabric address). Empty in records
     # written before sparkctl recorded it: such an endpoint listened on 0.0.0.0.
     listen: dict[str, str] = field(default_factory=dict)
+    # topology.stack: which stack this is ("default" in records written before stacks).
+    stack: str = DEFAULT_STACK
+    # The model served, "<model.id>@<model.revision>": what two stacks sharing a served
+    # name must agree on (topology.shared_name). Empty in records written before stacks.
+    model: str = ""
+    # topology.shared_name: this stack declared itself a replica of a name another serves.
+    shared_name: bool = False
+
+    @property
+    def live(self) -> bool:
+        return self.state in LIVE_STATES
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -80,6 +99,8 @@ class RunRecord:
             steps=tuple(dict(s) for s in d.get("steps", ()) if isinstance(s, dict)),
             api_key_env=d.get("api_key_env") or None,
             listen={str(k): str(v) for k, v in (d.get("listen") or {}).items()},
+            stack=str(d.get("stack") or DEFAULT_STACK), model=str(d.get("model") or ""),
+            shared_name=bool(d.get("shared_name", False)),
         )
 
     def with_state(self, state: str, updated_at: str, note: str = "") -> "RunRecord":

@@ -256,6 +256,17 @@ class TopologySpec(_Strict):
     start_order: Literal["workers-first", "head-first"] = Field(
         "workers-first", description="which ranks start first (real stacks disagree)"
     )
+    stack: Name | None = Field(
+        None, description="the stack this profile runs as: a name for its node set. Stacks on disjoint nodes "
+        "live side by side, each with its own run record, lock, `status --stack` and `down --stack`; `up` or "
+        "`switch` of a profile replaces what its own stack ran and refuses nodes another live stack uses; "
+        "unset: the stack `default`"
+    )
+    shared_name: bool = Field(
+        False, description="a declared replica: another live stack may already serve this model.served_name if "
+        "it serves the same model (model.id and model.revision); the gateway balances between them. Unset, `up` "
+        "refuses a served name another live stack serves"
+    )
 
 
     @model_validator(mode="after")

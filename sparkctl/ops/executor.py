@@ -18,19 +18,24 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sparkctl.errors import CheckFailed, Interrupted, LifecycleError, Ref, SparkctlError
+from sparkctl.errors import CheckFailed, ConfigError, Interrupted, LifecycleError, LockHeld, Ref, SparkctlError
 from sparkctl.facts import probes
 from sparkctl.model.inventory import Inventory
+from sparkctl.model.layout import bind, profile_ref
+from sparkctl.model.paths import DEFAULT_STACK
 from sparkctl.model.profiles import Resolved, resolve
 from sparkctl.model.record import RunRecord
 from sparkctl.model.resources import Roots
+from sparkctl.model.stacks import model_identity, refusal, stack_of
 from sparkctl.ops import readiness
-from sparkctl.ops.localstate import cluster_dir, write_json
+from sparkctl.ops.localstate import write_json
 from sparkctl.ops.lock import (
     ClusterLock,
+    local_record_path,
     node_sudo,
     now_iso,
     read_record,
+    read_records,
 )
 from sparkctl.plan import laws, planner
 from sparkctl.plan.render import Rendering, render
@@ -131,7 +136,7 @@ class TransportBackend:
     def write_record(self, node: str, path: str, data: Mapping[str, Any]) -> dict[str, Any]:
         """Atomic on the head and in the local cache; a record that cannot be written and claims
         nothing serves is removed instead (no record also claims nothing serves)."""
-        write_json(cluster_dir(self.inv) / "record.json", dict(data))
+        write_json(local_record_path(self.inv, str(data.get("stack") or DEFAULT_STACK)), dict(data))
         blob = json.dumps(data, indent=2, sort_keys=True).encode() + b"\n"
         r = self.transport.put(node, path, blob, 0o644, sudo=node_sudo(self.inv, node))
         if not r.ok and data.get("state") != "serving":
@@ -163,11 +168,15 @@ class TransportBackend:
 
 
 def gather_up_facts(res: Resolved, inv: Inventory, transport: Transport, rendering: Rendering) -> planner.UpFacts:
-    """The record, which engines run, whether the heads serve the name: what ``up`` plans from."""
-    prev = read_record(inv, transport)
+    """The records (its own stack's and the others'), which engines run, whether the heads
+    serve the name: what ``up`` plans from."""
+    records = read_records(inv, transport)
+    stack = stack_of(res)
+    prev = records.get(stack)
+    others = tuple(r for s, r in records.items() if s != stack)
     lay = rendering.layout
     if not (prev and prev.profile == res.name and prev.state == "serving"):
-        return planner.UpFacts(prev)
+        return planner.UpFacts(prev, others=others)
     cmds = {n: planner.ALIVE_COMMAND for n in lay.nodes}
     alive = {n: (r.ok and "alive" in r.stdout) for n, r in transport.run_all(cmds).items()}
     key = readiness.operator_key(res.profile.serve.api_key_env).key  # a served endpoint with a key answers 401 without
@@ -175,7 +184,7 @@ def gather_up_facts(res: Resolved, inv: Inventory, transport: Transport, renderi
         readiness.probe_route(transport, readiness.operator_route(h.node, inv.node(h.node).host, prev.listen.get(h.node),
                                                                   res.profile.serve.port),
                               res.profile.model.served_name, None, smoke=False, api_key=key)[0] for h in lay.heads())
-    return planner.UpFacts(prev, alive, healthy)
+    return planner.UpFacts(prev, alive, healthy, others=others)
 
 
 def _previous(prev: RunRecord | None, res: Resolved, inv: Inventory, roots: Roots,
@@ -189,23 +198,64 @@ def _previous(prev: RunRecord | None, res: Resolved, inv: Inventory, roots: Root
     return prev_res, render(prev_res, inv, roots, secrets, reveal_secrets=True)
 
 
+def down_scope(inv: Inventory, records: Mapping[str, RunRecord], stack: str | None
+               ) -> tuple[list[RunRecord], list[str] | None]:
+    """What ``down`` stops: every record and every node (``stack`` None), or one stack's record
+    and nodes (``down --stack``: the other stacks keep serving)."""
+    if stack is None:
+        return list(records.values()), None
+    rec = records.get(stack)
+    if rec is None:
+        raise ConfigError(f"--stack {stack}: no such stack on this cluster",
+                          hint=f"stacks: {', '.join(records) or 'none'} (`sparkctl status` lists them)")
+    return [rec], list(rec.nodes)
+
+
+def lock_scope(res: Resolved, inv: Inventory, records: Mapping[str, RunRecord]) -> list[str]:
+    """The nodes ``up``/``switch`` of ``res`` locks: its layout's and its stack's previous ones.
+
+    Refuses first (nothing locked, nothing changed) a profile whose nodes or served name
+    another live stack holds; the planner judges the same again under the lock."""
+    lay = bind(res, inv)
+    stack = stack_of(res)
+    p = res.profile
+    why = refusal(stack, lay.nodes, p.model.served_name, model_identity(res), p.topology.shared_name,
+                  [r for s, r in records.items() if s != stack], ref=profile_ref(res, "topology.nodes"))
+    if why is not None:
+        raise why
+    prev = records.get(stack)
+    nodes = list(lay.nodes)
+    if prev is not None and prev.live:
+        nodes += [n for n in prev.nodes if n not in nodes]
+    return [n for n in inv.names if n in nodes]
+
+
 def plan_for(op: str, res: Resolved | None, inv: Inventory, transport: Transport | None, roots: Roots, *,
              sets: Sequence[str] = (), waivers: Mapping[str, laws.Waiver] | None = None,
              secrets: Mapping[str, str] | None = None, skip_check: bool = False, reset_clocks: bool = False,
+             stack: str | None = None, locked: Sequence[str] | None = None,
              ) -> tuple[Plan, Rendering | None, tuple[Rendering, ...]]:
     """Read the facts and plan ``op`` (up | down | switch). Changes nothing on any host.
 
     Without a transport nothing is read: the plan is the one for a cluster where
     nothing runs and no record exists (``sparkctl plan --assume-fresh``).
+    ``stack``: down only that stack. ``locked``: the nodes the caller holds the locks
+    of; a plan that would change any other node (the stack grew while we locked) is refused.
     """
     started = now_iso()
     if op == "down":
-        record = read_record(inv, transport) if transport is not None else None
-        return planner.plan_down(inv, record, reset_clocks=reset_clocks, started_at=started), None, ()
+        records = read_records(inv, transport) if transport is not None else {}
+        recs, nodes = down_scope(inv, records, stack)
+        return planner.plan_down(inv, recs, nodes=nodes, reset_clocks=reset_clocks, started_at=started), None, ()
     assert res is not None
     w = {k: v.reason for k, v in (waivers or {}).items()}
     rendering = render(res, inv, roots, dict(secrets or {}), reveal_secrets=True)
     facts = gather_up_facts(res, inv, transport, rendering) if transport is not None else planner.UpFacts()
+    if locked is not None:
+        outside = [n for n in planner.own_nodes(rendering, facts.record) if n not in locked]
+        if outside:
+            raise LockHeld(f"stack {stack_of(res)} changed while its nodes were locked: it now also runs on "
+                           f"{', '.join(outside)}", hint="another sparkctl changed it; run the command again")
     if op == "up":
         return planner.plan_up(res, inv, rendering, facts, sets=sets, waivers=w, started_at=started,
                                skip_check=skip_check), rendering, ()
@@ -270,19 +320,24 @@ def up(res: Resolved, inv: Inventory, transport: Transport, roots: Roots, *,
     say = progress or (lambda *_: None)
     op = f"up {res.name}"
     waivers = dict(waivers or {})
-    guard = ClusterLock(inv, transport, op) if lock else None
+    guard = None
     try:
+        try:
+            scope = lock_scope(res, inv, read_records(inv, transport))
+        except SparkctlError as exc:
+            raise exc.in_phase(op, "plan") from None
+        guard = ClusterLock(inv, transport, op, nodes=scope) if lock else None
         if guard:
             guard.acquire()
         try:
             plan, rendering, _ = plan_for("up", res, inv, transport, roots, sets=sets, waivers=waivers,
-                                          secrets=secrets, skip_check=skip_check)
+                                          secrets=secrets, skip_check=skip_check, locked=scope if lock else None)
         except SparkctlError as exc:
             raise exc.in_phase(op, "plan") from None
         say("*", "plan", f"{len(plan.steps)} steps on {', '.join(rendering.layout.nodes)}" if plan.steps
             else plan.note)
         if plan.noop:
-            return UpResult(res.name, "noop", read_record(inv, transport), (), None)
+            return UpResult(res.name, "noop", read_record(inv, transport, stack_of(res)), (), None)
         backend = TransportBackend(inv, transport, say, rendering, check=_check_fn(res, inv, transport, waivers, say))
         state = run_plan(plan, backend)
         if state.result != "done":
@@ -306,12 +361,16 @@ def _up_result(res: Resolved, plan: Plan, state: planrun.RunState, backend: Tran
 
 
 def down(inv: Inventory, transport: Transport, *, reset_clocks: bool = False, progress: Progress | None = None,
-         lock: bool = True) -> DownResult:
+         lock: bool = True, stack: str | None = None) -> DownResult:
+    """Stop everything sparkctl started (``stack`` None), or one stack, leaving the others serving."""
     from sparkctl.errors import LockUnavailable
 
     say = progress or (lambda *_: None)
-    guard = ClusterLock(inv, transport, "down") if lock else None
+    op = "down" if stack is None else f"down --stack {stack}"
+    guard = None
     try:
+        scope = None if stack is None else down_scope(inv, read_records(inv, transport), stack)[1]
+        guard = ClusterLock(inv, transport, op, nodes=scope) if lock else None
         if guard:
             try:
                 guard.acquire()
@@ -320,7 +379,11 @@ def down(inv: Inventory, transport: Transport, *, reset_clocks: bool = False, pr
                 # sparkctl can hold or take the lock while no lock dir can be made.
                 say("*", "lock", f"{exc.message}: stopping without the lock")
                 guard = None
-        plan, _, _ = plan_for("down", None, inv, transport, Roots(()), reset_clocks=reset_clocks)
+        plan, _, _ = plan_for("down", None, inv, transport, Roots(()), reset_clocks=reset_clocks, stack=stack)
+        stop_nodes = next(s for s in plan.steps if s.kind == "stop").nodes
+        if guard is not None and scope is not None and not set(stop_nodes) <= set(scope):
+            raise LockHeld(f"stack {stack} changed while its nodes were locked",
+                           hint="another sparkctl changed it; run the command again")
         state = run_plan(plan, TransportBackend(inv, transport, say))
         record_failures = [f for f in state.soft_failures if f.step["kind"] == "record"]
         left = state.left
@@ -349,18 +412,24 @@ def switch(res: Resolved, inv: Inventory, transport: Transport, roots: Roots, *,
     say = progress or (lambda *_: None)
     op = f"switch {res.name}"
     waivers = dict(waivers or {})
-    guard = ClusterLock(inv, transport, op)
+    guard = None
+    stack = stack_of(res)
     try:
+        try:
+            scope = lock_scope(res, inv, read_records(inv, transport))
+        except SparkctlError as exc:
+            raise exc.in_phase(op, "plan") from None
+        guard = ClusterLock(inv, transport, op, nodes=scope)
         guard.acquire()
         try:
             plan, rendering, extra = plan_for("switch", res, inv, transport, roots, sets=sets, waivers=waivers,
-                                              secrets=secrets)
+                                              secrets=secrets, locked=scope)
         except SparkctlError as exc:
             raise exc.in_phase(op, "plan") from None
         if plan.noop:
             say("*", "noop", plan.note)
-            return SwitchResult(res.name, True, False, 0.0, up=UpResult(res.name, "noop", read_record(inv, transport),
-                                                                         (), None))
+            return SwitchResult(res.name, True, False, 0.0,
+                                up=UpResult(res.name, "noop", read_record(inv, transport, stack), (), None))
         backend = TransportBackend(inv, transport, say, rendering, extra,
                                    check=_check_fn(res, inv, transport, waivers, say))
         t0 = time.monotonic()
@@ -382,9 +451,10 @@ def switch(res: Resolved, inv: Inventory, transport: Transport, roots: Roots, *,
             raise LifecycleError(f"switch to {res.name} failed ({f.detail}) and in phase rollback restoring "
                                  f"{prev_name} failed too: {b.detail}", Ref(node=b.node),
                                  hint="`sparkctl status` shows what runs; `sparkctl up` a profile")
-        prev = read_record(inv, transport)
+        prev = read_record(inv, transport, stack)
         return SwitchResult(prev.profile if prev else "", False, True, time.monotonic() - t0, error=first)
     except SparkctlError as exc:
-        raise exc.in_phase(op, "lock") if exc.phase is None and not guard.held else exc from None
+        raise exc.in_phase(op, "lock") if exc.phase is None and guard and not guard.held else exc from None
     finally:
-        guard.release()
+        if guard:
+            guard.release()

@@ -1,20 +1,21 @@
-"""``sparkctl status``: what runs, measured against the record. Read-only."""
+"""``sparkctl status``: what runs, measured against each stack's record. Read-only."""
 
 from __future__ import annotations
 
 import shlex
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
 import httpx
 
-from sparkctl.errors import SparkctlError
+from sparkctl.errors import ConfigError, SparkctlError
 from sparkctl.facts import probes
 from sparkctl.model.inventory import Inventory
 from sparkctl.model.paths import ENV_FILE
-from sparkctl.model.record import LOCK_DIR, RunRecord
-from sparkctl.ops.lock import read_record
+from sparkctl.model.paths import DEFAULT_STACK
+from sparkctl.model.record import RunRecord
+from sparkctl.ops.lock import held_command, read_records
 from sparkctl.ops.readiness import (
     OperatorKey,
     Route,
@@ -67,28 +68,60 @@ def _direct(route: Route) -> Iterator[tuple[str, int]]:
     yield route.host, route.port
 
 
-def cluster_status(inv: Inventory, transport: Transport) -> dict[str, Any]:
+def _claims(records: Mapping[str, RunRecord]) -> dict[str, RunRecord]:
+    """node -> the record that speaks for it: the live stack running there, else the latest
+    record that ran there (a stopped or failed stack still names its ranks)."""
+    out: dict[str, RunRecord] = {}
+    for r in sorted(records.values(), key=lambda r: (r.live, r.updated_at)):
+        for n in (*r.heads, *r.nodes):
+            out[n] = r  # live records sort last: they win
+    return out
+
+
+def main_record(records: Mapping[str, RunRecord], stack: str | None = None) -> RunRecord | None:
+    """The one record a single-stack reader means: the asked stack's, the default stack's, or the only one."""
+    if stack is not None:
+        return records.get(stack)
+    if DEFAULT_STACK in records:
+        return records[DEFAULT_STACK]
+    return next(iter(records.values())) if len(records) == 1 else None
+
+
+def cluster_status(inv: Inventory, transport: Transport, stack: str | None = None) -> dict[str, Any]:
+    """Every stack (or ``stack`` alone) measured against its record, and every node (or the stack's).
+
+    ``record`` is the one record a single-stack reader means (:func:`main_record`);
+    ``stacks`` has each stack's record, endpoint and drift; ``drift`` all of them.
+    """
     # The supervisor's events first: it writes its final record before its final
     # event, so a final phase seen here implies the record read next is final too.
     supervisor = supervisor_progress(inv, transport)
-    rec: RunRecord | None = read_record(inv, transport)
-    nodes = list(inv.names)
-    heads = set(rec.heads) if rec else set()
+    records = read_records(inv, transport)
+    if stack is not None:
+        if stack not in records:
+            raise ConfigError(f"--stack {stack}: no such stack on this cluster",
+                              hint=f"stacks: {', '.join(records) or 'none'}")
+        records = {stack: records[stack]}
+    claims = _claims(records)
+    nodes = list(inv.names) if stack is None else [n for n in inv.names if n in claims]
     scripts = {n: probes.remote_command(probes.build_script(
-        inv.node(n), **(_on_node_endpoint(inv, rec, n) if (rec and n in heads) else {}))) for n in nodes}
+        inv.node(n), **(_on_node_endpoint(inv, claims[n], n) if (n in claims and n in claims[n].heads) else {})))
+        for n in nodes}
     results = transport.run_all(scripts)
     hashes: dict[str, dict[str, str]] = {}
-    if rec:
-        cmds = {n: "sha256sum " + " ".join(shlex.quote(f) for f in r.files) + " 2>/dev/null; true"
-                for n, r in rec.nodes.items() if r.files}
-        for n, r in transport.run_all(cmds).items():
-            hashes[n] = {line.split()[1]: line.split()[0] for line in r.stdout.splitlines() if len(line.split()) == 2}
+    files = {n: claims[n].nodes[n].files for n in nodes if n in claims and n in claims[n].nodes}
+    cmds = {n: "sha256sum " + " ".join(shlex.quote(f) for f in fs) + " 2>/dev/null; true" for n, fs in files.items() if fs}
+    for n, r in transport.run_all(cmds).items():
+        hashes[n] = {line.split()[1]: line.split()[0] for line in r.stdout.splitlines() if len(line.split()) == 2}
     out_nodes = []
-    drift: list[str] = []
+    drifts: dict[str, list[str]] = {s: [] for s in records}
+    outside: list[str] = []
     for n in nodes:
         r = results[n]
+        rec = claims.get(n)
         nr = rec.nodes.get(n) if rec else None
-        row: dict[str, Any] = {"node": n, "reachable": r.ok, "error": r.error}
+        drift = drifts[rec.stack] if rec else outside
+        row: dict[str, Any] = {"node": n, "reachable": r.ok, "error": r.error, "stack": rec.stack if rec else None}
         if r.ok:
             f = probes.parse_batch(n, r.stdout)
             gpu = f.gpu
@@ -110,50 +143,65 @@ def cluster_status(inv: Inventory, transport: Transport) -> dict[str, Any]:
                 "watchdog": (f.watchdog.active or "not installed") if f.watchdog and f.watchdog.installed
                             else ("not installed" if f.watchdog else None),
             })
-            if nr:
-                row.update({"rank": nr.rank, "replica": nr.replica, "engine": rec.engine if rec else None})
+            if rec and nr:
+                row.update({"rank": nr.rank, "replica": nr.replica, "engine": rec.engine})
                 u = f.engine_unit
                 if u and u.result == "start-limit-hit":
                     # systemd.unit(5): started StartLimitBurst= times within StartLimitIntervalSec=, so it stays down
                     drift.append(f"{n}: rank {nr.rank} stays down: its engine unit failed {u.n_restarts + 1} starts "
                                  "and hit its start limit (Result=start-limit-hit; journalctl -u sparkctl-engine, "
                                  "engine.log); fix it, then `sparkctl up`")
-                elif rec and rec.state == "serving" and not f.engines:
+                elif rec.state == "serving" and not f.engines:
                     drift.append(f"{n}: rank {nr.rank} is not running")
-                if rec and rec.state == "serving" and row["watchdog"] not in ("active", None):
+                if rec.state == "serving" and row["watchdog"] not in ("active", None):
                     drift.append(f"{n}: memory watchdog (earlyoom) {row['watchdog']}: an over-commit would hang "
                                  "the box; `sparkctl up` restarts it (`sparkctl fabric apply` installs it)")
-                if rec and rec.clock_cap_mhz and row["clock_lock"] != rec.clock_cap_mhz:
+                if rec.clock_cap_mhz and row["clock_lock"] != rec.clock_cap_mhz:
                     drift.append(f"{n}: clock lock {row['clock_lock'] or 'lost'} (record: 0,{rec.clock_cap_mhz} MHz)")
                 for path, sha in nr.files.items():
                     got = hashes.get(n, {}).get(path)
                     if got != sha:
                         drift.append(f"{n}: {path} {'missing' if got is None else 'changed by hand'}")
+            if f.engines and not (rec and rec.live) and stack is None and any(x.live for x in records.values()):
+                # with several stacks, nothing else would name it: no live stack's stop reaches it
+                outside.append(f"{n}: a sparkctl engine runs outside every live stack; `sparkctl down` stops it")
         elif nr:
             drift.append(f"{n}: unreachable ({r.error})")
         out_nodes.append(row)
-    endpoint: dict[str, Any] = {}
-    if rec:
+    endpoints: dict[str, dict[str, Any]] = {s: {} for s in records}
+    for rec in records.values():
         key = operator_key(rec.api_key_env)
         for h in rec.heads:
+            if h not in inv.names:
+                continue
             route = operator_route(h, inv.node(h).host, rec.listen.get(h), rec.port)
-            endpoint[h] = endpoint_status(transport, route, rec.served_name, TOKENS_METRIC.get(rec.engine), key)
-            if rec.state == "serving" and not endpoint[h].get("serves_record"):
-                drift.append(f"{h}: endpoint {endpoint[h]['error']}" if endpoint[h]["state"] == "needs key"
-                             else f"{h}: endpoint does not serve {rec.served_name}")
+            e = endpoints[rec.stack][h] = endpoint_status(transport, route, rec.served_name,
+                                                          TOKENS_METRIC.get(rec.engine), key)
+            if rec.state == "serving" and not e.get("serves_record"):
+                drifts[rec.stack].append(f"{h}: endpoint {e['error']}" if e["state"] == "needs key"
+                                         else f"{h}: endpoint does not serve {rec.served_name}")
     # A supervised switch: its last events, and whether it still runs (only when
     # one is under way or has left its events behind).
-    if rec and rec.state == "switching" and supervisor and not supervisor["alive"] \
-            and supervisor["phase"] not in ("done", "rolled-back", "failed"):
-        drift.append(f"{supervisor['head']}: the switch supervisor (pid {supervisor['pid']}) is gone before it finished")
-    # "starting" or "stopping" with nobody holding the lock: that run was killed before
-    # it could record its outcome (a full disk on the head, SIGKILL, a lost laptop).
-    if rec and rec.state in ("starting", "stopping"):
-        head = inv.nodes[0].name
-        lock = shlex.quote(under(inv.node(head).prefix, LOCK_DIR))
-        r = transport.run(head, f"test -d {lock} && echo held || echo free")
-        if r.ok and r.stdout.strip() == "free":
-            drift.append(f"{head}: the record says {rec.state} but no sparkctl holds the lock: that run ended "
-                         "without recording its outcome; `sparkctl up` or `sparkctl down` settles it")
-    return {"record": rec.to_dict() if rec else None, "nodes": out_nodes, "endpoint": endpoint, "drift": drift,
-            "supervisor": supervisor}
+    for rec in records.values():
+        if rec.state == "switching" and supervisor and not supervisor["alive"] \
+                and supervisor["phase"] not in ("done", "rolled-back", "failed"):
+            drifts[rec.stack].append(f"{supervisor['head']}: the switch supervisor (pid {supervisor['pid']}) is "
+                                     "gone before it finished")
+        # "starting" or "stopping" with nobody holding its nodes' locks: that run was killed before
+        # it could record its outcome (a full disk on the head, SIGKILL, a lost laptop).
+        if rec.state in ("starting", "stopping"):
+            head = inv.nodes[0].name
+            r = transport.run(head, held_command(inv, list(rec.nodes)))
+            if r.ok and r.stdout.strip() == "free":
+                down = "`sparkctl down`" if rec.stack == DEFAULT_STACK else f"`sparkctl down --stack {rec.stack}`"
+                drifts[rec.stack].append(f"{head}: the record says {rec.state} but no sparkctl holds the lock: that "
+                                         f"run ended without recording its outcome; `sparkctl up` or {down} "
+                                         "settles it")
+    main = main_record(records, stack)
+    merged: dict[str, Any] = {}
+    for e in endpoints.values():
+        merged.update(e)
+    stacks = [{"stack": s, "record": rec.to_dict(), "live": rec.live, "endpoint": endpoints[s], "drift": drifts[s]}
+              for s, rec in records.items()]
+    return {"record": main.to_dict() if main else None, "stacks": stacks, "nodes": out_nodes, "endpoint": merged,
+            "drift": [d for s in records for d in drifts[s]] + outside, "supervisor": supervisor}

@@ -23,7 +23,6 @@ from typing import Any
 from sparkctl.errors import LifecycleError, Ref, SparkctlError
 from sparkctl.model.inventory import Inventory
 from sparkctl.model.paths import (
-    LOCK_DIR,
     SUPERVISOR_EVENTS,
     SUPERVISOR_LOG,
     SUPERVISOR_PID,
@@ -33,10 +32,12 @@ from sparkctl.model.paths import (
 )
 from sparkctl.model.profiles import Resolved
 from sparkctl.model.resources import Roots
+from sparkctl.model.stacks import stack_of
 from sparkctl.ops.executor import (
     Progress,
     TransportBackend,
     _check_fn,
+    lock_scope,
     plan_for,
     run_plan,
 )
@@ -47,6 +48,7 @@ from sparkctl.ops.lock import (
     node_sudo,
     now_iso,
     read_record,
+    read_records,
     write_record,
 )
 from sparkctl.ops.nodessh import fabric_address_from, provision, ssh_argv  # noqa: F401 - re-exported
@@ -101,16 +103,22 @@ def switch_supervised(res: Resolved, inv: Inventory, transport: Transport, roots
     waivers = dict(waivers or {})
     head = head_node(inv)
     op = f"switch --supervise {res.name}"
-    guard = ClusterLock(inv, transport, op)
+    stack = stack_of(res)
+    guard = None
     try:
+        try:
+            scope = lock_scope(res, inv, read_records(inv, transport))
+        except SparkctlError as exc:
+            raise exc.in_phase(op, "plan") from None
+        guard = ClusterLock(inv, transport, op, nodes=scope)
         guard.acquire()
         plan, rendering, extra = plan_for("switch", res, inv, transport, roots, sets=sets, waivers=waivers,
-                                          secrets=secrets, skip_check=skip_check)
+                                          secrets=secrets, skip_check=skip_check, locked=scope)
         assert rendering is not None
         if rendering.layout.heads()[0].node != head:
             raise LifecycleError(f"{res.name} serves from {rendering.layout.heads()[0].node}, not from {head} "
                                  "where the supervisor runs", hint="use `switch` without --supervise")
-        prev = read_record(inv, transport)
+        prev = read_record(inv, transport, stack)
         mine, theirs = split_plan(plan)
         backend = TransportBackend(inv, transport, say, rendering, extra,
                                    check=_check_fn(res, inv, transport, waivers, say))
@@ -122,11 +130,12 @@ def switch_supervised(res: Resolved, inv: Inventory, transport: Transport, roots
             raise cause.in_phase(op, f.step["phase"])
         addrs = _provision_supervisor_ssh(inv, transport, head, say)
         doc = handover_document(inv, head, theirs, backend, addrs, res, prev)
-        result = _launch(inv, transport, head, doc, prev, res.name, op, say)
+        result = _launch(inv, transport, head, doc, prev, res.name, op, say, list(guard.dirs().values()))
     except SparkctlError as exc:
-        raise exc.in_phase(op, "lock") if exc.phase is None and not guard.held else exc from None
+        raise exc.in_phase(op, "lock") if exc.phase is None and guard and not guard.held else exc from None
     finally:
-        guard.release()  # a no-op once the supervisor holds the lock: the holder is no longer us
+        if guard:
+            guard.release()  # a no-op once the supervisor holds the lock: the holder is no longer us
     if not wait:
         return result
     return _follow(inv, transport, result, say, wait_timeout_s or (res.profile.serve.ready_timeout_s * 2 + 120))
@@ -155,7 +164,7 @@ def handover_document(inv: Inventory, head: str, plan: Plan, backend: TransportB
 
 
 def _launch(inv: Inventory, transport: Transport, head: str, doc: Mapping[str, Any], prev: Any, profile: str,
-            op: str, say: Progress) -> SupervisedSwitch:
+            op: str, say: Progress, lock_dirs: Sequence[str]) -> SupervisedSwitch:
     hs = node_sudo(inv, head)
     remote = resources.files("sparkctl.remote")
     for path, data, mode in ((SUPERVISOR_PLAN, json.dumps(doc, sort_keys=True).encode(), 0o600),
@@ -169,7 +178,7 @@ def _launch(inv: Inventory, transport: Transport, head: str, doc: Mapping[str, A
     # the runner adds its pid and "supervisor pid N on HEAD": what the lock's stale check looks for
     holder = {"since": now_iso(), "operation": op, "host": head}
     argv = ["python3", node_path(inv, head, SUPERVISOR_RUNNER), "supervise", node_path(inv, head, SUPERVISOR_PLAN),
-            events, node_path(inv, head, SUPERVISOR_PID), node_path(inv, head, LOCK_DIR), json.dumps(holder)]
+            events, node_path(inv, head, SUPERVISOR_PID), json.dumps(list(lock_dirs)), json.dumps(holder)]
     launch = (f"mkdir -p {q(log.rsplit('/', 1)[0])} && : > {q(events)} && "
               f"setsid {' '.join(q(a) for a in argv)} </dev/null >>{q(log)} 2>&1 & echo \"pid:$!\"")
     # Recorded before the supervisor starts, so its final record can never be overwritten by ours.

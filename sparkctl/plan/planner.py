@@ -27,15 +27,18 @@ from sparkctl.model.engines import ENGINE_REGEX
 from sparkctl.model.inventory import Inventory
 from sparkctl.model.paths import (
     CLOCK_UNIT,
+    DEFAULT_STACK,
     DETACHED,
     ENGINE_LOG,
     ENV_FILE,
-    RECORD,
     UNIT,
+    record_path,
     under,
 )
 from sparkctl.model.profiles import Resolved
+from sparkctl.model.layout import profile_ref
 from sparkctl.model.record import NodeRecord, RunRecord, operator_route
+from sparkctl.model.stacks import model_identity, refusal, stack_of
 from sparkctl.plan import contracts
 from sparkctl.plan.laws.memory import FRACTION_ENGINES, drop_caches_if_short_command
 from sparkctl.plan.render import API_KEY_VAR, Rendering, bind_host
@@ -69,9 +72,10 @@ ALIVE_COMMAND = f"ps -eo pid,args | grep -iE -e {shlex.quote(ENGINE_REGEX)} >/de
 class UpFacts:
     """What ``up`` reads before it plans (it changes nothing)."""
 
-    record: RunRecord | None = None
+    record: RunRecord | None = None  # the record of the profile's own stack (topology.stack)
     alive: Mapping[str, bool] = field(default_factory=dict)  # node -> an engine process runs
     healthy: bool = False  # every head's /v1/models lists the served name
+    others: tuple[RunRecord, ...] = ()  # the records of every other stack (only live ones count)
 
 
 # --------------------------------------------------------------------------- commands
@@ -131,7 +135,8 @@ def record_for(res: Resolved, rendering: Rendering, sets: Sequence[str], state: 
                      engine_version=p.engine.version, served_name=p.model.served_name, port=p.serve.port,
                      heads=tuple(h.node for h in rendering.layout.heads()), nodes=nodes, state=state,
                      started_at=started_at, updated_at=started_at, clock_cap_mhz=p.laws.clock_cap_mhz,
-                     waivers=dict(waivers), note=note, api_key_env=p.serve.api_key_env, listen=dict(listen or {}))
+                     waivers=dict(waivers), note=note, api_key_env=p.serve.api_key_env, listen=dict(listen or {}),
+                     stack=stack_of(res), model=model_identity(res), shared_name=p.topology.shared_name)
 
 
 # --------------------------------------------------------------------------- steps
@@ -143,7 +148,7 @@ def _fan(inv: Inventory, cmds: Mapping[str, str]) -> dict[str, bool]:
 
 def _record_step(prefix: str, sid: str, phase: str, head: str, rec: RunRecord, summary: str, *,
                  on_fail: str = "abort", note_from_failure: bool = False, state_if_left: str | None = None) -> Step:
-    params: dict[str, object] = {"record": rec.to_dict(), "path": under(prefix, RECORD)}
+    params: dict[str, object] = {"record": rec.to_dict(), "path": under(prefix, record_path(rec.stack))}
     if note_from_failure:
         params["note_from_failure"] = True
     if state_if_left:
@@ -304,6 +309,25 @@ def _watchdog_step(res: Resolved, inv: Inventory, nodes: Sequence[str], on_fail:
                  commands=cmds, sudo=_fan(inv, cmds), on_fail=on_fail)]
 
 
+def own_nodes(rendering: Rendering, prev: RunRecord | None) -> list[str]:
+    """The nodes an ``up`` or ``switch`` of a stack may change, and so locks: the new layout's,
+    and those its own stack ran on before while it may still run there. Never another
+    stack's (``refusal`` keeps the two apart), never a node no stack claims."""
+    nodes = list(rendering.layout.nodes)
+    if prev is not None and prev.live:
+        nodes += [n for n in prev.nodes if n not in nodes]
+    return nodes
+
+
+def refuse_conflicts(res: Resolved, rendering: Rendering, others: Sequence[RunRecord]) -> None:
+    """Raise StackConflict when another live stack holds this profile's nodes or its served name."""
+    p = res.profile
+    why = refusal(stack_of(res), rendering.layout.nodes, p.model.served_name, model_identity(res),
+                  p.topology.shared_name, others, ref=profile_ref(res, "topology.nodes"))
+    if why is not None:
+        raise why
+
+
 def _changed(res: Resolved, rendering: Rendering, facts: UpFacts) -> list[str]:
     lay = rendering.layout
     prev = facts.record
@@ -323,8 +347,9 @@ def plan_up(res: Resolved, inv: Inventory, rendering: Rendering, facts: UpFacts,
     waivers = dict(waivers or {})
     prev = facts.record
     head = inv.nodes[0].name
-    reads = (f"the run record on {head}", "which engines run on " + ", ".join(lay.nodes),
+    reads = (f"the run records on {head}", "which engines run on " + ", ".join(lay.nodes),
              "whether " + ", ".join(h.node for h in lay.heads()) + f" serve {p.model.served_name!r}")
+    refuse_conflicts(res, rendering, facts.others)
     changed = _changed(res, rendering, facts)
     if not changed:
         return Plan(op, res.name, (), reads=reads,
@@ -333,7 +358,8 @@ def plan_up(res: Resolved, inv: Inventory, rendering: Rendering, facts: UpFacts,
     replicas = {lay.rank_of(n).replica for n in changed}
     restart = [r.node for r in lay.ranks if r.replica in replicas]
     whole = restart == list(lay.nodes)
-    stale = list(inv.names) if not prev or prev.profile != res.name or whole else restart
+    # Every node of this stack, old and new, unless only some replicas restart: never another stack's.
+    stale = own_nodes(rendering, prev) if not prev or prev.profile != res.name or whole else restart
     ports = sorted({p.serve.port, p.serve.master_port} | ({prev.port} if prev else set()))
 
     steps: list[Step] = []
@@ -376,28 +402,43 @@ def plan_up(res: Resolved, inv: Inventory, rendering: Rendering, facts: UpFacts,
                 note="" if whole else f"restart only {', '.join(restart)} (files changed on {', '.join(changed)})")
 
 
-def plan_down(inv: Inventory, record: RunRecord | None, *, reset_clocks: bool = False, started_at: str = "",
-              timeout_s: int = 30) -> Plan:
+def plan_down(inv: Inventory, records: RunRecord | Sequence[RunRecord] | None, *, nodes: Sequence[str] | None = None,
+              reset_clocks: bool = False, started_at: str = "", timeout_s: int = 30) -> Plan:
+    """Stop ``nodes`` (every node when None: ``down`` of everything) and record each of
+    ``records`` stopped. ``down --stack S`` passes S's record and S's nodes only: the
+    other stacks keep serving."""
     head = inv.nodes[0].name
-    nodes = list(inv.names)
-    ports = sorted({record.port} if record else set())
-    if record:
-        # reverse start order: heads last started with workers-first, so stop heads first
-        order = list(record.heads) + [n for n in record.nodes if n not in record.heads]
-        nodes = order + [n for n in inv.names if n not in order]
+    recs = [records] if isinstance(records, RunRecord) else list(records or ())
+    scope = list(inv.names) if nodes is None else [n for n in inv.names if n in set(nodes)]
+    ports = sorted({r.port for r in recs})
+    # reverse start order: heads last started with workers-first, so stop heads first
+    order: list[str] = []
+    for r in recs:
+        for n in (*r.heads, *r.nodes):
+            if n in scope and n not in order:
+                order.append(n)
+    nodes = order + [n for n in scope if n not in order]
+
+    def sid(base: str, r: RunRecord) -> str:
+        return base if r.stack == DEFAULT_STACK else f"{base}-{r.stack}"
+
     steps: list[Step] = []
-    if record and record.state not in ("stopped", "failed"):
-        # Before anything stops: an interrupted or half-done down never leaves "serving" behind.
-        steps.append(_record_step(inv.node(head).prefix, "record-stopping", "stop", head, record.with_state("stopping", started_at,
-                                                                                     "down in progress"),
-                                  "record that the stack is stopping", on_fail="continue"))
+    for r in recs:
+        if r.state not in ("stopped", "failed"):
+            # Before anything stops: an interrupted or half-done down never leaves "serving" behind.
+            steps.append(_record_step(inv.node(head).prefix, sid("record-stopping", r), "stop", head,
+                                      r.with_state("stopping", started_at, "down in progress"),
+                                      f"record that {_stack_words(r)} is stopping", on_fail="continue"))
     # Disabled before the stop: a reboot in between must not bring the stack back.
     steps.append(_disable_step(inv, "disable", "stop", nodes))
     steps.append(_stop_step(inv, "stop", "stop", nodes, ports, timeout_s, "stop every sparkctl engine and verify: "
                             "no engine process, ports closed", "continue"))
-    if record and record.state != "stopped":
-        steps.append(_record_step(inv.node(head).prefix, "record", "record", head, record.with_state("stopped", started_at, "down"),
-                                  "record that nothing runs", on_fail="continue", state_if_left="failed"))
+    for r in recs:
+        if r.state != "stopped":
+            steps.append(_record_step(inv.node(head).prefix, sid("record", r), "record", head,
+                                      r.with_state("stopped", started_at, "down"),
+                                      f"record that nothing runs{_stack_suffix(r)}", on_fail="continue",
+                                      state_if_left="failed"))
     cmds = {n: meminfo_command(inv, n) for n in nodes}
     steps.append(Step("leaks", "verify", "leaks", tuple(nodes), "read /proc/meminfo: memory not given back with no "
                       "engine (the leak law)", commands=cmds, on_fail="continue"))
@@ -405,7 +446,16 @@ def plan_down(inv: Inventory, record: RunRecord | None, *, reset_clocks: bool = 
         rc = {n: clocklock.reset_command(inv.node(n).prefix) for n in nodes}
         steps.append(Step("reset-clocks", "verify", "run", tuple(nodes), "nvidia-smi -rgc and forget the clock lock",
                           changes="GPU clocks unlocked", commands=rc, sudo=_fan(inv, rc), on_fail="continue"))
-    return Plan("down", record.profile if record else None, tuple(steps), reads=(f"the run record on {head}",))
+    return Plan("down", ", ".join(r.profile for r in recs) or None, tuple(steps),
+                reads=(f"the run record{'s' if len(recs) != 1 else ''} on {head}",))
+
+
+def _stack_words(r: RunRecord) -> str:
+    return "the stack" if r.stack == DEFAULT_STACK else f"stack {r.stack}"
+
+
+def _stack_suffix(r: RunRecord) -> str:
+    return "" if r.stack == DEFAULT_STACK else f" in stack {r.stack}"
 
 
 def plan_switch(res: Resolved, inv: Inventory, rendering: Rendering, facts: UpFacts, *, sets: Sequence[str] = (),
@@ -421,8 +471,8 @@ def plan_switch(res: Resolved, inv: Inventory, rendering: Rendering, facts: UpFa
     prev_res, prev_rendering = previous
     head = inv.nodes[0].name
     ports = sorted({res.profile.serve.port, res.profile.serve.master_port, prev.port})
-    back = [_stop_step(inv, "rollback-stop", "rollback", list(inv.names), ports, res.profile.serve.stop_timeout_s,
-                       f"stop what {res.name} started", "stop")]
+    back = [_stop_step(inv, "rollback-stop", "rollback", own_nodes(rendering, prev), ports,
+                       res.profile.serve.stop_timeout_s, f"stop what {res.name} started", "stop")]
     back += [replace(s, phase="rollback", on_fail="continue" if s.on_fail == "continue" else "stop")
              for s in _bring_up(prev_res, inv, prev_rendering, list(prev_rendering.layout.nodes), "rollback-", "stop")]
     restored = replace(prev, state="serving", updated_at=started_at, note="rolled back")

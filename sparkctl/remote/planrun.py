@@ -420,15 +420,17 @@ def _q(s: str) -> str:
 FINAL = {"done": "done", "failed+rollback": "rolled-back"}
 
 
-def supervise(plan_path: str, events: str, pid_file: str, lock_dir: str, holder: dict[str, Any]) -> int:
+def supervise(plan_path: str, events: str, pid_file: str, lock_dirs: Sequence[str], holder: dict[str, Any]) -> int:
     with open(plan_path, encoding="utf-8") as fh:
         doc = json.load(fh)
     backend = HeadBackend(doc["nodes"], doc["blobs"], events)
     _atomic_write(pid_file, f"{os.getpid()}\n".encode(), 0o644)
-    # The lock the operator took is handed over: same directory, this process as holder.
-    os.makedirs(lock_dir, exist_ok=True)
+    # The locks the operator took (one dir per node of the stack) are handed over: the
+    # same directories, this process as holder.
     mine = {**holder, "pid": os.getpid(), "holder": f"supervisor pid {os.getpid()} on {holder.get('host')}"}
-    _atomic_write(os.path.join(lock_dir, "holder"), (json.dumps(mine) + "\n").encode(), 0o644)
+    for lock_dir in lock_dirs:
+        os.makedirs(lock_dir, exist_ok=True)
+        _atomic_write(os.path.join(lock_dir, "holder"), (json.dumps(mine) + "\n").encode(), 0o644)
 
     def terminated(_sig: int, _frame: Any) -> None:
         backend.emit("*", "aborted", "supervisor terminated by a signal")
@@ -457,22 +459,25 @@ def supervise(plan_path: str, events: str, pid_file: str, lock_dir: str, holder:
             backend.emit("*", "failed", f"{str(failure.get('detail'))[:300]}; nothing serves")
             rc = 2
     finally:
-        # release the lock only if it is still ours
-        try:
-            with open(os.path.join(lock_dir, "holder"), encoding="utf-8") as fh:
-                mine = json.loads(fh.read()).get("pid") == os.getpid()
-        except (OSError, ValueError):
-            mine = False
-        if mine:
-            subprocess.run(["rm", "-rf", lock_dir], check=False)
+        # release each lock only if it is still ours
+        for lock_dir in lock_dirs:
+            try:
+                with open(os.path.join(lock_dir, "holder"), encoding="utf-8") as fh:
+                    ours = json.loads(fh.read()).get("pid") == os.getpid()
+            except (OSError, ValueError):
+                ours = False
+            if ours:
+                subprocess.run(["rm", "-rf", lock_dir], check=False)
     return rc
 
 
 def main(argv: list[str]) -> int:
     if len(argv) != 6 or argv[0] != "supervise":
-        sys.stderr.write("usage: planrun.py supervise PLAN EVENTS PID_FILE LOCK_DIR HOLDER_JSON\n")
+        sys.stderr.write("usage: planrun.py supervise PLAN EVENTS PID_FILE LOCK_DIRS_JSON HOLDER_JSON\n")
         return 2
-    return supervise(argv[1], argv[2], argv[3], argv[4], json.loads(argv[5]))
+    # LOCK_DIRS_JSON: a JSON list of lock dirs; a plain path is one lock dir (as before stacks)
+    dirs = json.loads(argv[4]) if argv[4].startswith("[") else [argv[4]]
+    return supervise(argv[1], argv[2], argv[3], [str(d) for d in dirs], json.loads(argv[5]))
 
 
 if __name__ == "__main__":

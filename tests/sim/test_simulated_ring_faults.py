@@ -198,7 +198,7 @@ def test_simulated_supervisor_killed_mid_switch_does_not_leave_the_lock_held(rin
     assert r.returncode == 0, r.stdout + r.stderr
     pid = json.loads(r.stdout)["pid"]
     assert sim_ring.ssh("spark-a", f"kill -KILL {pid}").returncode == 0
-    held = sim_ring.ssh("spark-a", "cat /var/lib/sparkctl/lock.d/holder")
+    held = sim_ring.ssh("spark-a", "cat /var/lib/sparkctl/locks/spark-a.d/holder")
     assert f"supervisor pid {pid}" in held.stdout, held.stdout  # the kill left the lock behind
     r = sim_ring.sparkctl("-i", inv, "up", NEW)
     assert r.returncode == 0, r.stderr
