@@ -1,7 +1,7 @@
 """Read a model's shape from its own files' headers, never its weights (standard library only).
 
-Runs on a node (the ``model_files`` fact sends this file's text as ``python3 -c``:
-so it holds no backslash, like every probe script) and on the operator's machine
+Runs on a node (the ``model_files`` fact sends this file's code, without its docstrings, as
+``python3 -c``: the code has no backslash and no ``>``, as the probe scripts' tests require) and on the operator's machine
 (``sparkctl fit --hub`` feeds the same parsers bytes fetched with HTTP Range).
 
 * safetensors (safetensors docs, "Format"): an 8-byte little-endian header length
@@ -63,7 +63,7 @@ def safetensors_header_len(first8):
     if len(first8) < 8:
         raise NeedMore()
     (n,) = struct.unpack("<Q", first8[:8])
-    if n < 2 or n > SAFETENSORS_MAX_HEADER:
+    if n < 2 or SAFETENSORS_MAX_HEADER < n:
         raise NotAModel("safetensors header length %d is not plausible" % n)
     return n
 
@@ -109,7 +109,7 @@ class _Cursor:
 
     def take(self, n):
         end = self.pos + n
-        if self.pos < self.buf_at or end > self.buf_at + len(self.buf):
+        if self.pos < self.buf_at or self.buf_at + len(self.buf) < end:
             want = max(n, 1 << 20, len(self.buf) * 2)
             self.buf, self.buf_at = self.read(self.pos, want), self.pos
             if len(self.buf) < n:
@@ -123,7 +123,7 @@ class _Cursor:
 
     def string(self):
         n = self.u("<Q")
-        if n > 1 << 30:
+        if (1 << 30) < n:
             raise NotAModel("a GGUF string of %d bytes" % n)
         return self.take(n).decode("utf-8", "replace")
 
@@ -157,13 +157,13 @@ def read_gguf(read):
     if version not in (2, 3):
         raise NotAModel("GGUF version %d" % version)
     n_tensors, n_kv = c.u("<Q"), c.u("<Q")
-    if n_tensors > 10_000_000 or n_kv > 10_000_000:
+    if 10_000_000 < max(n_tensors, n_kv):
         raise NotAModel("implausible GGUF counts")
     meta = {}
     for _ in range(n_kv):
         key = c.string()
         v = c.value(c.u("<I"))
-        if isinstance(v, str) and len(v) > KEEP_STR:
+        if isinstance(v, str) and KEEP_STR < len(v):
             v = {"str": len(v)}
         elif isinstance(v, list) and key.startswith("tokenizer."):
             v = {"array": "kept", "len": len(v)}
