@@ -43,8 +43,9 @@ The arithmetic, engine by engine (each figure says where it comes from):
 
 Over-commit: on GB10 the GPU allocates from the memory the OS runs in; a launch
 that takes more than is available livelocks the box with no OOM kill (the field
-report's UVM law). The verdict refuses when what the engine will hold plus
-``laws.min_free_gib`` exceeds what the node has available.
+report's UVM law). The verdict refuses when what the engine will hold exceeds
+what the node has available (MemAvailable; MemTotal while an engine runs, as it is
+stopped first), plus ``laws.min_free_gib`` for an engine that takes no fraction.
 """
 
 from __future__ import annotations
@@ -310,9 +311,10 @@ def kv_dtype_bytes(engine: str, args: Sequence[str], m: ModelShape) -> tuple[flo
     if engine == "llamacpp":
         k = arg_value(args, "--cache-type-k", "-ctk") or "f16"
         v = arg_value(args, "--cache-type-v", "-ctv") or "f16"
-        tk = arg_value(args, "--type_k")  # llama-cpp-python's server: a ggml type number
-        if tk is not None and tk.isdigit() and int(tk) in GGML_TYPES:
-            k = v = GGML_TYPES[int(tk)][0].lower()
+        for flag in ("--type_k", "--type_v"):  # llama-cpp-python's server: a ggml type number
+            n = arg_value(args, flag)
+            if n is not None and n.isdigit() and int(n) in GGML_TYPES:
+                k, v = (GGML_TYPES[int(n)][0].lower(), v) if flag == "--type_k" else (k, GGML_TYPES[int(n)][0].lower())
         sizes = []
         for name in (k, v):
             blk, size = GGML_BY_NAME.get(name.lower(), (1, 2))
@@ -490,11 +492,15 @@ def fit(m: ModelShape, *, engine: str, tp: int, context_tokens: int, args: Seque
             problems.append(f"one request of {context_tokens:,} tokens needs {gib(one)} of KV cache, the pool "
                             f"holds {gib(kv_cache)} ({kv_tokens:,} tokens): the engine refuses to start")
     base = node.total_bytes if node.engine_running else node.available_bytes
-    if committed + min_free > base:
-        what = "MemTotal (an engine runs now; its memory is counted free)" if node.engine_running else "MemAvailable"
-        problems.append(f"over-commit: the engine would hold {gib(committed)} and {gib(min_free)} must stay free "
-                        f"(laws.min_free_gib), {what} is {gib(base)}: short by {gib(committed + min_free - base)}; "
-                        "on GB10 that livelocks the box with no OOM kill")
+    what = "MemTotal (an engine runs now; its memory is counted free)" if node.engine_running else "MemAvailable"
+    # An engine that asks for a fraction is held to it (memory_guard caps the fraction at 0.92, the field
+    # report's rule, which leaves less than laws.min_free_gib beside it on a 121.7 GiB box): the fraction
+    # must be available. An engine without one (llama.cpp) takes what it needs: that plus the floor.
+    floor = 0 if budget is not None else min_free
+    if committed + floor > base:
+        kept = f" and {gib(min_free)} must stay free (laws.min_free_gib)" if floor else ""
+        problems.append(f"over-commit: the engine would hold {gib(committed)}{kept}, {what} is {gib(base)}: "
+                        f"short by {gib(committed + floor - base)}; on GB10 that livelocks the box with no OOM kill")
     return Fit(engine=engine, tp=tp, context_tokens=context_tokens, concurrency=conc, concurrency_source=conc_src,
                weights_bytes=w.bytes, replicated_bytes=w.replicated_bytes, replicated=w.replicated,
                kv_dtype=kv_note, kv_bytes_per_token=per_tok, kv_cache_bytes=kv_cache, kv_one_request_bytes=one,

@@ -15,7 +15,7 @@ from sparkctl.model.schema import Profile
 from sparkctl.plan.laws.base import FAIL, OK, SKIP, WARN, Context, Verdict, each
 
 LAW = "memory_fit"
-EXPECTED = "engine's memory + laws.min_free_gib <= MemAvailable"
+EXPECTED = "what the engine holds (+ laws.min_free_gib without a fraction) <= MemAvailable"
 
 
 def engine_args(p: Profile) -> list[str]:
@@ -68,7 +68,8 @@ def check_memory_fit(ctx: Context) -> list[Verdict]:
                                "sparkctl reads config.json and the safetensors or GGUF headers"))
             continue
         seen = memfit.summary(fit)
-        want = (f"{memfit.gib(fit.committed_bytes)} + {memfit.gib(fit.min_free_bytes)} free <= "
+        floor = f" + {memfit.gib(fit.min_free_bytes)} free" if fit.budget_bytes is None else ""
+        want = (f"{memfit.gib(fit.committed_bytes)}{floor} <= "
                 + ("MemTotal " if fit.node.engine_running else "MemAvailable ")
                 + memfit.gib(fit.node.total_bytes if fit.node.engine_running else fit.node.available_bytes))
         if fit.ok:
