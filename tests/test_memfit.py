@@ -376,3 +376,36 @@ def test_up_of_an_overcommitting_profile_fails_in_phase_check_with_the_figures(
     line = e.one_line()
     assert "in phase check" in line and "memory_fit on spark-a" in line and "over-commit" in line, line
     assert "GiB" in line
+
+
+# ---------------------------------------------------------------- the Hub (the local one; huggingface_hub judges)
+
+
+def test_the_hub_headers_are_read_with_ranges_only_and_agree_with_huggingface_hub(tmp_path: Path) -> None:
+    hf = pytest.importorskip("huggingface_hub")
+    from sparkctl.ops.fit import read_hub
+    from sparkctl_sim.hub import LocalHub, make_repo
+
+    # 3,000 tensors: a header over the 100,000 bytes asked first, so the second Range request is needed
+    cfg, t = llama_like(300, 64, 4, 2, 128, 512)
+    blob = safetensors_bytes(t)
+    (hlen,) = struct.unpack("<Q", blob[:8])
+    assert hlen > 100_000 and len(blob) > 4 * hlen
+    files = {"config.json": json.dumps(cfg).encode(), "model.safetensors": blob, "README.md": b"x\n"}
+    res = resolve("vllm-tp2-fallback", Roots.make(None, None),
+                  sets=["model.id=org/wide", "model.weights_path=/srv/models/wide"])
+    with LocalHub([make_repo("org/wide", files)]) as h:
+        doc = read_hub(res.profile, endpoint=h.endpoint, token=None)
+        storage = [(path, rng) for server, method, path, rng, status in h.requests if server == "storage"]
+        meta = hf.HfApi(endpoint=h.endpoint).get_safetensors_metadata("org/wide")
+    assert storage and all(rng and rng.startswith("bytes=") for _, rng in storage), storage
+    asked = sum(int(b) - int(a) + 1 for _, rng in storage for a, b in [rng[6:].split("-")])
+    assert asked < 8 + hlen + 100_001 < len(blob)  # the header and the first 100 kB, never the tensors
+    ours = {(g[0], g[1], tuple(g[2])): g[3] for g in doc["tensors"]}
+    theirs = modelhead.group((n, i.dtype, i.shape) for n, i in meta.files_metadata["model.safetensors"].tensors.items())
+    assert ours == {(g[0], g[1], tuple(g[2])): g[3] for g in theirs}
+    assert doc["config"] == cfg
+    m = memfit.shape_from_doc(doc)
+    assert m.weight_bytes == sum(meta.parameter_count.values()) * 2  # bf16: two bytes a parameter
+    local = modelhead.read_path(str(write_model(tmp_path / "wide", cfg, t)))
+    assert local["tensors"] == doc["tensors"]
