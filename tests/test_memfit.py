@@ -409,3 +409,38 @@ def test_the_hub_headers_are_read_with_ranges_only_and_agree_with_huggingface_hu
     assert m.weight_bytes == sum(meta.parameter_count.values()) * 2  # bf16: two bytes a parameter
     local = modelhead.read_path(str(write_model(tmp_path / "wide", cfg, t)))
     assert local["tensors"] == doc["tensors"]
+
+
+# ---------------------------------------------------------------- the command
+
+
+def test_fit_prints_the_figures_and_exits_4_when_it_refuses(sparkctl, tiny: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    import contextlib
+
+    from sparkctl.cli import fit as fit_cli
+    from sparkctl.ops import fit as fit_ops
+    from sparkctl.transport import FakeTransport, reply
+
+    doc = modelhead.read_path(str(tiny))
+    meminfo = "MemTotal: 127600816 kB\nMemFree: 20000000 kB\nMemAvailable: 20971520 kB\n"
+    batch = ("@@sparkctl:manifest:meminfo engines model_files@@\n"
+             f"@@sparkctl:section:meminfo@@\n{meminfo}\n@@sparkctl:rc:meminfo:0@@\n"
+             "@@sparkctl:section:engines@@\n  PID ARGS\n\n@@sparkctl:rc:engines:0@@\n"
+             f"@@sparkctl:section:model_files@@\n{json.dumps(doc)}\n@@sparkctl:rc:model_files:0@@\n"
+             "@@sparkctl:done@@\n")
+
+    def transport(inv: Any, *a: Any) -> Any:
+        return contextlib.nullcontext(FakeTransport({("*", re.compile(r"sh -c .*", re.DOTALL)): reply(batch)},
+                                                    nodes=inv.names))
+
+    monkeypatch.setattr(fit_cli, "make_transport", transport)
+    pair = str(Path(__file__).parent / "fixtures" / "inv-pair.yaml")
+    r = sparkctl("-i", pair, "fit", "tiny-llamacpp", "--json")
+    assert r.code == 0, r.err
+    (node,) = json.loads(r.out)["nodes"]
+    assert node["ok"] and node["kv_tokens"] == 512 and node["kv_bytes_per_token"] == 512
+    r = sparkctl("-i", pair, "fit", "tiny-llamacpp", "--set", "model.context_len_tokens=4194304")
+    assert r.code == 4, r.out + r.err
+    assert "refused" in r.out and "over-commit" in r.out and "error: fit tiny-llamacpp: refused on spark-a" in r.err
+    assert fit_ops.run_fit is not None

@@ -88,7 +88,7 @@ def _print(report: object) -> None:
         verdict = "[green]fits[/]" if f.ok else "[bold red]refused[/]"
         t.add_row(n.node, str(n.rank), gib(f.weights_bytes), f"{f.kv_bytes_per_token:,.0f} B",
                   f"{gib(f.kv_cache_bytes)} ({f.kv_tokens:,} tok)", gib(f.overhead_bytes), gib(f.committed_bytes),
-                  gib(f.node.available_bytes), gib(f.headroom_bytes - f.min_free_bytes), verdict)
+                  gib(f.node.available_bytes), gib(f.headroom_bytes), verdict)
     out.print(t)
     for n in report.nodes:
         f = n.fit

@@ -423,8 +423,9 @@ class Fit:
 
     @property
     def headroom_bytes(self) -> int:
+        """What stays free beyond what the law asks (negative: short by that much)."""
         base = self.node.total_bytes if self.node.engine_running else self.node.available_bytes
-        return base - self.committed_bytes
+        return base - self.committed_bytes - (0 if self.budget_bytes is not None else self.min_free_bytes)
 
 
 def gib(n: float) -> str:
