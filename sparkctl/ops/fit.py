@@ -199,7 +199,10 @@ def read_hub(p: Any, *, endpoint: str, token: str | None, client: Any = None) ->
             if cfg is not None:
                 resp = c.get(hub.resolve_url(endpoint, m.id, rev.commit, cfg.path), headers=headers)
                 _raise_for(resp, m.id, m.revision, endpoint, token, cfg.path)
-                config = json.loads(resp.content)
+                try:
+                    config = json.loads(resp.content)
+                except ValueError as exc:
+                    raise modelhead.NotAModel(f"{cfg.path} is not JSON: {exc}") from None
     except modelhead.NotAModel as exc:
         raise HubError(f"{m.id}@{m.revision}: {exc}", Ref(key="model.id"), hint="sparkctl reads safetensors and GGUF")
     except httpx.HTTPError as exc:
