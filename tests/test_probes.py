@@ -739,7 +739,7 @@ def test_every_script_section_resolves_to_one_registered_fact(tmp_path: Path) ->
     manifest = re.search(r"@@sparkctl:manifest:([^@]*)@@", script)
     assert manifest is not None
     names = manifest.group(1).split()
-    assert len(names) == len(set(names)) == 18 + 4 * 4 + 4 + 2  # single facts (the engine unit, the watchdog, the netplan files among them), 4 per netdev, 4 functions, +2 asked
+    assert len(names) == len(set(names)) == 18 + 4 * 4 + 4 + 3  # single facts (the engine unit, the watchdog, the netplan files among them), 4 per netdev, 4 functions, +3 asked (models, weights, model_files)
     for name in names:
         hit = probes.REGISTRY.resolve(name)
         assert hit is not None and hit[0].section(hit[1]) == name, name

@@ -38,6 +38,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from sparkctl.facts import engine as engine_fact
+from sparkctl.facts import modelfiles
 from sparkctl.facts import nccl as nccl_fact
 from sparkctl.facts import netplanfiles
 from sparkctl.facts import watchdog as watchdog_fact
@@ -58,7 +59,7 @@ MARKER_PREFIX = services.MARKER_PREFIX
 
 REGISTRY = Registry((
     system.HOSTNAME, system.KERNEL, system.PAGE_SIZE, system.HELD_PACKAGES, system.BOOT_ID, system.UPTIME,
-    system.MEMINFO, system.DISK, services.WEIGHTS, gpu.GPU, gpu.GPU_CLOCKS, system.CLOCK_LOCK,
+    system.MEMINFO, system.DISK, services.WEIGHTS, modelfiles.MODEL_FILES, gpu.GPU, gpu.GPU_CLOCKS, system.CLOCK_LOCK,
     net.IBDEV2NETDEV, net.NET_OPERSTATE, net.NET_MTU, net.NET_IPV4, net.NET_ETHTOOL, net.GIDS, pci.PCIE,
     services.ENGINES, services.PORTS, services.MODELS, services.ENGINE_UNIT,
     engine_fact.ENGINE, engine_fact.IMAGE, nccl_fact.NCCL, watchdog_fact.WATCHDOG, netplanfiles.NETPLAN_FILES,
@@ -295,6 +296,7 @@ def _assemble(node: str, r: _Reader, due: list[tuple[Fact[Any], str]]) -> NodeFa
         node=node,
         clock_lock_record=r.get(system.CLOCK_LOCK),
         weights=r.get(services.WEIGHTS),
+        model_files=r.get(modelfiles.MODEL_FILES),
         hostname=r.get(system.HOSTNAME),
         kernel=r.get(system.KERNEL),
         page_size_bytes=r.get(system.PAGE_SIZE),

@@ -146,6 +146,7 @@ class NodeFacts:
     netplan_files: tuple[object, ...] | None = None  # sparkctl.facts.netplanfiles.NetplanFile, in read order
     clock_lock_record: tuple[str, int] | None = None  # (boot_id, cap MHz) written when sparkctl locked the clock
     weights: WeightsSummary | None = None
+    model_files: object | None = None  # sparkctl.facts.modelfiles.ModelFiles: the model's headers; None: not there
     engine_unit: EngineUnit | None = None  # None: no engine unit file on the node
     unreadable: dict[str, str] = field(default_factory=dict)
     not_available: dict[str, str] = field(default_factory=dict)

@@ -22,6 +22,7 @@ from sparkctl.plan.laws.host import (
 from sparkctl.plan.laws.nccl import check_nccl_version
 from sparkctl.plan.laws.watchdog import check_memory_watchdog
 from sparkctl.plan.laws.memory import check_page_cache, remedy_page_cache
+from sparkctl.plan.laws.memoryfit import check_memory_fit
 from sparkctl.plan.laws.serving import check_served_model, check_weights
 
 LAWS: tuple[Law, ...] = (
@@ -29,6 +30,7 @@ LAWS: tuple[Law, ...] = (
     Law("page_size", "Page size", check_page_size, waivable=True),
     Law("memory_guard", "Memory guard", check_memory),
     Law("page_cache", "Page cache before start", check_page_cache, remedy_page_cache),
+    Law("memory_fit", "The model fits each node's memory", check_memory_fit),
     Law("memory_watchdog", "Memory watchdog (earlyoom) while serving", check_memory_watchdog),
     Law("clock_cap", "GPU clock cap", check_clock, remedy_clock),
     Law("ac_cycle", "AC power cycle after a hardware change", check_ac_cycle),
