@@ -23,7 +23,7 @@ from sparkctl.ops import hub
 from sparkctl.ops.hub import HubError
 from sparkctl.ops.hubfetch import fetch_model, resolve
 from sparkctl.remote import weights_agent as agent
-from sparkctl.transport.ssh import LocalTransport
+from sparkctl.transport import LocalTransport
 from sparkctl_sim.hub import LocalHub, make_repo
 
 KIB = 1024

@@ -45,7 +45,7 @@ from sparkctl.ops import executor, readiness, supervise, weights
 from sparkctl.ops.check import run_check
 from sparkctl.ops.status import cluster_status
 from sparkctl.plan.render import render
-from sparkctl.transport.ssh import Call, put_command
+from sparkctl.transport import Call, put_command
 
 # --------------------------------------------------------------------------- the hostile strings (the one list)
 

@@ -41,7 +41,7 @@ from sparkctl.plan.steps import FileRef
 from sparkctl.ops.check import run_check
 from sparkctl.ops.status import cluster_status
 from sparkctl.plan.render import MASK, render
-from sparkctl.transport.ssh import Call, LocalTransport, reply
+from sparkctl.transport import Call, LocalTransport, reply
 
 SECRET = "hf_S3CRETvalue_0123456789abcdef"
 API_KEY = "sk-APIKEYvalue-9876543210"
@@ -269,9 +269,9 @@ def test_the_put_writes_the_secret_file_0600_even_with_umask_000(tmp_path: Path)
 
 def test_the_put_script_creates_its_temporary_file_with_mktemp() -> None:
     """mktemp makes the temporary file 0600 before a byte is written; chmod comes after the data."""
-    from sparkctl.transport.ssh import _PUT_SCRIPT
+    from sparkctl.transport.base import PUT_SCRIPT
 
-    lines = _PUT_SCRIPT.splitlines()
+    lines = PUT_SCRIPT.splitlines()
     i_tmp = next(i for i, ln in enumerate(lines) if "mktemp" in ln)
     i_cat = next(i for i, ln in enumerate(lines) if ln.startswith("cat >"))
     i_mv = next(i for i, ln in enumerate(lines) if ln.startswith("mv "))
@@ -281,10 +281,10 @@ def test_the_put_script_creates_its_temporary_file_with_mktemp() -> None:
 # --------------------------------------------------------------------------- host keys
 
 def test_the_host_key_policy_refuses_unknown_keys() -> None:
-    from sparkctl.transport.ssh import _RejectUnknown, _UnknownHostKey
+    from sparkctl.transport.hostkeys import RejectUnknown, UnknownHostKey
 
-    with pytest.raises(_UnknownHostKey):
-        _RejectUnknown().missing_host_key(paramiko.SSHClient(), "spark-a", paramiko.RSAKey.generate(1024))
+    with pytest.raises(UnknownHostKey):
+        RejectUnknown().missing_host_key(paramiko.SSHClient(), "spark-a", paramiko.RSAKey.generate(1024))
 
 
 def test_no_code_path_adds_host_keys_automatically() -> None:

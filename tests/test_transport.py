@@ -106,14 +106,6 @@ def test_every_transport_fits_the_protocol(tmp_path: Path) -> None:
         ssh.run_all({"x": "true"})
 
 
-def test_the_old_import_path_is_the_same_objects() -> None:
-    import sparkctl.transport as pkg
-    import sparkctl.transport.ssh as old
-
-    for name in pkg.__all__:
-        assert getattr(old, name) is getattr(pkg, name), name
-
-
 SSH_LIBRARIES = ("fabric", "paramiko", "invoke")
 
 

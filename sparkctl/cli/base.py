@@ -177,7 +177,7 @@ def with_transport_options(f: Any) -> Any:
 def make_transport(inv: Inventory, connect_timeout_s: float, command_timeout_s: float, deadline_s: float) -> Any:
     import logging
 
-    from sparkctl.transport.ssh import SSHTransport, TransportSettings
+    from sparkctl.transport import SSHTransport, TransportSettings
 
     logging.getLogger("paramiko").setLevel(logging.CRITICAL)  # we report connection errors ourselves
     return SSHTransport(inv.nodes, TransportSettings(connect_timeout_s, command_timeout_s, deadline_s))

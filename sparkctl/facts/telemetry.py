@@ -12,7 +12,7 @@ from typing import Any
 
 from sparkctl.facts import probes
 from sparkctl.model.inventory import Inventory
-from sparkctl.transport.ssh import Transport
+from sparkctl.transport import Transport
 
 
 def sampler(inv: Inventory, transport: Transport, nodes: Sequence[str]

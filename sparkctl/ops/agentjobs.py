@@ -25,7 +25,7 @@ from sparkctl.errors import LifecycleError, Ref
 from sparkctl.facts.probes import WeightsPaths
 from sparkctl.model.inventory import Inventory
 from sparkctl.plan.render import under
-from sparkctl.transport.ssh import CommandResult, Transport
+from sparkctl.transport import CommandResult, Transport
 
 AGENT_PATH = "/opt/sparkctl/weights_agent.py"  # under each node's prefix
 JOB_DIR = "/opt/sparkctl/weights"  # job logs and the hash cache, under each node's prefix

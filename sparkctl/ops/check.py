@@ -27,7 +27,7 @@ from sparkctl.ops.localstate import cluster_dir, hw_change_path, read_json, writ
 from sparkctl.plan import laws
 from sparkctl.plan.laws.images import engine_target
 from sparkctl.plan.render import API_KEY_VAR, bind_host
-from sparkctl.transport.ssh import CommandResult, Transport
+from sparkctl.transport import CommandResult, Transport
 
 Progress = Callable[[str], None]
 

@@ -36,7 +36,7 @@ from sparkctl.plan import laws, planner
 from sparkctl.plan.render import Rendering, render
 from sparkctl.plan.steps import Plan
 from sparkctl.remote import planrun
-from sparkctl.transport.ssh import CommandResult, Transport
+from sparkctl.transport import CommandResult, Transport
 
 Progress = Callable[[str, str, str], None]  # (node or "*", phase, message)
 

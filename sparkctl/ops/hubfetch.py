@@ -37,7 +37,7 @@ from sparkctl.ops.agentjobs import (
 )
 from sparkctl.ops.hub import HubError, HubPlan
 from sparkctl.plan.render import under
-from sparkctl.transport.ssh import Transport
+from sparkctl.transport import Transport
 
 INFO_TIMEOUT_S = 60.0
 

@@ -21,7 +21,7 @@ from sparkctl.model.inventory import Inventory
 from sparkctl.model.paths import LOCK_DIR, RECORD, under
 from sparkctl.model.record import RunRecord
 from sparkctl.ops.localstate import cluster_dir, read_json, write_json
-from sparkctl.transport.ssh import Transport
+from sparkctl.transport import Transport
 
 def now_iso() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")

@@ -57,7 +57,7 @@ from sparkctl.model.paths import (
 from sparkctl.ops.localstate import cluster_dir, write_json
 from sparkctl.ops.lock import node_path, node_sudo
 from sparkctl.plan.imageplan import key_comment
-from sparkctl.transport.ssh import Transport
+from sparkctl.transport import Transport
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from sparkctl.ops.supervise import supervisor_progress
 from sparkctl.plan.render import API_KEY_VAR, TOKENS_METRIC, under
 from sparkctl.remote.endpoint_probe import auth_headers, mask, metric_value
 from sparkctl.transport.forward import forward
-from sparkctl.transport.ssh import Transport
+from sparkctl.transport import Transport
 
 
 def _on_node_endpoint(inv: Inventory, rec: RunRecord, head: str) -> dict[str, Any]:

@@ -71,7 +71,7 @@ from sparkctl.ops.agentjobs import (  # the agent's jobs; the public names are r
     push_agents,
 )
 from sparkctl.plan.render import under
-from sparkctl.transport.ssh import Transport
+from sparkctl.transport import Transport
 
 __all__ = [
     "AGENT_PATH", "HASH_CACHE", "JOB_DIR", "POLL_TIMEOUT_S", "START_TIMEOUT_S", "FetchReport", "NodeSync", "Progress",
