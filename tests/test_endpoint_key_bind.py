@@ -25,7 +25,8 @@ from pathlib import Path
 import pytest
 from sshd_fixture import sshd_available, start_sshd
 
-from sparkctl.facts import probes
+from sparkctl.facts.batch import build_script, parse_batch, remote_command
+from sparkctl.facts.nodefacts import NodeFacts
 from sparkctl.model.inventory import Node
 from sparkctl.model.record import RunRecord, on_node_host, operator_route
 from sparkctl.ops import readiness
@@ -171,15 +172,15 @@ def test_operator_key_names_the_variable_and_hides_the_key() -> None:
 # --------------------------------------------------------------------------- the models fact
 
 
-def _models_fact(tmp_path: Path, port: int, key_file: Path | None, no_curl: bool = False) -> probes.NodeFacts:
-    script = probes.build_script(_node(tmp_path), endpoint_port=port, endpoint_host="127.0.0.1",
-                                 endpoint_key=(str(key_file), "SPARKCTL_API_KEY") if key_file else None)
+def _models_fact(tmp_path: Path, port: int, key_file: Path | None, no_curl: bool = False) -> NodeFacts:
+    script = build_script(_node(tmp_path), endpoint_port=port, endpoint_host="127.0.0.1",
+                          endpoint_key=(str(key_file), "SPARKCTL_API_KEY") if key_file else None)
     assert KEY not in script
     if no_curl:  # the python3 branch
         script = script.replace("have curl", "have no-such-curl-h16")
-    r = subprocess.run(probes.remote_command(script), shell=True, capture_output=True, text=True, timeout=30,
+    r = subprocess.run(remote_command(script), shell=True, capture_output=True, text=True, timeout=30,
                        check=False)
-    return probes.parse_batch("spark-a", r.stdout)
+    return parse_batch("spark-a", r.stdout)
 
 
 @pytest.mark.parametrize("no_curl", [False, True], ids=["curl", "python3"])

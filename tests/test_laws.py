@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from sparkctl.facts.probes import GpuFacts, LinkFacts, NodeFacts
+from sparkctl.facts.nodefacts import GpuFacts, LinkFacts, NodeFacts
 from sparkctl.model.inventory import load_inventory
 from sparkctl.model.profiles import resolve
 from sparkctl.model.resources import Roots
@@ -63,7 +63,7 @@ def test_each_fault_is_caught_by_its_law_on_its_node(change: dict, law: str) -> 
 
 
 def test_weights_law_fails_the_node_whose_files_differ_from_the_others() -> None:
-    from sparkctl.facts.probes import WeightsSummary
+    from sparkctl.facts.nodefacts import WeightsSummary
 
     same = WeightsSummary("dir", files=2, bytes=3 << 30, digest="a" * 64)
     facts = {n: replace(healthy(n), weights=same) for n in INV.names}
@@ -98,7 +98,7 @@ def test_denied_kernel_names_the_reason_and_the_pin() -> None:
 
 
 def test_memory_floor_applies_while_an_engine_runs() -> None:
-    from sparkctl.facts.probes import EngineProc
+    from sparkctl.facts.nodefacts import EngineProc
 
     busy = replace(healthy("spark-a"), engines=[EngineProc(1, "ds41f serve")], mem_available_kib=8 * 1024 * 1024)
     assert ("memory_guard", "spark-a") in fails(ctx(facts={"spark-a": busy}))

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from sparkctl.facts import nccl
-from sparkctl.facts.probes import ProbeParseError
+from sparkctl.facts.registry import ProbeParseError
 from sparkctl.facts.registry import ScriptContext
 from sparkctl.facts.engine import EngineProbe
 from sparkctl.model.profiles import resolve

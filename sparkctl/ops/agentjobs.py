@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from importlib import resources
 
 from sparkctl.errors import LifecycleError, Ref
-from sparkctl.facts.probes import WeightsPaths
+from sparkctl.facts.registry import WeightsPaths
 from sparkctl.model.inventory import Inventory
 from sparkctl.plan.render import under
 from sparkctl.transport import CommandResult, Transport

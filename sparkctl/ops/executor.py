@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from sparkctl.errors import CheckFailed, Interrupted, LifecycleError, Ref, SparkctlError
-from sparkctl.facts import probes
+from sparkctl.facts.registry import ProbeParseError
+from sparkctl.facts.system import parse_meminfo
 from sparkctl.model.inventory import Inventory
 from sparkctl.model.profiles import Resolved, resolve
 from sparkctl.model.record import RunRecord
@@ -144,8 +145,8 @@ class TransportBackend:
             if not r["ok"]:
                 continue
             try:
-                m = probes.parse_meminfo(r["stdout"])
-            except probes.ProbeParseError:
+                m = parse_meminfo(r["stdout"])
+            except ProbeParseError:
                 continue
             held = (m.total_kib - m.available_kib) / 1024 / 1024
             if held > laws.LEAK_THRESHOLD_GIB:

@@ -23,7 +23,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from sparkctl.errors import ConfigError, LifecycleError, Ref
-from sparkctl.facts import probes
+from sparkctl.facts.batch import parse_batch, remote_command
 from sparkctl.facts.batch import frame, split_batch
 from sparkctl.facts.engine import ENGINE, IMAGE, EngineProbe, ImageContent
 from sparkctl.facts.registry import ScriptContext
@@ -71,7 +71,7 @@ def read_nodes(inv: Inventory, transport: Transport, image: str, nodes: tuple[st
                ) -> tuple[dict[str, str], dict[str, str]]:
     """(node -> content digest, node -> what it says of the node-to-node grant), one round trip per node."""
     probe = EngineProbe("docker", image)
-    scripts = {n: probes.remote_command(frame([
+    scripts = {n: remote_command(frame([
         ("engine", ENGINE.command(ScriptContext(inv.node(n), engine=probe), "")),
         ("image", IMAGE.command(ScriptContext(inv.node(n), engine=probe), "")),
         ("nodessh", nodessh.verify_command(inv, n, nodessh.IMAGE_SYNC))])) for n in nodes}
@@ -80,7 +80,7 @@ def read_nodes(inv: Inventory, transport: Transport, image: str, nodes: tuple[st
     for n, r in transport.run_all(scripts).items():
         if r.error:
             raise LifecycleError(f"{n} did not answer: {r.error}", Ref(node=n))
-        f = probes.parse_batch(n, r.stdout)
+        f = parse_batch(n, r.stdout)
         if f.engine_found is None:
             why = f.unreadable.get("engine") or f.not_available.get("engine") or "no answer"
             raise LifecycleError(f"cannot read the image ID of {image} on {n}: {why}", Ref(node=n))

@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 
 from sparkctl.errors import SparkctlError
-from sparkctl.facts import probes
+from sparkctl.facts.batch import build_script, parse_batch, remote_command
 from sparkctl.model.inventory import Inventory
 from sparkctl.model.paths import ENV_FILE
 from sparkctl.model.record import LOCK_DIR, RunRecord
@@ -74,7 +74,7 @@ def cluster_status(inv: Inventory, transport: Transport) -> dict[str, Any]:
     rec: RunRecord | None = read_record(inv, transport)
     nodes = list(inv.names)
     heads = set(rec.heads) if rec else set()
-    scripts = {n: probes.remote_command(probes.build_script(
+    scripts = {n: remote_command(build_script(
         inv.node(n), **(_on_node_endpoint(inv, rec, n) if (rec and n in heads) else {}))) for n in nodes}
     results = transport.run_all(scripts)
     hashes: dict[str, dict[str, str]] = {}
@@ -90,7 +90,7 @@ def cluster_status(inv: Inventory, transport: Transport) -> dict[str, Any]:
         nr = rec.nodes.get(n) if rec else None
         row: dict[str, Any] = {"node": n, "reachable": r.ok, "error": r.error}
         if r.ok:
-            f = probes.parse_batch(n, r.stdout)
+            f = parse_batch(n, r.stdout)
             gpu = f.gpu
             row.update({
                 "engine_procs": len(f.engines or []),
