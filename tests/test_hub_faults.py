@@ -308,9 +308,9 @@ def test_official_client_fails_on_an_expired_storage_url_where_sparkctl_resolves
 
 
 def test_a_job_that_dies_without_a_result_says_its_last_words() -> None:
-    from sparkctl.ops.agentjobs import _absorb, _Job
+    from sparkctl.ops.agentjobs import absorb, Job
 
-    job = _Job("spark-a", "hub-fetch", "/x.log", 42)
-    _absorb(job, [{"event": "log", "text": "MemoryError: killed"}, {"event": "tail", "offset": 9, "alive": False}])
+    job = Job("spark-a", "hub-fetch", "/x.log", 42)
+    absorb(job, [{"event": "log", "text": "MemoryError: killed"}, {"event": "tail", "offset": 9, "alive": False}])
     assert job.final is not None and job.final["event"] == "error"
     assert job.final["message"] == "the hub-fetch job (pid 42) ended without a result; its last words: MemoryError: killed"

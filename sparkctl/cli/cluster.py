@@ -423,7 +423,7 @@ def logs_cmd(c: Ctx, node: str | None, lines: int, follow: bool, connect_timeout
     """Engine logs of every node (or NODE), each line prefixed by its node."""
     import shlex
 
-    from sparkctl.plan.render import LOG_DIR, under
+    from sparkctl.model.paths import LOG_DIR, under
 
     inv = c.inventory()
     nodes = [node] if node else list(inv.names)

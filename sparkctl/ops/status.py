@@ -12,7 +12,7 @@ import httpx
 from sparkctl.errors import SparkctlError
 from sparkctl.facts.batch import build_script, parse_batch, remote_command
 from sparkctl.model.inventory import Inventory
-from sparkctl.model.paths import ENV_FILE
+from sparkctl.model.paths import ENV_FILE, under
 from sparkctl.model.record import LOCK_DIR, RunRecord
 from sparkctl.ops.lock import read_record
 from sparkctl.ops.readiness import (
@@ -23,7 +23,7 @@ from sparkctl.ops.readiness import (
     operator_route,
 )
 from sparkctl.ops.supervise import supervisor_progress
-from sparkctl.plan.render import API_KEY_VAR, TOKENS_METRIC, under
+from sparkctl.plan.render import API_KEY_VAR, TOKENS_METRIC
 from sparkctl.remote.endpoint_probe import auth_headers, mask, metric_value
 from sparkctl.transport.forward import forward
 from sparkctl.transport import Transport

@@ -39,7 +39,7 @@ from sparkctl.model.paths import (
     under,
 )
 from sparkctl.model.resources import Roots
-from sparkctl.plan.render import RenderedFile, Rendering, _env
+from sparkctl.plan.render import RenderedFile, Rendering, template_env
 from sparkctl.model import watchdog
 from sparkctl.model.schema import LawsSpec
 from sparkctl.plan.imageplan import revoke_steps
@@ -167,7 +167,7 @@ def _forward_stop_sh(pool: str) -> str:
 
 def render_fabric(inv: Inventory, roots: Roots, profile_rendering: Rendering | None = None) -> FabricFiles:
     """The fabric files of every cabled node, from the inventory; the clock unit from a profile's rendering."""
-    env = _env(roots)
+    env = template_env(roots)
     files: dict[str, tuple[RenderedFile, ...]] = {}
     units: dict[str, tuple[str, ...]] = {}
     pool = inv.fabric_pool

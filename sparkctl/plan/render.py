@@ -34,11 +34,8 @@ from sparkctl.model.resources import Roots
 from sparkctl.model.schema import Profile
 from sparkctl.model import clocklock
 from sparkctl.model.engines import ENGINE_CONTAINER
-
-MASK = "***"
-
 # Where each file lands on a node (under the node's prefix, normally "/"): sparkctl.model.paths.
-from sparkctl.model.paths import (  # noqa: E402
+from sparkctl.model.paths import (
     CLOCK_UNIT,
     DETACHED,
     ENV_FILE,
@@ -51,6 +48,8 @@ from sparkctl.model.paths import (  # noqa: E402
     UNIT,
     under,
 )
+
+MASK = "***"
 
 DEFAULT_BINARY = {
     "ds41f": "ds41f",
@@ -130,7 +129,7 @@ class Rendering:
         return h.hexdigest()[:16]
 
 
-def _env(roots: Roots) -> jinja2.Environment:
+def template_env(roots: Roots) -> jinja2.Environment:
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(roots.template_dirs()),
         undefined=jinja2.StrictUndefined,
@@ -254,7 +253,7 @@ def render(
 ) -> Rendering:
     """Render every file every node of the profile receives. Pure."""
     layout = bind(res, inv)
-    env = _env(roots)
+    env = template_env(roots)
     secrets = secrets or {}
     out: dict[str, NodeFiles] = {}
     argvs: dict[str, tuple[str, ...]] = {}
