@@ -252,7 +252,8 @@ def test_status_json_never_holds_the_key(tmp_path: Path, server: _Server, monkey
 
 def test_bench_sends_the_key_and_an_unset_variable_is_one_clear_line(tmp_path: Path, server: _Server, sparkctl,
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    from sparkctl.bench.runner import Runner, RunOptions
+    from sparkctl.bench.options import RunOptions
+    from sparkctl.bench.runner import Runner
     from sparkctl.errors import TransportError
 
     url = f"http://127.0.0.1:{server.server_address[1]}"

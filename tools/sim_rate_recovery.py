@@ -38,7 +38,8 @@ from typing import Any
 import httpx
 
 from sparkctl.bench.pressure import cpu_pressure_total_s
-from sparkctl.bench.runner import RunOptions, run
+from sparkctl.bench.options import RunOptions
+from sparkctl.bench.runner import run
 from sparkctl_sim.engines.local import prefill_rate, start_local, stop
 
 # name served, decode tokens. TensorFold ignores ignore_eos: 100 tokens stay under

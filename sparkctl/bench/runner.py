@@ -65,25 +65,11 @@ from sparkctl.bench.rows import (
     usage_cached_tokens,
     utc,
 )
-from sparkctl.bench.suites import LONGCTX_ANSWER_TOKENS, Suites
+from sparkctl.bench.suites import Suites
 from sparkctl.bench.telemetry import Telemetry, TelemetrySampler, telemetry_summary
 from sparkctl.errors import ConfigError, TransportError
 
-__all__ = [
-    "KNOWN_ENGINES",
-    "LONGCTX_ANSWER_TOKENS",
-    "AgentFit",
-    "RunOptions",
-    "RunSummary",
-    "Runner",
-    "Telemetry",
-    "TelemetrySampler",
-    "run",
-    "run_async",
-    "summarize_rows",
-    "telemetry_summary",
-    "usage_cached_tokens",
-]
+__all__ = ["KNOWN_ENGINES", "RunSummary", "Runner", "run", "run_async"]
 
 Progress = Callable[[str], None]
 

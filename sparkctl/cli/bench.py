@@ -147,6 +147,8 @@ def _bench_run(c: Ctx, profile: str | None, base_url: str | None, model: str | N
     import time as _time
 
     from sparkctl.bench import runner as bench_runner
+    from sparkctl.bench import workloads
+    from sparkctl.bench.options import RunOptions
     from sparkctl.bench.cluster_hooks import config_from_profile, prepare
     from sparkctl.bench.results import HEADLINE
     from sparkctl.errors import CheckFailed
@@ -193,8 +195,8 @@ def _bench_run(c: Ctx, profile: str | None, base_url: str | None, model: str | N
     else:
         raise ConfigError("nothing to benchmark", hint="give a PROFILE, or --base-url URL --model NAME")
     chosen = suites or tuple((config.get("bench") or {}).get("suites") or ())
-    options = bench_runner.RunOptions(
-        suites=chosen or bench_runner.wl.DEFAULT_SUITES, repeats=repeats, record=record, lengths=lengths,
+    options = RunOptions(
+        suites=chosen or workloads.DEFAULT_SUITES, repeats=repeats, record=record, lengths=lengths,
         concurrency=concurrency, decode_tokens=decode_tokens, duration_s=duration_s, label=label,
         agent_warmup_s=warmup_s, agent_measure_s=measure_s)
     out_path = Path(out_dir) if out_dir else Path("runs") / f"{_time.strftime('%Y%m%d-%H%M%S')}-{_slug(profile or model)}"

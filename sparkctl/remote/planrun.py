@@ -20,6 +20,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -313,8 +314,6 @@ def _api_key(spec: Mapping[str, str] | None) -> str | None:
         return None
     if os.environ.get(spec.get("env", "")):
         return os.environ[spec["env"]]
-    import shlex
-
     try:
         with open(spec["file"], encoding="utf-8") as fh:
             for line in fh:
@@ -357,7 +356,7 @@ class HeadBackend:
     def _argv(self, node: str, command: str, sudo: bool) -> list[str]:
         info = self.nodes[node]
         if info.get("ssh"):  # a peer; its sudo is explicit, the head's runner already has the head's
-            return [*info["ssh"], f"sudo -n sh -c {_q(command)}" if sudo else command]
+            return [*info["ssh"], f"sudo -n sh -c {shlex.quote(command)}" if sudo else command]
         return ["sh", "-c", command]
 
     def _one(self, node: str, command: str, sudo: bool, timeout_s: float | None, stdin: bytes | None = None) -> Res:
@@ -385,8 +384,9 @@ class HeadBackend:
             data = base64.b64decode(self.blobs[f["sha256"]])
             path, mode = f["path"], f["mode"]
             tmp = f"{path}.sparkctl-new"
-            cmd = (f"mkdir -p {_q(os.path.dirname(path) or '/')} && cat > {_q(tmp)} && chmod {mode} {_q(tmp)} && "
-                   f"mv -f {_q(tmp)} {_q(path)}")
+            q = shlex.quote
+            cmd = (f"mkdir -p {q(os.path.dirname(path) or '/')} && cat > {q(tmp)} && chmod {mode} {q(tmp)} && "
+                   f"mv -f {q(tmp)} {q(path)}")
             r = self._one(node, cmd, bool(self.nodes[node].get("sudo")), 60, stdin=data)
             if not r["ok"]:
                 return r
@@ -411,10 +411,6 @@ class HeadBackend:
 
     def check(self, params: Mapping[str, Any]) -> str:
         raise RuntimeError("the check runs on the operator's side before the supervisor starts")
-
-
-def _q(s: str) -> str:
-    return "'" + s.replace("'", "'\"'\"'") + "'"
 
 
 FINAL = {"done": "done", "failed+rollback": "rolled-back"}
