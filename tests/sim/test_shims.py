@@ -403,7 +403,7 @@ def test_apt_mark(state: dict) -> None:
 
 def test_meminfo_format_and_available(state: dict) -> None:
     real = fixture_lines("meminfo-head.txt")
-    ours = shims.render_meminfo(state).splitlines()
+    ours = nodestate.render_meminfo(state).splitlines()
     keys = [line.split(":")[0] for line in ours]
     real_keys = [line.split(":")[0] for line in real]
     assert [k for k in keys if k in real_keys] == real_keys  # same order
@@ -417,10 +417,10 @@ def test_meminfo_format_and_available(state: dict) -> None:
     avail = dict((line.split(":")[0], int(line.split()[1])) for line in ours)
     assert avail["MemAvailable"] == nodestate.IDLE_MEM_AVAILABLE_KIB
     busy(state)
-    avail2 = dict((line.split(":")[0], int(line.split()[1])) for line in shims.render_meminfo(state).splitlines())
+    avail2 = dict((line.split(":")[0], int(line.split()[1])) for line in nodestate.render_meminfo(state).splitlines())
     assert avail2["MemAvailable"] == nodestate.mem_available_kib(state) < avail["MemAvailable"]
     assert avail2["MemFree"] <= avail2["MemAvailable"]
-    assert shims.render_boot_id(state) == state["boot_id"] + "\n"
+    assert nodestate.render_boot_id(state) == state["boot_id"] + "\n"
 
 
 # ---------------------------------------------------------------- ib_write_bw

@@ -175,12 +175,9 @@ def remedy_clock(ctx: Context, verdicts: list[Verdict]) -> Remedy | None:
     bad = [v for v in verdicts if v.failed]
     if cap is None or not bad:
         return None
-    return Remedy("clock_cap", True, {v.node: clock_lock_commands(cap, ctx.inventory.node(v.node).prefix, ctx.inventory.node(v.node).proc_root) for v in bad},
+    inv = ctx.inventory
+    cmds = {v.node: clocklock.lock_commands(cap, inv.node(v.node).prefix, inv.node(v.node).proc_root) for v in bad}
+    return Remedy("clock_cap", True, cmds,
                   readback="nvidia-smi --query-gpu=clocks.sm,clocks_event_reasons.active --format=csv,noheader",
                   text=f"lock the GPU clock at 0,{cap} MHz, record it for this boot, read it back")
-
-
-def clock_lock_commands(cap: int, prefix: str = "/", proc_root: str = "/proc") -> tuple[str, ...]:
-    """The remedy of the clock law: :func:`sparkctl.model.clocklock.lock_commands`."""
-    return clocklock.lock_commands(cap, prefix, proc_root)
 
