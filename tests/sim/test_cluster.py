@@ -23,6 +23,7 @@ import pytest
 from sparkctl_sim import cluster, nodestate
 from sparkctl_sim.cluster import SimError
 from sparkctl_sim.spec import ClusterSpec, SimLink, SimNode, SimRoute
+from tests.sim.helpers import free_port
 
 HAVE_TOOLS = all(shutil.which(t) for t in ("ssh", "ssh-keygen", "ip", "unshare", "setsid", "ping")) and Path(
     "/usr/sbin/sshd").exists()
@@ -389,17 +390,11 @@ def _crash_and_recover(root: Path, namespaces: list[str], lose_ledger: bool) -> 
         cluster.down(root)
 
 
-def _free_port(host: str) -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.mark.e2e
 @needs_tools
 def test_rootless_mode(tmp_path: Path) -> None:
     root = tmp_path / "sim"
-    nodes = tuple(SimNode(f"loop-{i}", f"127.0.0.{21 + i}", _free_port(f"127.0.0.{21 + i}")) for i in range(2))
+    nodes = tuple(SimNode(f"loop-{i}", f"127.0.0.{21 + i}", free_port(f"127.0.0.{21 + i}")) for i in range(2))
     spec = ClusterSpec(nodes=nodes, links=(SimLink("loop-0", P0[0], "127.0.1.1/8", "loop-1", P1[0],
                                                    "127.0.1.2/8"),), rootless=True)
     try:

@@ -16,15 +16,12 @@ import json
 import re
 
 import pytest
+from tests.sim.helpers import RING, WAIVE, wait_until
 
-from tests.sim.conftest import wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.needs_root]
 
 PROFILE = "ds41f-tp4-ring"
-WAIVE = ("--waive", "page_size", "--reason", "stock 4 KiB kernel")
-NODES = ("spark-a", "spark-b", "spark-c", "spark-d")
-
 
 
 def _verdict(sim, node: str) -> dict | None:  # type: ignore[no-untyped-def]
@@ -45,7 +42,7 @@ def test_simulated_ring_earlyoom_kills_the_overcommitting_engine_and_the_box_sur
     assert set(_watchdog_rows(sim, inv).values()) == {"warn"}
     up = sim.sparkctl("-i", inv, "up", PROFILE, *WAIVE, check=True, timeout=300)
     assert "watchdog" in up.stdout + up.stderr
-    assert _watchdog_rows(sim, inv) == {n: "ok" for n in NODES}
+    assert _watchdog_rows(sim, inv) == {n: "ok" for n in RING}
     args = sim.ssh("spark-c", "grep ^EARLYOOM_ARGS= /etc/default/earlyoom; systemctl is-active earlyoom").stdout
     assert "-M 6291456,3145728" in args and args.strip().endswith("active"), args
 
