@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from test_hub import FILES, REPO_ID, TOKEN, _fetch, _tree
+from helpers import FILES, REPO_ID, TOKEN, fetch, tree
 
 from sparkctl.ops import hub
 from sparkctl.ops.hub import HubError
@@ -190,9 +190,9 @@ def _faults() -> dict[str, Callable[[LocalHub], None]]:
 @pytest.mark.parametrize("fault", list(_faults()))
 def test_sparkctl_fetch_through_a_fault_ends_byte_identical(fault: str, local_hub: LocalHub, tmp_path: Path) -> None:
     _faults()[fault](local_hub)
-    _, rep = _fetch(tmp_path, local_hub)
+    _, rep = fetch(tmp_path, local_hub)
     assert local_hub.faults_served, "the fault was never served: the test would prove nothing"
-    assert _tree(tmp_path / "a" / "models" / "m") == FILES
+    assert tree(tmp_path / "a" / "models" / "m") == FILES
     assert rep.fetched == len(FILES)
     if "listing" not in fault:  # (the listing is read in one command, before the job)
         assert rep.retries >= 1  # the operator was told of every wait
@@ -206,10 +206,10 @@ def test_an_expired_storage_url_is_resolved_again_from_the_hub(tmp_path: Path) -
     # URLs good for 1 to 2 s (whole seconds, as CloudFront's Expires), and a link slow enough that the big
     # file's 4th chunk starts after 3 chunks passed it: 384 KiB at 150 kB/s, over 2.6 s
     with LocalHub([make_repo(REPO_ID, FILES)], tokens={TOKEN: {REPO_ID}}, url_ttl_s=1, rate_Bps=150_000) as h:
-        _, rep = _fetch(tmp_path, h)
+        _, rep = fetch(tmp_path, h)
         assert h.expired, "no URL expired: the test would prove nothing"
         assert rep.resolved >= 1 and h.storage_saw_token == 0
-    assert _tree(tmp_path / "a" / "models" / "m") == FILES
+    assert tree(tmp_path / "a" / "models" / "m") == FILES
 
 
 def test_a_job_stopped_mid_chunk_asks_the_next_run_for_the_rest_of_that_chunk_only(

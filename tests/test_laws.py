@@ -3,36 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
+from helpers import INV, ctx, healthy
 
-from sparkctl.facts.nodefacts import GpuFacts, LinkFacts, NodeFacts
-from sparkctl.model.inventory import load_inventory
-from sparkctl.model.profiles import resolve
-from sparkctl.model.resources import Roots
 from sparkctl.plan import laws
-
-REPO = Path(__file__).resolve().parent.parent
-INV = load_inventory(REPO / "inventory.yaml")
-DS = resolve("ds41f-tp4-ring", Roots.make(env={})).profile
-HELD = ["linux-nvidia-hwe-24.04", "linux-image-nvidia-hwe-24.04"]
-
-
-def healthy(node: str) -> NodeFacts:
-    links = {ep.netdev: LinkFacts(ep.netdev, ep.rdma, "up", 9000, f"{ep.address}/24", 200000, True, 3)
-             for ep in INV.endpoints(node)}
-    boot = f"{node[-1] * 8}-0000-4000-8000-000000000000"
-    return NodeFacts(node=node, kernel="6.17.0-1029-nvidia", page_size_bytes=4096, held_packages=HELD, boot_id=boot,
-                     mem_total_kib=127_600_816, mem_available_kib=123_500_000, disk_free_gib=500.0,
-                     gpu=GpuFacts("NVIDIA GB10", "12.1", "580.173.02", 208, 3003, None, (), 4.0, 43),
-                     links=links, engines=[], clock_lock_record=(boot, 2000))
-
-
-def ctx(**kw) -> laws.Context:
-    facts = {n: healthy(n) for n in INV.names}
-    facts.update(kw.pop("facts", {}))
-    return laws.Context(profile=kw.pop("profile", DS), inventory=INV, nodes=INV.names, facts=facts, **kw)
 
 
 def fails(c: laws.Context) -> set[tuple[str, str]]:

@@ -16,7 +16,7 @@ from sparkctl.model.profiles import resolve
 from sparkctl.model.resources import Roots
 from sparkctl.plan import laws
 
-from test_laws import DS, INV, ctx, healthy
+from helpers import INV, ctx, healthy
 
 FIX = Path(__file__).resolve().parent / "fixtures" / "spark"
 

@@ -12,6 +12,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from helpers import INVENTORY_FOR
 
 from sparkctl.errors import ProfileError
 from sparkctl.model.inventory import load_inventory, loads_inventory
@@ -21,18 +22,6 @@ from sparkctl.plan.render import MASK, render
 
 GOLDEN = Path(__file__).parent / "golden"
 FIX = Path(__file__).parent / "fixtures"
-
-# Which example inventory each bundled profile is rendered against.
-INVENTORY_FOR = {
-    "ds41f-tp4-ring": "inventory.yaml",
-    "ds41f-tp4-ring-uncapped": "inventory.yaml",
-    "tensorfold-tp4-ring": "inventory.yaml",
-    "tiny-llamacpp": "inventory.yaml",
-    "tensorfold-tp2": "tests/fixtures/inv-pair.yaml",
-    "vllm-tp2-fallback": "tests/fixtures/inv-pair.yaml",
-    "sglang-tp2": "tests/fixtures/inv-pair.yaml",
-    "llamacpp-1box": "tests/fixtures/inv-single.yaml",
-}
 
 
 def test_every_bundled_profile_has_a_golden_inventory() -> None:

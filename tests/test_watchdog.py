@@ -15,7 +15,7 @@ from sparkctl.model.schema import LawsSpec
 from sparkctl.model import watchdog
 from sparkctl.plan import laws
 
-from test_laws import DS, INV, ctx, healthy
+from helpers import DS, INV, ctx, healthy
 
 FIX = Path(__file__).resolve().parent / "fixtures" / "spark"
 
