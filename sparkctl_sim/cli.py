@@ -334,7 +334,8 @@ def sim_power_off_cmd(nodes: tuple[str, ...]) -> None:
               help="where the runs and the report go (default ./runs/demo-<time>)")
 @click.option("--keep", is_flag=True, help="leave the simulated cluster up at the end")
 def demo_cmd(out_dir: str | None, keep: bool) -> None:
-    """The whole tour on the SIMULATED 4-node ring: sim up (fresh), fabric apply, check, up ds41f, bench, switch, bench, report, down."""
+    """The whole tour on the SIMULATED 4-node ring: sim up (fresh), fabric apply, check, up ds41f, bench, switch, bench,
+    report, down."""
     _require_extra()
     
     base = Path(out_dir) if out_dir else Path("runs") / f"demo-{time.strftime('%Y%m%d-%H%M%S')}"

@@ -658,7 +658,8 @@ def test_script_on_a_node_without_the_vendor_tools(tmp_path: Path) -> None:
 def test_script_uses_sudo_for_lspci_only_when_the_node_allows() -> None:
     assert "sudo" not in build_script(spark_node())
     s = build_script(spark_node(sudo=True))
-    assert s.count("sudo -n lspci") == 8 and s.count("sudo -n base64") == 1 and s.count("sudo") == 18  # lspci: each function and its upstream port
+    # lspci: each function and its upstream port
+    assert s.count("sudo -n lspci") == 8 and s.count("sudo -n base64") == 1 and s.count("sudo") == 18
 
 
 # ---------------------------------------------------------------- perftest report variants
@@ -741,7 +742,8 @@ def test_every_script_section_resolves_to_one_registered_fact(tmp_path: Path) ->
     manifest = re.search(r"@@sparkctl:manifest:([^@]*)@@", script)
     assert manifest is not None
     names = manifest.group(1).split()
-    assert len(names) == len(set(names)) == 18 + 4 * 4 + 4 + 2  # single facts (the engine unit, the watchdog, the netplan files among them), 4 per netdev, 4 functions, +2 asked
+    # single facts (the engine unit, the watchdog, the netplan files among them), 4 per netdev, 4 functions, +2 asked
+    assert len(names) == len(set(names)) == 18 + 4 * 4 + 4 + 2
     for name in names:
         hit = REGISTRY.resolve(name)
         assert hit is not None and hit[0].section(hit[1]) == name, name

@@ -351,8 +351,8 @@ def test_plan_cli_orders_ranks_by_the_ring(repo: Path, sparkctl) -> None:
 
 
 def test_pure_modules_import_no_ssh_library() -> None:
-    code = ("import sys, sparkctl.plan.render, sparkctl.model.profiles, sparkctl.model.inventory, sparkctl.model.layout, sparkctl.plan.planner,"
-            " sparkctl.facts.batch, sparkctl.facts.fabric, sparkctl.plan.laws;"
+    code = ("import sys, sparkctl.plan.render, sparkctl.model.profiles, sparkctl.model.inventory, sparkctl.model.layout,"
+            " sparkctl.plan.planner, sparkctl.facts.batch, sparkctl.facts.fabric, sparkctl.plan.laws;"
             "bad = [m for m in ('paramiko', 'fabric', 'invoke', 'socket_ssh') if m in sys.modules];"
             "print(','.join(bad))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

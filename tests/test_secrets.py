@@ -122,7 +122,8 @@ def test_cli_outputs_never_show_a_secret(tmp_path: Path, sparkctl, monkeypatch: 
     for k, v in SECRETS.items():
         monkeypatch.setenv(k, v)
     base = ("--root", str(root), "-i", str(inv))
-    for cmd in (["plan", "up", "sec", "--assume-fresh"], ["plan", "up", "sec", "--assume-fresh", "--json"], ["render", "sec"], ["render", "sec", "--json"],
+    for cmd in (["plan", "up", "sec", "--assume-fresh"], ["plan", "up", "sec", "--assume-fresh", "--json"],
+                ["render", "sec"], ["render", "sec", "--json"],
                 ["render", "sec", "--node", "spark-b"], ["show", "sec"], ["show", "sec", "--json"],
                 ["show", "sec", "--node", "spark-a"], ["explain", "sec", "engine.secret_env"],
                 ["explain", "sec", "engine", "--json"], ["profiles"]):

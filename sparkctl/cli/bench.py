@@ -139,6 +139,10 @@ def bench_check(res: Any, inv: Any, transport: Any, force: bool) -> dict[str, An
     }
 
 
+def _figure(v: float | None) -> str:
+    return "-" if v is None else (f"{v:,.1f}" if abs(v) >= 1 else f"{v:.4f}")
+
+
 def _bench_run(c: Ctx, profile: str | None, base_url: str | None, model: str | None, out_dir: str | None,
                suites: tuple[str, ...], record: bool, force: bool, lengths: tuple[int, ...] | None,
                concurrency: tuple[int, ...] | None, repeats: int | None, duration_s: float,
@@ -216,8 +220,7 @@ def _bench_run(c: Ctx, profile: str | None, base_url: str | None, model: str | N
                 continue  # per-scenario rows live in results.csv
             metric = HEADLINE.get(p["suite"], "")
             m = p["metrics"].get(metric) or {}
-            f = (lambda v: "-" if v is None else (f"{v:,.1f}" if abs(v) >= 1 else f"{v:.4f}"))
-            t.add_row(p["point"], metric, f(m.get("median")), f(m.get("min")), f(m.get("max")),
+            t.add_row(p["point"], metric, _figure(m.get("median")), _figure(m.get("min")), _figure(m.get("max")),
                       f"{p['valid_repeats']}/{p['repeats']}", escape(", ".join(p["flags"])[:60]))
         out.print(t)
         for suite, tele in summary.telemetry.items():

@@ -151,9 +151,9 @@ def weights_fetch_cmd(c: Ctx, profile: str, node: str | None, revision: str | No
 @with_transport_options
 @json_option
 @pass_ctx
-def weights_sync_cmd(c: Ctx, profile: str, from_node: str | None, to_nodes: tuple[str, ...], dry_run: bool, connections: int, chunk_mb: float,
-                     no_pipeline: bool, connect_timeout_s: float, command_timeout_s: float, deadline_s: float,
-                     as_json: bool) -> None:
+def weights_sync_cmd(c: Ctx, profile: str, from_node: str | None, to_nodes: tuple[str, ...], dry_run: bool,
+                     connections: int, chunk_mb: float, no_pipeline: bool, connect_timeout_s: float,
+                     command_timeout_s: float, deadline_s: float, as_json: bool) -> None:
     """Copy the profile's weights to its other nodes over the fabric only, verified against a manifest."""
     from sparkctl.model.layout import bind
     from sparkctl.ops.hub import local_dir_of

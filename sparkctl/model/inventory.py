@@ -216,14 +216,14 @@ def _endpoint(text: str, i: int, side: int, names: list[str], src: Located) -> t
 def build(src: Located) -> Inventory:
     inv = _parse_file(src)
     names = [n.name for n in inv.nodes]
-    for field in ("name", "host"):
+    for key in ("name", "host"):
         seen: dict[str, int] = {}
         for i, n in enumerate(inv.nodes):
-            v = getattr(n, field)
+            v = getattr(n, key)
             if v in seen:
                 raise InventoryError(
-                    f"duplicate node {field} {v!r} (also nodes[{seen[v]}])",
-                    src.ref(("nodes", i, field)),
+                    f"duplicate node {key} {v!r} (also nodes[{seen[v]}])",
+                    src.ref(("nodes", i, key)),
                     hint="every node needs its own name and management address",
                 )
             seen[v] = i

@@ -107,7 +107,8 @@ def _flatten(
             _flatten(tp, value, full, src, kpath, source, out)
         elif full in MERGED_DICTS and isinstance(value, dict):
             for k, v in value.items():
-                out[full + (str(k),)] = Setting(v, Source(source.kind, source.file, src.line(kpath + (k,)) if src else None, source.detail))
+                line = src.line(kpath + (k,)) if src else None
+                out[full + (str(k),)] = Setting(v, Source(source.kind, source.file, line, source.detail))
             if not value:
                 out.setdefault(full, Setting({}, here))
         else:

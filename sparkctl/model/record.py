@@ -14,10 +14,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+# Where the record and the lock live on the head: sparkctl.model.paths (RECORD, LOCK_DIR).
 SCHEMA = 1
-from sparkctl.model.paths import LOCK_DIR, RECORD  # noqa: F401 - where the record and the lock live
-
-RECORD_PATH = RECORD
 STATES = ("starting", "serving", "stopping", "switching", "failed", "stopped")
 
 

@@ -12,8 +12,8 @@ import httpx
 from sparkctl.errors import SparkctlError
 from sparkctl.facts.batch import build_script, parse_batch, remote_command
 from sparkctl.model.inventory import Inventory
-from sparkctl.model.paths import ENV_FILE, under
-from sparkctl.model.record import LOCK_DIR, RunRecord
+from sparkctl.model.paths import ENV_FILE, LOCK_DIR, under
+from sparkctl.model.record import RunRecord
 from sparkctl.ops.lock import read_record
 from sparkctl.ops.readiness import (
     OperatorKey,

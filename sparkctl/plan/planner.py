@@ -351,7 +351,8 @@ def plan_up(res: Resolved, inv: Inventory, rendering: Rendering, facts: UpFacts,
                           listen=head_listen(res, rendering, inv))
     # The record changes before the cluster does: if the head cannot take it (a full
     # disk), nothing has been touched yet and the previous record still tells the truth.
-    steps.append(_record_step(inv.node(head).prefix, "record-start", "record-start", head, starting, "record that this run starts"))
+    steps.append(_record_step(inv.node(head).prefix, "record-start", "record-start", head, starting,
+                              "record that this run starts"))
     steps.append(_stop_step(inv, "stop-stale", "stop-stale", stale, ports, p.serve.stop_timeout_s,
                             "stop every sparkctl engine still running (a new rank must never join an old head's "
                             "rendezvous)", failure_branch))
@@ -388,16 +389,17 @@ def plan_down(inv: Inventory, record: RunRecord | None, *, reset_clocks: bool = 
     steps: list[Step] = []
     if record and record.state not in ("stopped", "failed"):
         # Before anything stops: an interrupted or half-done down never leaves "serving" behind.
-        steps.append(_record_step(inv.node(head).prefix, "record-stopping", "stop", head, record.with_state("stopping", started_at,
-                                                                                     "down in progress"),
+        stopping = record.with_state("stopping", started_at, "down in progress")
+        steps.append(_record_step(inv.node(head).prefix, "record-stopping", "stop", head, stopping,
                                   "record that the stack is stopping", on_fail="continue"))
     # Disabled before the stop: a reboot in between must not bring the stack back.
     steps.append(_disable_step(inv, "disable", "stop", nodes))
     steps.append(_stop_step(inv, "stop", "stop", nodes, ports, timeout_s, "stop every sparkctl engine and verify: "
                             "no engine process, ports closed", "continue"))
     if record and record.state != "stopped":
-        steps.append(_record_step(inv.node(head).prefix, "record", "record", head, record.with_state("stopped", started_at, "down"),
-                                  "record that nothing runs", on_fail="continue", state_if_left="failed"))
+        stopped = record.with_state("stopped", started_at, "down")
+        steps.append(_record_step(inv.node(head).prefix, "record", "record", head, stopped, "record that nothing runs",
+                                  on_fail="continue", state_if_left="failed"))
     cmds = {n: meminfo_command(inv, n) for n in nodes}
     steps.append(Step("leaks", "verify", "leaks", tuple(nodes), "read /proc/meminfo: memory not given back with no "
                       "engine (the leak law)", commands=cmds, on_fail="continue"))

@@ -126,7 +126,8 @@ def test_query_gpu_clock_columns_units_and_nounits(state: dict) -> None:
         now=NOW,
         euid=0,
     ).stdout.splitlines()
-    assert hdr[0] == "name, clocks.current.graphics [MHz], clocks.max.graphics [MHz], temperature.gpu, power.draw [W], power.limit [W]"
+    assert hdr[0] == ("name, clocks.current.graphics [MHz], clocks.max.graphics [MHz], temperature.gpu, power.draw [W], "
+                      "power.limit [W]")
     assert re.fullmatch(r"NVIDIA GB10, \d{4} MHz, 3003 MHz, \d+, \d+\.\d\d W, \[N/A\]", hdr[1])
 
 

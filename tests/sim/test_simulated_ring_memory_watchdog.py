@@ -50,7 +50,10 @@ def test_simulated_ring_earlyoom_kills_the_overcommitting_engine_and_the_box_sur
     pid = int(re.search(r"'pid': (\d+)", r.stdout).group(1))
     # SIMULATED: the node's journal of earlyoom.service, as its systemctl shim keeps it
     log = sim.root / "nodes" / "spark-c" / "run" / "systemd" / "earlyoom.service.journal.log"
-    journal = lambda: log.read_text() if log.exists() else ""
+
+    def journal() -> str:
+        return log.read_text() if log.exists() else ""
+
     # the fault leaves 1 % available: below sparkctl's SIGKILL limit too, so earlyoom 1.7 kills
     # outright (main.c lowmem_sig checks the kill limit first)
     assert wait_until(lambda: re.search(rf"sending SIG(TERM|KILL) to process {pid} ", journal())), journal()
