@@ -196,9 +196,9 @@ class RefServer:
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port, reuse_address=True)
         await site.start()
-        server = site._server  # aiohttp exposes the bound port only here
-        if server is not None and server.sockets:
-            self.port = server.sockets[0].getsockname()[1]
+        sockets = getattr(site._server, "sockets", None)  # aiohttp exposes the bound port only here (an asyncio.Server)
+        if sockets:
+            self.port = sockets[0].getsockname()[1]
 
     async def stop(self) -> None:
         if self._runner is not None:

@@ -47,7 +47,7 @@ from sparkctl.bench import workloads as wl
 from sparkctl.bench.client import BenchClient, RequestSpec, new_salt
 from sparkctl.bench.pool import PooledBenchClient, WorkerPool, default_workers
 from sparkctl.bench.events import RequestResult, result_to_jsonl
-from sparkctl.bench.fitting import AgentFit, ContextFit
+from sparkctl.bench.fitting import AgentFit
 from sparkctl.bench.metrics import request_metrics
 from sparkctl.bench.options import RunOptions
 from sparkctl.bench.results import (
@@ -96,7 +96,7 @@ class RunSummary:
 
 
 
-class Runner(ContextFit, Suites):
+class Runner(Suites):  # and so ContextFit
     """One run: an endpoint, a model, a configuration, an output directory."""
 
     def __init__(self, base_url: str, model: str, out_dir: Path, config: Mapping[str, Any], options: RunOptions,

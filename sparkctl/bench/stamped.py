@@ -262,8 +262,8 @@ class StampedStream(httpcore.AsyncNetworkStream):
             raise httpcore.ConnectError(f"TLS handshake failed: {exc}") from exc
         if tls is None:
             raise httpcore.ConnectError("TLS handshake failed: no transport")
-        self._p.transport = typing.cast(asyncio.Transport, tls)
-        return StampedStream(typing.cast(asyncio.Transport, tls), self._p)
+        self._p.transport = tls
+        return StampedStream(tls, self._p)
 
     def get_extra_info(self, info: str) -> typing.Any:
         if info == "is_readable":
@@ -317,7 +317,8 @@ class StampedBackend(httpcore.AsyncNetworkBackend):
 
     async def connect_tcp(self, host: str, port: int, timeout: float | None = None,
                           local_address: str | None = None,
-                          socket_options: Iterable[tuple[int, int, int | bytes | None]] | None = None,
+                          socket_options: Iterable[tuple[int, int, int] | tuple[int, int, bytes | bytearray]
+                                                   | tuple[int, int, None, int]] | None = None,
                           ) -> StampedStream:
         loop = asyncio.get_running_loop()
         try:
@@ -326,14 +327,14 @@ class StampedBackend(httpcore.AsyncNetworkBackend):
                 stamps = self.kernel_stamps and sock.enable_stamps()
                 # asyncio sets TCP_NODELAY; the caller's options go on top
                 for opt in socket_options or ():
-                    sock.setsockopt(*opt)  # type: ignore[arg-type]
+                    sock.setsockopt(*opt)
                 transport, protocol = await loop.create_connection(
                     lambda: _StampingProtocol(sock if stamps else None), sock=sock)
         except TimeoutError:
             raise httpcore.ConnectTimeout(f"connect to {host}:{port} timed out") from None
         except OSError as exc:
             raise httpcore.ConnectError(str(exc)) from exc
-        return StampedStream(typing.cast(asyncio.Transport, transport), protocol)
+        return StampedStream(transport, protocol)
 
     async def sleep(self, seconds: float) -> None:
         await asyncio.sleep(seconds)

@@ -167,7 +167,11 @@ def weights_sync_cmd(c: Ctx, profile: str, from_node: str | None, to_nodes: tupl
         raise ConfigError(f"--from {src}: not in the inventory", hint=f"nodes: {', '.join(inv.names)}")
     if dry_run:
         lines = describe_plan(plan_sync(inv, src, nodes))
-        emit_json(lines) if as_json else [out.print(line, markup=False) for line in lines]
+        if as_json:
+            emit_json(lines)
+        else:
+            for line in lines:
+                out.print(line, markup=False)
         return
     with make_transport(inv, connect_timeout_s, command_timeout_s, deadline_s) as tr:
         m = res.profile.model

@@ -189,7 +189,7 @@ def _resolve_node(spec: NodeSpec, index: int, inv: InventoryFile) -> Node:
         ssh_user=pick("ssh_user"), ssh_port=pick("ssh_port"), ssh_identity=pick("ssh_identity"),
         sudo=pick("sudo"), known_hosts=pick("known_hosts"), prefix=pick("prefix"),
         sysfs_root=pick("sysfs_root"), proc_root=pick("proc_root"), mgmt_iface=pick("mgmt_iface"),
-        ports=dict(spec.ports) if spec.ports else default_ports(),
+        ports={str(k): v for k, v in spec.ports.items()} if spec.ports else default_ports(),
     )
 
 
@@ -244,16 +244,16 @@ def build(src: Located) -> Inventory:
                 f"cable joins node {an!r} to itself", src.ref(("cables", i)),
                 hint="a cable runs from one box to another; check the node names",
             )
-        for n, p in ((an, ap), (bn, bp)):
-            if n == "switch":
+        for end_node, end_port in ((an, ap), (bn, bp)):
+            if end_node == "switch":
                 continue
-            if (n, p) in used:
-                j = used[(n, p)]
+            if (end_node, end_port) in used:
+                j = used[(end_node, end_port)]
                 raise InventoryError(
-                    f"port {n}:{p} is used twice (also cables[{j}], line {src.line(('cables', j))})",
+                    f"port {end_node}:{end_port} is used twice (also cables[{j}], line {src.line(('cables', j))})",
                     src.ref(("cables", i)), hint="each QSFP cage takes one cable",
                 )
-            used[(n, p)] = i
+            used[(end_node, end_port)] = i
         if an == "switch" and bn == "switch":
             raise InventoryError("cable joins switch to switch", src.ref(("cables", i)))
         if an == "switch":  # keep the node on side a

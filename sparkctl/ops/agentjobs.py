@@ -18,6 +18,7 @@ import shlex
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
 from dataclasses import dataclass, field
 from importlib import resources
 
@@ -90,7 +91,7 @@ def push_agents(inv: Inventory, transport: Transport, nodes: Iterable[str], *, s
                 hint="the node needs python3 and a writable /opt/sparkctl (or sudo: true)")
 
 
-def parse_events(stdout: str) -> list[dict]:
+def parse_events(stdout: str) -> list[dict[str, Any]]:
     out = []
     for line in stdout.splitlines():
         line = line.strip()
@@ -111,7 +112,7 @@ class Job:
     log: str
     pid: int
     offset: int = 0
-    final: dict | None = None
+    final: dict[str, Any] | None = None
     started_at: float = field(default_factory=time.monotonic)
     last_log: str | None = None  # the last line the job wrote that was not an event (what it said dying)
 
@@ -131,7 +132,7 @@ class Agent:
         return ["python3", "-S", agent_path(self.inv, node), *args]
 
     def start(self, node: str, phase: str, args: Sequence[str], stdin: str | None = None,
-              linger_s: float = 0.0) -> tuple[Job, dict]:
+              linger_s: float = 0.0) -> tuple[Job, dict[str, Any]]:
         """Start a detached job; with ``linger_s`` the same command also waits that long for its end
         (the events it prints are the first poll's: ``job.final`` is set when the job ended)."""
         log = f"{_job_dir(self.inv, node)}/{phase}-{uuid.uuid4().hex[:12]}.jsonl"
@@ -148,7 +149,7 @@ class Agent:
             absorb(job, evs[1:])
         return job, first
 
-    def poll(self, jobs: Sequence[Job], wait_s: float = 0.0) -> dict[str, list[dict]]:
+    def poll(self, jobs: Sequence[Job], wait_s: float = 0.0) -> dict[str, list[dict[str, Any]]]:
         """New events of each job (one tail per node, all nodes at once).
 
         ``wait_s``: each node's tail waits up to this long for a new event or
@@ -160,7 +161,7 @@ class Agent:
             for j in jobs
         }
         results = self.transport.run_all(cmds, sudo=False, timeout_s=POLL_TIMEOUT_S + wait_s)
-        out: dict[str, list[dict]] = {}
+        out: dict[str, list[dict[str, Any]]] = {}
         unanswered = False
         for j in jobs:
             res: CommandResult = results[j.node]
@@ -185,7 +186,7 @@ class Agent:
             self.transport.run_all(cmds, sudo=sudo, timeout_s=POLL_TIMEOUT_S)
 
 
-def absorb(job: Job, evs: list[dict]) -> list[dict] | None:
+def absorb(job: Job, evs: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
     """A poll's events for ``job`` (its offset and end taken from them); None when no ``tail`` closed them."""
     tail = evs.pop() if evs and evs[-1].get("event") == "tail" else None
     if tail is None:
@@ -202,7 +203,7 @@ def absorb(job: Job, evs: list[dict]) -> list[dict] | None:
     return evs
 
 
-def report_progress(progress: ProgressCallback | None, node: str, phase: str, evs: Iterable[dict]) -> None:
+def report_progress(progress: ProgressCallback | None, node: str, phase: str, evs: Iterable[dict[str, Any]]) -> None:
     if progress is None:
         return
     for ev in evs:
@@ -236,7 +237,7 @@ class Pace:
         self.delay = min(self.FIRST_S, self.poll_s)
 
 
-def wait_job(agent: Agent, job: Job, progress: ProgressCallback | None, poll_s: float) -> dict:
+def wait_job(agent: Agent, job: Job, progress: ProgressCallback | None, poll_s: float) -> dict[str, Any]:
     pace = Pace(poll_s)
     while job.final is None:
         report_progress(progress, job.node, job.phase, agent.poll([job], wait_s=pace.take()).get(job.node, []))

@@ -29,7 +29,7 @@ from sparkctl.ops.localstate import cluster_dir, hw_change_path, read_json, writ
 from sparkctl.plan import laws
 from sparkctl.plan.laws.images import engine_target
 from sparkctl.plan.render import API_KEY_VAR, bind_host
-from sparkctl.transport import CommandResult, Transport
+from sparkctl.transport import Transport
 
 Progress = Callable[[str], None]
 
@@ -48,7 +48,7 @@ class CheckReport:
     def ok(self) -> bool:
         return not any(v.failed for v in self.verdicts)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {
             "profile": self.profile, "ok": self.ok, "nodes": list(self.nodes), "duration_s": round(self.duration_s, 3),
             "waivers": {k: w.reason for k, w in self.waivers.items()}, "fixed": list(self.fixed),
@@ -173,7 +173,7 @@ def run_check(
                    for n, t in targets.items() if t}
         if scripts:
             say("probing the fabric (don't-fragment pings" + (", ib_write_bw" if bandwidth_s else "") + ", relay)")
-            results: dict[str, CommandResult] = transport.run_all(scripts)
+            results = transport.run_all(scripts)
             for n, r in results.items():
                 if r.error:
                     continue

@@ -87,7 +87,7 @@ def read_nodes(inv: Inventory, transport: Transport, image: str, nodes: tuple[st
         if f.engine_found and not isinstance(f.image, ImageContent):
             why = f.unreadable.get("image") or f.not_available.get("image") or "no answer"
             raise LifecycleError(f"cannot read the content digest of {image} on {n}: {why}", Ref(node=n))
-        out[n] = f.image.content if isinstance(f.image, ImageContent) and f.engine_found else ""
+        out[n] = (f.image.content or "") if isinstance(f.image, ImageContent) and f.engine_found else ""
         sec = split_batch(r.stdout)[1].get("nodessh")
         grants[n] = sec.text if sec is not None else ""
     return out, grants

@@ -13,15 +13,9 @@ from sparkctl.errors import SparkctlError
 from sparkctl.facts.batch import build_script, parse_batch, remote_command
 from sparkctl.model.inventory import Inventory
 from sparkctl.model.paths import ENV_FILE, LOCK_DIR, under
-from sparkctl.model.record import RunRecord
+from sparkctl.model.record import Route, RunRecord, on_node_host, operator_route
 from sparkctl.ops.lock import read_record
-from sparkctl.ops.readiness import (
-    OperatorKey,
-    Route,
-    on_node_host,
-    operator_key,
-    operator_route,
-)
+from sparkctl.ops.readiness import OperatorKey, operator_key
 from sparkctl.ops.supervise import supervisor_progress
 from sparkctl.plan.render import API_KEY_VAR, TOKENS_METRIC
 from sparkctl.remote.endpoint_probe import auth_headers, mask, metric_value

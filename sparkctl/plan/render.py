@@ -291,10 +291,11 @@ def render(
         weights = under(node.prefix, p.model.weights_path)
         binary = shlex.split(p.engine.binary or DEFAULT_BINARY[p.engine.name])
         ring = layout.layout == "ring"
+        argv = engine_argv(p, r, weights, bind_host(p, r, node.host))
         ctx = dict(
             version=__version__, profile=res.name, profile_digest=res.digest(), p=p, r=r, node=node, inv=inv,
             layout=layout, ring=ring, pair=layout.layout == "pair", multi=r.world_size > 1,
-            binary=binary, argv=engine_argv(p, r, weights, bind_host(p, r, node.host)), weights=weights,
+            binary=binary, argv=argv, weights=weights,
             api_key_flag=api_key_flag(p), api_key_var=API_KEY_VAR, container=ENGINE_CONTAINER,
             weights_dir=posixpath.dirname(weights.rstrip('/')) or '/', secrets=secret_values,
             paths=dict(
@@ -341,6 +342,6 @@ def render(
         mpath = under(node.prefix, MANIFEST)
         nf[mpath] = RenderedFile(mpath, json.dumps(manifest, indent=2, sort_keys=True) + "\n", 0o644, "manifest")
         out[r.node] = nf
-        argvs[r.node] = tuple(ctx["argv"])
+        argvs[r.node] = tuple(argv)
     head = res.for_node(layout.ranks[0].node).engine
     return Rendering(layout, out, contracts.warnings(head.name, head.version, argvs), argvs)

@@ -147,7 +147,7 @@ def check_clock(ctx: Context) -> list[Verdict]:
     for node, f in each(ctx, "clock_cap", "gpu", out):
         rec = getattr(f, "clock_lock_record", None)
         in_force = rec is not None and rec[0] == f.boot_id
-        locked_cap = rec[1] if in_force else None
+        locked_cap = rec[1] if rec is not None and in_force else None
         sm = f.gpu.sm_mhz if f.gpu else None
         if cap is None:
             out.append(Verdict("clock_cap", node, WARN if locked_cap else OK,
