@@ -1,6 +1,7 @@
 # The two set-up commands of the README, and what they need on a fresh Debian machine.
 #   make demo   - the main job: the whole tour on the SIMULATED 4-node ring
-#   make test   - the test suite (unit tests + end-to-end tests on the simulated cluster)
+#   make test   - lint and types (`make lint`: ruff, mypy), then the test suite (unit tests +
+#                 end-to-end tests on the simulated cluster)
 PY ?= python3
 # systemd, netplan.io, shellcheck: the real tools that judge the rendered units, netplan
 # files and scripts (tests/test_real_tools.py; PID 1 is not needed); iptables: the simulated
@@ -8,7 +9,7 @@ PY ?= python3
 APT_PACKAGES = openssh-server openssh-client iproute2 iputils-ping procps psmisc curl ethtool \
   systemd netplan.io shellcheck iptables earlyoom prometheus
 
-.PHONY: setup demo test
+.PHONY: setup demo lint test
 
 setup:
 	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
@@ -22,5 +23,11 @@ setup:
 demo: setup
 	sparkctl demo
 
-test: setup
+# ruff (pycodestyle, pyflakes, isort) and mypy, configured in pyproject.toml; before the tests, so
+# a lint failure costs seconds, not the suite's minutes. `ruff check --fix` repairs import order.
+lint: setup
+	$(PY) -m ruff check .
+	$(PY) -m mypy
+
+test: setup lint
 	$(PY) -m pytest -q

@@ -47,10 +47,6 @@ def sim_group() -> None:
     _require_extra()
 
 
-def _sim_root() -> Path:
-    return sim_root()
-
-
 @sim_group.command("up")
 @click.option("--nodes", type=click.Choice(["1", "2", "4"]), default="4", show_default=True)
 @click.option("--inventory-out", type=click.Path(dir_okay=False), help="where to write the inventory")
@@ -80,7 +76,7 @@ def sim_up_cmd(nodes: str, inventory_out: str | None, rootless: bool, ready: boo
     from sparkctl_sim.tinymodel import ensure_tiny_model
     from sparkctl_sim.topology import sim_inventory_text, spec_from_inventory
 
-    root = _sim_root()
+    root = sim_root()
     rootless = rootless or os.geteuid() != 0
     root.mkdir(parents=True, exist_ok=True)
     inv_path = Path(inventory_out) if inventory_out else root / "inventory.yaml"
@@ -130,7 +126,7 @@ def sim_down_cmd() -> None:
     """Remove every trace of the simulated cluster (also after a crash)."""
     from sparkctl_sim import cluster
 
-    cluster.down(_sim_root())
+    cluster.down(sim_root())
     register_inventory(None)
     out.print("simulated cluster removed")
 
@@ -141,7 +137,7 @@ def sim_status_cmd(as_json: bool) -> None:
     """Namespaces, sshd, reachability, boot ids and links of the simulated nodes."""
     from sparkctl_sim import cluster
 
-    st = cluster.status(_sim_root())
+    st = cluster.status(sim_root())
     if as_json:
         emit_json(asdict(st))
         return
@@ -164,7 +160,7 @@ def sim_set_cmd(node: str, assignments: tuple[str, ...]) -> None:
         if "=" not in a:
             raise ConfigError(f"{a!r} is not KEY=VALUE", hint="e.g. page_size=65536 or held_packages=[]")
         key, _, value = a.partition("=")
-        new = cluster.set_state(_sim_root(), node, key, value)
+        new = cluster.set_state(sim_root(), node, key, value)
         out.print(f"{node}: {key} = {json.dumps(new)}", markup=False)
 
 
@@ -215,7 +211,7 @@ def sim_image_load_cmd(node: str, images: tuple[str, ...], variant: str, size_mi
     """Put IMAGES into NODE's image store (NODE may be `all`), as if the operator had built them there (SIMULATION)."""
     from sparkctl_sim import dockerimages
 
-    root = _sim_root()
+    root = sim_root()
     every = sorted(d.name for d in (root / "nodes").iterdir()) if (root / "nodes").is_dir() else []
     targets = every if node == "all" else [node]
     refs = list(images) + (bundled_images() if bundled else [])
@@ -242,7 +238,7 @@ def sim_image_publish_cmd(image: str, size_mib: float) -> None:
     """Make IMAGE pullable from the simulated registry (prints its digest) (SIMULATION)."""
     from sparkctl_sim import dockerimages
 
-    digest = dockerimages.publish(_sim_root(), image, layer_bytes=int(size_mib * (1 << 20)))
+    digest = dockerimages.publish(sim_root(), image, layer_bytes=int(size_mib * (1 << 20)))
     out.print(f"{image} published: {dockerimages.repository(image)}@{digest}", markup=False)
 
 
@@ -262,7 +258,7 @@ def sim_fault_cmd(node: str, kind: str, iface: str, mtu_bytes: int, disk_path: s
     """Inject a fault into a simulated node."""
     from sparkctl_sim import cluster, clusterdocker, overcommit
 
-    root = _sim_root()
+    root = sim_root()
     actions = {
         "kill-engine": lambda: cluster.kill_engines(root, node),
         "link-down": lambda: cluster.link_down(root, node, iface),
@@ -303,7 +299,7 @@ def sim_reboot_cmd(nodes: tuple[str, ...], late: tuple[str, ...]) -> None:
     from sparkctl_sim import cluster, clusterlate
 
     delays = clusterlate.parse_late(late, nodes)
-    cluster.reboot(_sim_root(), list(nodes), late=delays)
+    cluster.reboot(sim_root(), list(nodes), late=delays)
     out.print(f"rebooted (warm): {', '.join(nodes)}" + (f"; late: {clusterlate.describe(delays)}" if delays else ""),
               markup=False)
 
@@ -316,7 +312,7 @@ def sim_power_cycle_cmd(nodes: tuple[str, ...], late: tuple[str, ...]) -> None:
     from sparkctl_sim import cluster, clusterlate
 
     delays = clusterlate.parse_late(late, nodes)
-    cluster.power_cycle(_sim_root(), list(nodes), late=delays)
+    cluster.power_cycle(sim_root(), list(nodes), late=delays)
     out.print(f"power-cycled: {', '.join(nodes)}" + (f"; late: {clusterlate.describe(delays)}" if delays else ""),
               markup=False)
 
@@ -329,7 +325,7 @@ def sim_power_off_cmd(nodes: tuple[str, ...]) -> None:
     """Switch simulated nodes off: no SSH, cables dark (neighbours lose carrier) until power-cycle."""
     from sparkctl_sim import cluster
 
-    cluster.power_off(_sim_root(), list(nodes))
+    cluster.power_off(sim_root(), list(nodes))
     out.print(f"powered off: {', '.join(nodes)} (`sparkctl sim power-cycle` boots them)")
 
 
@@ -338,9 +334,10 @@ def sim_power_off_cmd(nodes: tuple[str, ...]) -> None:
               help="where the runs and the report go (default ./runs/demo-<time>)")
 @click.option("--keep", is_flag=True, help="leave the simulated cluster up at the end")
 def demo_cmd(out_dir: str | None, keep: bool) -> None:
-    """The whole tour on the SIMULATED 4-node ring: sim up (fresh), fabric apply, check, up ds41f, bench, switch, bench, report, down."""
+    """The whole tour on the SIMULATED 4-node ring: sim up (fresh), fabric apply, check, up ds41f, bench, switch, bench,
+    report, down."""
     _require_extra()
-    
+
     base = Path(out_dir) if out_dir else Path("runs") / f"demo-{time.strftime('%Y%m%d-%H%M%S')}"
     inv = str(default_inventory())
     waive = ["--waive", "page_size", "--reason", "stock 4 KiB kernel, as in the field report"]

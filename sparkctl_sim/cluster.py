@@ -46,6 +46,7 @@ SIMULATION ONLY.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -111,7 +112,6 @@ from sparkctl_sim.clusterroot import (
     _root_lock,
     _say,
     _spec_from_json,
-    _spec_to_json,
     _validate,
     _write_json,
     host_veth_name,
@@ -144,6 +144,7 @@ __all__ = [
     "power_cycle",
     "power_off",
     "reachable",
+    "reboot",
     "set_forwarding",
     "set_mtu",
     "set_state",
@@ -176,7 +177,7 @@ def up(spec: ClusterSpec, root: Path, *, progress: Progress | None = None,
         if prev is not None and prev.get("mode") != mode:
             raise SimError(f"{root} already holds a {prev.get('mode')} cluster, this spec asks for {mode}",
                            "run `sparkctl sim down` first")
-        meta = {"format": FORMAT, "mode": mode, "spec": _spec_to_json(spec),
+        meta = {"format": FORMAT, "mode": mode, "spec": dataclasses.asdict(spec),
                 "ssh_user": _ssh_user(rootless)}
         _write_json(p.meta, meta)  # first, so down() can find everything after a crash mid-up
         if not rootless:

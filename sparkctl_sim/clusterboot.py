@@ -31,6 +31,7 @@ from sparkctl_sim import nodestate
 from sparkctl_sim.clusterroot import (
     BIND_DIRS,
     HOST_DIRS_RECORD,
+    HOST_PACKAGE_FILES,
     LEDGER_DIR,
     MGMT_IFNAME,
     OVERLAY_DIRS,
@@ -38,7 +39,6 @@ from sparkctl_sim.clusterroot import (
     PRIVATE_DIRS,
     SESSION_BASE_PATH,
     SPARKCTL_PATHS,
-    HOST_PACKAGE_FILES,
     SSHD,
     SSHD_START_TIMEOUT_S,
     TCP_PROBE_TIMEOUT_S,

@@ -281,10 +281,6 @@ def _node_pids(p: SimPaths, node: str, rootless: bool) -> set[int]:
     return pids
 
 
-def _settle_engine_mem(st: dict[str, Any]) -> None:
-    nodestate.settle(st)
-
-
 def kill_engines(root: Path, node: str) -> list[int]:
     """SIGKILL every process of the node except sshd (listener and sessions).
 
@@ -297,7 +293,7 @@ def kill_engines(root: Path, node: str) -> list[int]:
         victims = {pid for pid in _node_pids(p, node, rootless) if nx.pid_comm(pid) != "sshd"}
         killed = nx.kill_pids(victims)
         with nodestate.edit(p.node(node).state) as st:
-            _settle_engine_mem(st)
+            nodestate.settle(st)
     return killed
 
 

@@ -90,24 +90,6 @@ def netplan_apply() -> list[str]:
     return netplansim.cmd_netplan_apply()
 
 
-def refresh_gids() -> None:
-    """The node's simulated /sys/class/infiniband follows its netdevs' IPv4 addresses."""
-    state_path = os.environ.get("SPARKCTL_SIM_STATE")
-    if not state_path or not Path("/sys/class/infiniband").is_dir():
-        return
-    from sparkctl_sim import nodestate
-    from sparkctl_sim.shims.common import Netdev
-    from sparkctl_sim.shims.ibdev import write_sysfs_infiniband
-
-    netdevs = {}
-    for e in json.loads(_run(["ip", "-j", "addr", "show"]).stdout or "[]"):
-        ipv4 = tuple((a["local"], int(a.get("prefixlen", 32))) for a in e.get("addr_info", [])
-                     if a.get("family") == "inet")
-        netdevs[e["ifname"]] = Netdev(name=e["ifname"], operstate=str(e.get("operstate", "unknown")).lower(),
-                                      mtu=int(e.get("mtu", 1500)), ipv4=ipv4)
-    write_sysfs_infiniband("/sys", nodestate.load(Path(state_path)), netdevs)
-
-
 # --------------------------------------------------------------------------- dockerd
 
 

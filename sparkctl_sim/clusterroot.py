@@ -11,7 +11,6 @@ SIMULATION ONLY.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import fcntl
 import hashlib
 import ipaddress
@@ -191,10 +190,6 @@ def link_id(link: SimLink) -> str:
 
 # ---------------------------------------------------------------------------
 # persisted metadata
-
-
-def _spec_to_json(spec: ClusterSpec) -> dict[str, Any]:
-    return dataclasses.asdict(spec)
 
 
 def _spec_from_json(data: dict[str, Any]) -> ClusterSpec:

@@ -25,7 +25,6 @@ from sparkctl_sim.envnames import (  # noqa: F401 - re-exported: the shims' envi
     UNIT_DIR_ENV,
 )
 
-
 # earlyoom: Debian's unit runs /usr/bin/earlyoom; a node's is the stand-in (sparkctl_sim.earlyoomsim)
 DEFAULT_SHIMMED_TOOLS = ("nvidia-smi", "docker", "systemctl", "earlyoom")
 DEFAULT_SERVICE_PASSENV = (

@@ -9,8 +9,9 @@ import httpx
 import pytest
 
 from sparkctl.bench import workloads as wl
+from sparkctl.bench.options import RunOptions
 from sparkctl.bench.results import load_run
-from sparkctl.bench.runner import RunOptions, run
+from sparkctl.bench.runner import run
 from sparkctl.plan import contracts
 from sparkctl_sim.engines import llamaserver as ls
 from sparkctl_sim.engines.local import start_llama_server, stop

@@ -173,8 +173,8 @@ def sim_vllm() -> Iterator[str]:
     from aiohttp import web
 
     from sparkctl_sim.engines import cli
-    from sparkctl_sim.engines.logs import EngineLog
     from sparkctl_sim.engines.local import free_port
+    from sparkctl_sim.engines.logs import EngineLog
     from sparkctl_sim.engines.server import Engine, PerfState, build_app
 
     cfg = cli.parse("vllm", ["serve", "/m", "--served-model-name", "m", "--max-model-len", "8192"], {})

@@ -18,13 +18,16 @@ import pytest
 
 from sparkctl.bench import quality as q
 from sparkctl.bench import workloads as wl
+from sparkctl.bench.options import RunOptions
 from sparkctl.bench.results import (
     CONFIG_COLUMNS,
     CSV_COLUMNS,
     TELEMETRY_COLUMNS,
     load_run,
 )
-from sparkctl.bench.runner import RunOptions, run, summarize_rows, telemetry_summary
+from sparkctl.bench.rows import summarize_rows
+from sparkctl.bench.runner import run
+from sparkctl.bench.telemetry import telemetry_summary
 from sparkctl_sim.engines.local import prefill_rate, start_local, stop
 
 SPEEDUP = 10.0

@@ -18,17 +18,8 @@ from sparkctl.model.resources import Roots
 from sparkctl.plan import contracts
 from sparkctl.plan.render import render
 
-# The inventory each bundled profile fits (the same pairs as tests/test_render.py's goldens).
-INVENTORY_FOR = {
-    "ds41f-tp4-ring": "inventory.yaml",
-    "ds41f-tp4-ring-uncapped": "inventory.yaml",
-    "tensorfold-tp4-ring": "inventory.yaml",
-    "tiny-llamacpp": "inventory.yaml",
-    "tensorfold-tp2": "tests/fixtures/inv-pair.yaml",
-    "vllm-tp2-fallback": "tests/fixtures/inv-pair.yaml",
-    "sglang-tp2": "tests/fixtures/inv-pair.yaml",
-    "llamacpp-1box": "tests/fixtures/inv-single.yaml",
-}
+from helpers import INVENTORY_FOR
+
 # Not public projects: no source to take a contract from, so they render with the warning.
 NO_CONTRACT = {"ds41f", "tensorfold"}
 

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from sparkctl.model.schema import LawsSpec
 from sparkctl.model import watchdog
+from sparkctl.model.schema import LawsSpec
 from sparkctl_sim import debpkg, earlyoomsim, nodestate
 
 REAL = shutil.which("earlyoom")

@@ -23,9 +23,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from sshd_fixture import sshd_available, start_sshd
 
-from sparkctl.facts import probes
+from sparkctl.facts.batch import build_script, parse_batch, remote_command
+from sparkctl.facts.nodefacts import NodeFacts
 from sparkctl.model.inventory import Node
 from sparkctl.model.record import RunRecord, on_node_host, operator_route
 from sparkctl.ops import readiness
@@ -36,6 +36,8 @@ from sparkctl.transport import FakeTransport
 from sparkctl.transport.base import TransportSettings
 from sparkctl.transport.connection import SSHTransport
 from sparkctl.transport.forward import forward
+
+from sshd_fixture import sshd_available, start_sshd
 
 KEY = "sk-h16-9c1e7d2b"
 
@@ -171,15 +173,15 @@ def test_operator_key_names_the_variable_and_hides_the_key() -> None:
 # --------------------------------------------------------------------------- the models fact
 
 
-def _models_fact(tmp_path: Path, port: int, key_file: Path | None, no_curl: bool = False) -> probes.NodeFacts:
-    script = probes.build_script(_node(tmp_path), endpoint_port=port, endpoint_host="127.0.0.1",
-                                 endpoint_key=(str(key_file), "SPARKCTL_API_KEY") if key_file else None)
+def _models_fact(tmp_path: Path, port: int, key_file: Path | None, no_curl: bool = False) -> NodeFacts:
+    script = build_script(_node(tmp_path), endpoint_port=port, endpoint_host="127.0.0.1",
+                          endpoint_key=(str(key_file), "SPARKCTL_API_KEY") if key_file else None)
     assert KEY not in script
     if no_curl:  # the python3 branch
         script = script.replace("have curl", "have no-such-curl-h16")
-    r = subprocess.run(probes.remote_command(script), shell=True, capture_output=True, text=True, timeout=30,
+    r = subprocess.run(remote_command(script), shell=True, capture_output=True, text=True, timeout=30,
                        check=False)
-    return probes.parse_batch("spark-a", r.stdout)
+    return parse_batch("spark-a", r.stdout)
 
 
 @pytest.mark.parametrize("no_curl", [False, True], ids=["curl", "python3"])
@@ -254,7 +256,8 @@ def test_status_json_never_holds_the_key(tmp_path: Path, server: _Server, monkey
 
 def test_bench_sends_the_key_and_an_unset_variable_is_one_clear_line(tmp_path: Path, server: _Server, sparkctl,
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    from sparkctl.bench.runner import Runner, RunOptions
+    from sparkctl.bench.options import RunOptions
+    from sparkctl.bench.runner import Runner
     from sparkctl.errors import TransportError
 
     url = f"http://127.0.0.1:{server.server_address[1]}"

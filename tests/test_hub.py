@@ -11,76 +11,26 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from sparkctl.model.inventory import loads_inventory
 from sparkctl.ops import hub
 from sparkctl.ops.hub import HubError
-from sparkctl.ops.hubfetch import fetch_model, resolve
 from sparkctl.remote import weights_agent as agent
-from sparkctl.transport.ssh import LocalTransport
+from sparkctl.transport import LocalTransport
 from sparkctl_sim.hub import LocalHub, make_repo
 
-KIB = 1024
-REPO_ID = "org/model"
-TOKEN = "hf_sekrit_token_value_0123456789"
-
-
-def _blob(size: int, seed: int) -> bytes:
-    out, block = bytearray(), hashlib.sha256(str(seed).encode()).digest()
-    while len(out) < size:
-        block = hashlib.sha256(block).digest()
-        out += block * 64
-    return bytes(out[:size])
-
-
-FILES = {
-    "model-00001-of-00002.safetensors": _blob(700 * KIB + 17, 1),
-    "model-00002-of-00002.safetensors": _blob(300 * KIB + 5, 2),
-    "model.safetensors.index.json": b'{"weight_map": {}}\n',
-    "config.json": b'{"model_type": "llama"}\n',
-    "tokenizer/tokenizer.json": b'{"version": "1.0"}\n',
-    "chat_template.jinja": b"{{ messages }}\n",
-    "pytorch_model.bin": _blob(50 * KIB, 3),
-    "original/consolidated.00.pth": _blob(40 * KIB, 4),
-}
+from helpers import FILES, KIB, REPO_ID, TOKEN, blob, fetch, tree
 
 
 @pytest.fixture
 def local_hub() -> Iterator[LocalHub]:
-    repos = [make_repo(REPO_ID, FILES), make_repo("org/gated", {"a.safetensors": _blob(1000, 5)}, gated=True),
-             make_repo("org/private", {"a.safetensors": _blob(1000, 6)}, private=True)]
+    repos = [make_repo(REPO_ID, FILES), make_repo("org/gated", {"a.safetensors": blob(1000, 5)}, gated=True),
+             make_repo("org/private", {"a.safetensors": blob(1000, 6)}, private=True)]
     with LocalHub(repos, tokens={TOKEN: {REPO_ID, "org/gated", "org/private"}, "hf_other": {REPO_ID}}) as h:
         yield h
-
-
-def _node(tmp_path: Path) -> tuple:
-    inv = loads_inventory("cluster: {name: t, fabric_pool: 127.22.0.0/16}\ndefaults: {sudo: false}\nnodes:\n"
-                          f"  - {{name: a, host: 192.0.2.1, prefix: {tmp_path / 'a'}}}\n"
-                          f"  - {{name: b, host: 192.0.2.2, prefix: {tmp_path / 'b'}}}\n"
-                          "cables: [[a:p0, b:p0]]\n")
-    return inv, LocalTransport(inv.names, sudo=False)
-
-
-def _tree(root: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*"))
-            if p.is_file() and ".cache" not in p.parts and ".sparkctl" not in p.parts}
-
-
-def _fetch(tmp_path: Path, h: LocalHub, repo_id: str = REPO_ID, *, token: str | None = TOKEN,
-           include: list[str] | None = None, exclude: list[str] | None = None, revision: str = "main",
-           max_bytes: int | None = None, chunk_mb: float = 0.125):
-    inv, tr = _node(tmp_path)
-    plan = resolve(inv, tr, "a", repo_id=repo_id, revision=revision, include=include or ["*"],
-                   exclude=exclude if exclude is not None else [], local_dir="/models/m", endpoint=h.endpoint,
-                   token=token)
-    return plan, fetch_model(inv, tr, plan, token=token, connections=3, chunk_mb=chunk_mb, poll_s=0.05,
-                             max_bytes=max_bytes)
 
 
 # --------------------------------------------------------------------------- the judge
@@ -89,12 +39,12 @@ def _fetch(tmp_path: Path, h: LocalHub, repo_id: str = REPO_ID, *, token: str | 
 def test_official_client_and_sparkctl_fetch_byte_identical_trees(local_hub: LocalHub, tmp_path: Path) -> None:
     from huggingface_hub import snapshot_download
 
-    plan, rep = _fetch(tmp_path, local_hub)
+    plan, rep = fetch(tmp_path, local_hub)
     ranges = local_hub.storage_gets(hashlib.sha256(FILES["model-00001-of-00002.safetensors"]).hexdigest())
     ref = tmp_path / "hf"
     snapshot_download(REPO_ID, revision="main", local_dir=str(ref), endpoint=local_hub.endpoint, token=TOKEN)
     got = tmp_path / "a" / "models" / "m"
-    assert _tree(got) == _tree(ref) == {k: v for k, v in FILES.items()}
+    assert tree(got) == tree(ref) == {k: v for k, v in FILES.items()}
     assert rep.commit == plan.revision.commit and rep.fetched == len(FILES) and rep.skipped == 0
     man = json.loads((got / hub.MANIFEST_REL).read_text())
     assert man["repo_id"] == REPO_ID and man["commit"] == rep.commit
@@ -108,28 +58,28 @@ def test_official_client_and_sparkctl_fetch_byte_identical_trees(local_hub: Loca
 
 def test_rerun_skips_complete_files_and_a_corrupted_shard_is_named_deleted_and_fetched_again(
         local_hub: LocalHub, tmp_path: Path) -> None:
-    _, first = _fetch(tmp_path, local_hub)
+    _, first = fetch(tmp_path, local_hub)
     shard = tmp_path / "a" / "models" / "m" / "model-00002-of-00002.safetensors"
     before = len(local_hub.requests)
-    _, again = _fetch(tmp_path, local_hub)
+    _, again = fetch(tmp_path, local_hub)
     assert again.fetched == 0 and again.skipped == first.files and again.bytes == 0
     assert not [r for r in local_hub.requests[before:] if "/resolve/" in r[2] or r[0] == "storage"]
     data = bytearray(shard.read_bytes())
     data[1000] ^= 0xFF
     shard.write_bytes(bytes(data))
-    _, fixed = _fetch(tmp_path, local_hub)
+    _, fixed = fetch(tmp_path, local_hub)
     assert fixed.corrupt == ("model-00002-of-00002.safetensors",) and fixed.fetched == 1
     assert shard.read_bytes() == FILES["model-00002-of-00002.safetensors"]
 
 
 def test_an_interrupted_fetch_resumes_by_chunk(local_hub: LocalHub, tmp_path: Path) -> None:
     with pytest.raises(Exception, match="stopped after") as e:
-        _fetch(tmp_path, local_hub, max_bytes=400 * KIB)
+        fetch(tmp_path, local_hub, max_bytes=400 * KIB)
     assert "run it again" in (getattr(e.value, "hint", "") or "")
     big = hashlib.sha256(FILES["model-00001-of-00002.safetensors"]).hexdigest()
     n_first = len(local_hub.storage_gets(big))
-    _, rep = _fetch(tmp_path, local_hub)
-    assert _tree(tmp_path / "a" / "models" / "m") == FILES
+    _, rep = fetch(tmp_path, local_hub)
+    assert tree(tmp_path / "a" / "models" / "m") == FILES
     n_chunks = -(-len(FILES["model-00001-of-00002.safetensors"]) // (128 * KIB))
     # the second run asked only for the chunks the first did not finish (+1 probe of byte 0)
     assert len(local_hub.storage_gets(big)) - n_first < n_chunks + 1
@@ -140,7 +90,7 @@ def test_default_patterns_take_a_safetensors_checkpoint_and_leave_duplicates(loc
                                                                               tmp_path: Path) -> None:
     from sparkctl.model.schema import DEFAULT_MODEL_EXCLUDE, DEFAULT_MODEL_INCLUDE
 
-    plan, _ = _fetch(tmp_path, local_hub, include=list(DEFAULT_MODEL_INCLUDE), exclude=list(DEFAULT_MODEL_EXCLUDE))
+    plan, _ = fetch(tmp_path, local_hub, include=list(DEFAULT_MODEL_INCLUDE), exclude=list(DEFAULT_MODEL_EXCLUDE))
     assert [f.path for f in plan.files] == sorted(set(FILES) - {"pytorch_model.bin", "original/consolidated.00.pth"})
     assert plan.free_bytes is not None and plan.free_bytes > 0
     lines = hub.describe(plan)
@@ -149,8 +99,8 @@ def test_default_patterns_take_a_safetensors_checkpoint_and_leave_duplicates(loc
 
 def test_a_mirror_that_ignores_ranges_falls_back_to_one_stream_and_says_so(tmp_path: Path) -> None:
     with LocalHub([make_repo(REPO_ID, FILES)], no_ranges=True) as h:
-        _, rep = _fetch(tmp_path, h, token=None)
-    assert _tree(tmp_path / "a" / "models" / "m") == FILES
+        _, rep = fetch(tmp_path, h, token=None)
+    assert tree(tmp_path / "a" / "models" / "m") == FILES
     assert any("ignores Range" in n for n in rep.notices)
 
 
@@ -179,7 +129,7 @@ def test_drops_written_pages_as_it_goes(local_hub: LocalHub, tmp_path: Path, mon
 def test_refusals_are_one_line_with_a_hint(local_hub: LocalHub, tmp_path: Path, repo_id: str, token: str | None,
                                            revision: str, want: str, hint: str) -> None:
     with pytest.raises(HubError) as e:
-        _fetch(tmp_path, local_hub, repo_id, token=token, revision=revision)
+        fetch(tmp_path, local_hub, repo_id, token=token, revision=revision)
     assert want in e.value.one_line() and hint in (e.value.hint or "")
     assert "\n" not in e.value.one_line() and TOKEN not in str(e.value) + (e.value.hint or "")
 

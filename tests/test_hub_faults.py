@@ -20,13 +20,14 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from test_hub import FILES, REPO_ID, TOKEN, _fetch, _tree
 
 from sparkctl.ops import hub
 from sparkctl.ops.hub import HubError
 from sparkctl.ops.hubfetch import HubToken, find_token, token_path
 from sparkctl.remote import weights_agent as agent
 from sparkctl_sim.hub import LocalHub, http_date, make_repo
+
+from helpers import FILES, REPO_ID, TOKEN, fetch, tree
 
 AGENT = Path(agent.__file__)
 BIG = "model-00001-of-00002.safetensors"  # 700 KiB: six 128 KiB chunks
@@ -190,9 +191,9 @@ def _faults() -> dict[str, Callable[[LocalHub], None]]:
 @pytest.mark.parametrize("fault", list(_faults()))
 def test_sparkctl_fetch_through_a_fault_ends_byte_identical(fault: str, local_hub: LocalHub, tmp_path: Path) -> None:
     _faults()[fault](local_hub)
-    _, rep = _fetch(tmp_path, local_hub)
+    _, rep = fetch(tmp_path, local_hub)
     assert local_hub.faults_served, "the fault was never served: the test would prove nothing"
-    assert _tree(tmp_path / "a" / "models" / "m") == FILES
+    assert tree(tmp_path / "a" / "models" / "m") == FILES
     assert rep.fetched == len(FILES)
     if "listing" not in fault:  # (the listing is read in one command, before the job)
         assert rep.retries >= 1  # the operator was told of every wait
@@ -206,10 +207,10 @@ def test_an_expired_storage_url_is_resolved_again_from_the_hub(tmp_path: Path) -
     # URLs good for 1 to 2 s (whole seconds, as CloudFront's Expires), and a link slow enough that the big
     # file's 4th chunk starts after 3 chunks passed it: 384 KiB at 150 kB/s, over 2.6 s
     with LocalHub([make_repo(REPO_ID, FILES)], tokens={TOKEN: {REPO_ID}}, url_ttl_s=1, rate_Bps=150_000) as h:
-        _, rep = _fetch(tmp_path, h)
+        _, rep = fetch(tmp_path, h)
         assert h.expired, "no URL expired: the test would prove nothing"
         assert rep.resolved >= 1 and h.storage_saw_token == 0
-    assert _tree(tmp_path / "a" / "models" / "m") == FILES
+    assert tree(tmp_path / "a" / "models" / "m") == FILES
 
 
 def test_a_job_stopped_mid_chunk_asks_the_next_run_for_the_rest_of_that_chunk_only(
@@ -308,9 +309,9 @@ def test_official_client_fails_on_an_expired_storage_url_where_sparkctl_resolves
 
 
 def test_a_job_that_dies_without_a_result_says_its_last_words() -> None:
-    from sparkctl.ops.agentjobs import _absorb, _Job
+    from sparkctl.ops.agentjobs import Job, absorb
 
-    job = _Job("spark-a", "hub-fetch", "/x.log", 42)
-    _absorb(job, [{"event": "log", "text": "MemoryError: killed"}, {"event": "tail", "offset": 9, "alive": False}])
+    job = Job("spark-a", "hub-fetch", "/x.log", 42)
+    absorb(job, [{"event": "log", "text": "MemoryError: killed"}, {"event": "tail", "offset": 9, "alive": False}])
     assert job.final is not None and job.final["event"] == "error"
     assert job.final["message"] == "the hub-fetch job (pid 42) ended without a result; its last words: MemoryError: killed"

@@ -32,20 +32,21 @@ from typing import Any
 
 import pytest
 import yaml
-from fakenodes import FakeNodes, fake_for
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sparkctl.errors import SparkctlError
+from sparkctl.model import paths
 from sparkctl.model.inventory import load_inventory
 from sparkctl.model.profiles import resolve
 from sparkctl.model.resources import Roots
-from sparkctl.model import paths
 from sparkctl.ops import executor, readiness, supervise, weights
 from sparkctl.ops.check import run_check
 from sparkctl.ops.status import cluster_status
 from sparkctl.plan.render import render
-from sparkctl.transport.ssh import Call, put_command
+from sparkctl.transport import Call, put_command
+
+from fakenodes import FakeNodes, fake_for
 
 # --------------------------------------------------------------------------- the hostile strings (the one list)
 

@@ -13,7 +13,7 @@ from sparkctl.model.resources import Roots
 from sparkctl.plan import laws
 from sparkctl.plan.laws import kernels
 
-from test_laws import DS, INV, ctx, healthy
+from helpers import DS, INV, ctx, healthy
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -3,36 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 
-from sparkctl.facts.probes import GpuFacts, LinkFacts, NodeFacts
-from sparkctl.model.inventory import load_inventory
-from sparkctl.model.profiles import resolve
-from sparkctl.model.resources import Roots
 from sparkctl.plan import laws
 
-REPO = Path(__file__).resolve().parent.parent
-INV = load_inventory(REPO / "inventory.yaml")
-DS = resolve("ds41f-tp4-ring", Roots.make(env={})).profile
-HELD = ["linux-nvidia-hwe-24.04", "linux-image-nvidia-hwe-24.04"]
-
-
-def healthy(node: str) -> NodeFacts:
-    links = {ep.netdev: LinkFacts(ep.netdev, ep.rdma, "up", 9000, f"{ep.address}/24", 200000, True, 3)
-             for ep in INV.endpoints(node)}
-    boot = f"{node[-1] * 8}-0000-4000-8000-000000000000"
-    return NodeFacts(node=node, kernel="6.17.0-1029-nvidia", page_size_bytes=4096, held_packages=HELD, boot_id=boot,
-                     mem_total_kib=127_600_816, mem_available_kib=123_500_000, disk_free_gib=500.0,
-                     gpu=GpuFacts("NVIDIA GB10", "12.1", "580.173.02", 208, 3003, None, (), 4.0, 43),
-                     links=links, engines=[], clock_lock_record=(boot, 2000))
-
-
-def ctx(**kw) -> laws.Context:
-    facts = {n: healthy(n) for n in INV.names}
-    facts.update(kw.pop("facts", {}))
-    return laws.Context(profile=kw.pop("profile", DS), inventory=INV, nodes=INV.names, facts=facts, **kw)
+from helpers import INV, ctx, healthy
 
 
 def fails(c: laws.Context) -> set[tuple[str, str]]:
@@ -63,7 +39,7 @@ def test_each_fault_is_caught_by_its_law_on_its_node(change: dict, law: str) -> 
 
 
 def test_weights_law_fails_the_node_whose_files_differ_from_the_others() -> None:
-    from sparkctl.facts.probes import WeightsSummary
+    from sparkctl.facts.nodefacts import WeightsSummary
 
     same = WeightsSummary("dir", files=2, bytes=3 << 30, digest="a" * 64)
     facts = {n: replace(healthy(n), weights=same) for n in INV.names}
@@ -98,7 +74,7 @@ def test_denied_kernel_names_the_reason_and_the_pin() -> None:
 
 
 def test_memory_floor_applies_while_an_engine_runs() -> None:
-    from sparkctl.facts.probes import EngineProc
+    from sparkctl.facts.nodefacts import EngineProc
 
     busy = replace(healthy("spark-a"), engines=[EngineProc(1, "ds41f serve")], mem_available_kib=8 * 1024 * 1024)
     assert ("memory_guard", "spark-a") in fails(ctx(facts={"spark-a": busy}))

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from sparkctl.facts import probes
+from sparkctl.facts.batch import build_script, parse_batch
 from sparkctl.facts.engine import ENGINE, EngineProbe, parse_engine
-from sparkctl.facts.probes import NodeFacts
+from sparkctl.facts.nodefacts import NodeFacts
 from sparkctl.facts.registry import ProbeParseError
 from sparkctl.model.inventory import load_inventory
 from sparkctl.model.profiles import resolve
@@ -46,9 +46,9 @@ def test_what_the_fact_looks_for_comes_from_the_profile() -> None:
 
 def test_the_batch_asks_docker_for_the_image_id_quoted() -> None:
     node = INV.node(INV.names[0])
-    script = probes.build_script(node, engine=EngineProbe("docker", "x'; rm -rf /"))
+    script = build_script(node, engine=EngineProbe("docker", "x'; rm -rf /"))
     assert "docker image inspect --format '{{.Id}}' 'x'\"'\"'; rm -rf /'" in script
-    assert "section:engine" not in probes.build_script(node)  # only when asked
+    assert "section:engine" not in build_script(node)  # only when asked
 
 
 def test_parse_and_exit_codes() -> None:
@@ -56,11 +56,11 @@ def test_parse_and_exit_codes() -> None:
     assert parse_engine("/usr/local/bin/llama-server\n") == "/usr/local/bin/llama-server"
     with pytest.raises(ProbeParseError):
         parse_engine("Cannot connect to the Docker daemon at unix:///var/run/docker.sock")
-    assert probes.parse_batch("n", section(A, 0)).engine_found == A
-    assert probes.parse_batch("n", section("", 3)).engine_found == ""  # docker: No such image
-    f = probes.parse_batch("n", section("", 127))
+    assert parse_batch("n", section(A, 0)).engine_found == A
+    assert parse_batch("n", section("", 3)).engine_found == ""  # docker: No such image
+    f = parse_batch("n", section("", 127))
     assert f.engine_found is None and "engine" in f.not_available
-    f = probes.parse_batch("n", section("Cannot connect to the Docker daemon", 1))
+    f = parse_batch("n", section("Cannot connect to the Docker daemon", 1))
     assert f.engine_found is None and "Docker daemon" in f.unreadable["engine"]
     assert ENGINE.key == "engine"
 
@@ -137,9 +137,9 @@ def test_the_image_fact_reads_content_and_store_quoted() -> None:
         with pytest.raises(ProbeParseError):
             parse_image(bad)
     node = INV.node(INV.names[0])
-    script = probes.build_script(node, engine=EngineProbe("docker", "x'; rm -rf /"))
+    script = build_script(node, engine=EngineProbe("docker", "x'; rm -rf /"))
     assert "sec image;" in script and "io.containerd.snapshotter.v1" in script
     assert "docker image inspect --format '{{json .RootFS.Layers}}" in script
     assert "'x'\"'\"'; rm -rf /'" in script
-    assert "sec image;" not in probes.build_script(node, engine=EngineProbe("native", "llama-server"))
+    assert "sec image;" not in build_script(node, engine=EngineProbe("native", "llama-server"))
     assert IMAGE.key == "image"

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from sparkctl.facts.probes import EngineProc, NodeFacts, parse_meminfo
+from sparkctl.facts.nodefacts import EngineProc, NodeFacts
+from sparkctl.facts.system import parse_meminfo
 from sparkctl.model.inventory import load_inventory
 from sparkctl.model.profiles import resolve
 from sparkctl.model.resources import Roots

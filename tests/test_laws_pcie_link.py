@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from sparkctl.facts.probes import NodeFacts
+from sparkctl.facts.nodefacts import NodeFacts
 from sparkctl.facts.pci import parse_lspci_link
 from sparkctl.model.inventory import load_inventory
 from sparkctl.model.profiles import resolve

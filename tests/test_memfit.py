@@ -22,7 +22,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sparkctl.facts import probes
+from sparkctl.facts.batch import build_script, parse_batch, remote_command
 from sparkctl.facts.modelfiles import reader_source
 from sparkctl.facts.nodefacts import NodeFacts
 from sparkctl.model import memfit
@@ -157,13 +157,13 @@ def _spark_node(prefix: Path) -> Any:
 def test_the_probe_batch_reads_the_model_files_fact(tmp_path: Path) -> None:
     cfg, t = llama_like(2, 128, 4, 4, 256, 100)
     write_model(tmp_path / "srv" / "m", cfg, t)
-    script = probes.build_script(_spark_node(tmp_path), "/srv/m")
-    r = subprocess.run(probes.remote_command(script), shell=True, capture_output=True, text=True, timeout=60)
-    f = probes.parse_batch("spark-a", r.stdout)
+    script = build_script(_spark_node(tmp_path), "/srv/m")
+    r = subprocess.run(remote_command(script), shell=True, capture_output=True, text=True, timeout=60)
+    f = parse_batch("spark-a", r.stdout)
     assert "model_files" not in f.unreadable, f.unreadable.get("model_files")
     assert f.model_files is not None and f.model_files.doc["config"] == cfg
-    absent = probes.parse_batch("spark-a", subprocess.run(
-        probes.remote_command(probes.build_script(_spark_node(tmp_path), "/srv/none")), shell=True,
+    absent = parse_batch("spark-a", subprocess.run(
+        remote_command(build_script(_spark_node(tmp_path), "/srv/none")), shell=True,
         capture_output=True, text=True, timeout=60).stdout)
     assert absent.model_files is None and "model_files" not in absent.unreadable
 

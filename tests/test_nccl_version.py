@@ -9,14 +9,13 @@ from pathlib import Path
 import pytest
 
 from sparkctl.facts import nccl
-from sparkctl.facts.probes import ProbeParseError
-from sparkctl.facts.registry import ScriptContext
 from sparkctl.facts.engine import EngineProbe
+from sparkctl.facts.registry import ProbeParseError, ScriptContext
 from sparkctl.model.profiles import resolve
 from sparkctl.model.resources import Roots
 from sparkctl.plan import laws
 
-from test_laws import DS, INV, ctx, healthy
+from helpers import INV, ctx, healthy
 
 FIX = Path(__file__).resolve().parent / "fixtures" / "spark"
 

@@ -24,18 +24,39 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sparkctl.facts import probes
-from sparkctl.facts.probes import (
-    DiskFree,
-    EngineProc,
+from sparkctl.facts.batch import REGISTRY, build_script, gather, parse_batch, remote_command, section_title, split_batch
+from sparkctl.facts.fabric import FabricTarget, parse_fabric
+from sparkctl.facts.gpu import SmiClocks, decode_reasons, parse_gpu_query, parse_smi_csv, parse_smi_q_clocks
+from sparkctl.facts.net import (
     Ethtool,
     Gid,
-    GpuFacts,
     IbMapping,
+    gid_ipv4,
+    parse_ethtool,
+    parse_gid_dump,
+    parse_ibdev2netdev,
+    parse_ipv4,
+    parse_mtu,
+    parse_operstate,
+    parse_show_gids,
+    rocev2_ipv4_gid_index,
+)
+from sparkctl.facts.nodefacts import EngineProc, GpuFacts, LinkFacts, NodeFacts, PcieFacts, WeightsSummary
+from sparkctl.facts.pci import CX7_FUNCTIONS, parse_lspci_link
+from sparkctl.facts.perftest import parse_bw_report, parse_ib_write_bw
+from sparkctl.facts.registry import ProbeParseError, WeightsPaths
+from sparkctl.facts.services import parse_engines, parse_listening_ports, parse_models, parse_weights_summary
+from sparkctl.facts.system import (
+    DiskFree,
     Meminfo,
-    PcieFacts,
-    ProbeParseError,
-    SmiClocks,
+    parse_boot_id,
+    parse_df,
+    parse_held_packages,
+    parse_hostname,
+    parse_kernel,
+    parse_meminfo,
+    parse_page_size,
+    parse_uptime,
 )
 from sparkctl.model.inventory import Node
 from sparkctl.model.schema import default_ports
@@ -54,7 +75,7 @@ def spark_node(sysfs: str = "/sys", proc: str = "/proc", name: str = "spark-a", 
 
 
 def csv(fields: str) -> Callable[[str], Any]:
-    return lambda text: probes.parse_smi_csv(text, fields.split(","))
+    return lambda text: parse_smi_csv(text, fields.split(","))
 
 
 UP, DOWN = True, False
@@ -70,9 +91,9 @@ IB_PORT1 = {k: IbMapping(v.rdma, 1, k, not v.up) for k, v in IB_5C2D.items()}
 # (fixture file, parser, the value it must parse to)
 REAL: list[tuple[str, Callable[[str], Any], Any]] = [
     # §2.1 both orderings, (Up)/(Down)
-    ("ibdev2netdev-spark-5c2d.txt", probes.parse_ibdev2netdev, IB_5C2D),
-    ("ibdev2netdev-roceP2-first.txt", probes.parse_ibdev2netdev, IB_5C2D),
-    ("ibdev2netdev-port1.txt", probes.parse_ibdev2netdev, IB_PORT1),
+    ("ibdev2netdev-spark-5c2d.txt", parse_ibdev2netdev, IB_5C2D),
+    ("ibdev2netdev-roceP2-first.txt", parse_ibdev2netdev, IB_5C2D),
+    ("ibdev2netdev-port1.txt", parse_ibdev2netdev, IB_PORT1),
     # §1.3 csv: header / noheader, units / nounits, [N/A]
     ("nvidia-smi-csv-name-cc-driver.txt", csv("name,compute_cap,driver_version"),
      [{"name": "NVIDIA GB10", "compute_cap": "12.1", "driver_version": "580.159.03"}]),
@@ -96,58 +117,58 @@ REAL: list[tuple[str, Callable[[str], Any], Any]] = [
        "clocks.max.sm": "3003"}]),
     ("nvidia-smi-csv-sm-maxsm.txt", csv("clocks.sm,clocks.max.sm"), [{"clocks.sm": "2405", "clocks.max.sm": "3003"}]),
     # §1.2 the real -q excerpt: the Clocks title was cut by the author, no lock field exists
-    ("nvidia-smi-q-clock-event-reasons-node0.txt", probes.parse_smi_q_clocks,
+    ("nvidia-smi-q-clock-event-reasons-node0.txt", parse_smi_q_clocks,
      SmiClocks(sm_mhz=2398, max_sm_mhz=3003, applications_mhz=2418, default_applications_mhz=2418,
                lock_max_mhz=None, event_reasons=())),
     # §3.1 ethtool (grepped, tabs or spaces; full layout from another machine)
-    ("ethtool-grep-speed-link-200g.txt", probes.parse_ethtool, Ethtool(200000, True)),
-    ("ethtool-grep-speed-100g.txt", probes.parse_ethtool, Ethtool(100000, None)),
-    ("ethtool-grep-mgmt-enP7s7.txt", probes.parse_ethtool, Ethtool(10000, True)),
-    ("ethtool-full-cx4lx-other-machine.txt", probes.parse_ethtool, Ethtool(25000, True)),
+    ("ethtool-grep-speed-link-200g.txt", parse_ethtool, Ethtool(200000, True)),
+    ("ethtool-grep-speed-100g.txt", parse_ethtool, Ethtool(100000, None)),
+    ("ethtool-grep-mgmt-enP7s7.txt", parse_ethtool, Ethtool(10000, True)),
+    ("ethtool-full-cx4lx-other-machine.txt", parse_ethtool, Ethtool(25000, True)),
     # §3.4 lspci LnkCap/LnkSta: healthy Spark, degraded (spaces, (ok)/(downgraded)), tabs
-    ("lspci-vvv-lnk-healthy.txt", probes.parse_lspci_link, PcieFacts("", 32.0, 4, 32.0, 4, False)),
-    ("lspci-vv-degraded-block-other-machine.txt", probes.parse_lspci_link, PcieFacts("", 5.0, 4, 2.5, 4, True)),
-    ("lspci-vv-degraded-tabs-other-machine.txt", probes.parse_lspci_link, PcieFacts("", 16.0, 8, 2.5, 4, True)),
+    ("lspci-vvv-lnk-healthy.txt", parse_lspci_link, PcieFacts("", 32.0, 4, 32.0, 4, False)),
+    ("lspci-vv-degraded-block-other-machine.txt", parse_lspci_link, PcieFacts("", 5.0, 4, 2.5, 4, True)),
+    ("lspci-vv-degraded-tabs-other-machine.txt", parse_lspci_link, PcieFacts("", 16.0, 8, 2.5, 4, True)),
     # §5.4 meminfo
-    ("meminfo-head.txt", probes.parse_meminfo, Meminfo(127600816, 40174336, 3139656)),
-    ("meminfo-head-3-lines.txt", probes.parse_meminfo, Meminfo(127601452, 115669068, 45557560)),
+    ("meminfo-head.txt", parse_meminfo, Meminfo(127600816, 40174336, 3139656)),
+    ("meminfo-head-3-lines.txt", parse_meminfo, Meminfo(127601452, 115669068, 45557560)),
     # §5.3 (modelled fixture: no real capture exists)
-    ("apt-mark-showhold-modelled-fixture.txt", probes.parse_held_packages, [
+    ("apt-mark-showhold-modelled-fixture.txt", parse_held_packages, [
         "linux-headers-nvidia-hwe-24.04", "linux-image-nvidia-hwe-24.04",
         "linux-modules-nvidia-580-open-nvidia-hwe-24.04", "linux-modules-nvidia-fs-nvidia-hwe-24.04",
         "linux-nvidia-hwe-24.04", "linux-tools-nvidia-hwe-24.04"]),
     # §6.4 /v1/models
-    ("v1-models-vllm.json", probes.parse_models, ["swiss-ai/Apertus-8B-Instruct-2509"]),
-    ("v1-models-sglang-wrapped.json", probes.parse_models, ["deepseek-v4.1-flash"]),
-    ("v1-models-sglang.json", probes.parse_models, ["glm-5.2-fp8"]),
-    ("v1-models-llamacpp.json", probes.parse_models, ["qwen3-8b"]),
+    ("v1-models-vllm.json", parse_models, ["swiss-ai/Apertus-8B-Instruct-2509"]),
+    ("v1-models-sglang-wrapped.json", parse_models, ["deepseek-v4.1-flash"]),
+    ("v1-models-sglang.json", parse_models, ["glm-5.2-fp8"]),
+    ("v1-models-llamacpp.json", parse_models, ["qwen3-8b"]),
     # sparkctl's own agent: what the hash cache vouches for under the weights path
-    ("weights-summary-agent-verified.json", probes.parse_weights_summary, probes.WeightsSummary(
+    ("weights-summary-agent-verified.json", parse_weights_summary, WeightsSummary(
         "dir", 2, 3000017, "afa1aaa17f47826da4b1dd55b801aa10f01fc968013ed996ab718782b1eefcce", 0, (), 1)),
-    ("weights-summary-agent-unverified.json", probes.parse_weights_summary, probes.WeightsSummary(
+    ("weights-summary-agent-unverified.json", parse_weights_summary, WeightsSummary(
         "dir", 2, 3000022, None, 1, ("config.json",), 1)),
     # §2.2 show_gids (Spark rows; the full table layout is from another Mellanox box)
-    ("show_gids-spark-rows.txt", probes.parse_show_gids, {"rocep1s0f0": {
+    ("show_gids-spark-rows.txt", parse_show_gids, {"rocep1s0f0": {
         1: Gid(1, "fe80:0000:0000:0000:4ebb:47ff:fee8:9f39", "RoCE v2", "enp1s0f0np0"),
         3: Gid(3, "0000:0000:0000:0000:0000:ffff:c0a8:640a", "RoCE v2", "enp1s0f0np0")}}),
     # the same rows and the full table as pasted from a terminal: tabs became spaces
-    ("show_gids-spark-rows-pasted-spaces.txt", probes.parse_show_gids, {"rocep1s0f0": {
+    ("show_gids-spark-rows-pasted-spaces.txt", parse_show_gids, {"rocep1s0f0": {
         1: Gid(1, "fe80:0000:0000:0000:4ebb:47ff:fee8:9f39", "RoCE v2", "enp1s0f0np0"),
         3: Gid(3, "0000:0000:0000:0000:0000:ffff:c0a8:640a", "RoCE v2", "enp1s0f0np0")}}),
-    *[(f, probes.parse_show_gids, {"mlx5_0": {
+    *[(f, parse_show_gids, {"mlx5_0": {
         0: Gid(0, "fe80:0000:0000:0000:0ac0:ebff:fe21:03da", "IB/RoCE v1", "rdma0"),
         1: Gid(1, "fe80:0000:0000:0000:0ac0:ebff:fe21:03da", "RoCE v2", "rdma0"),
         2: Gid(2, "0000:0000:0000:0000:0000:ffff:c0a8:d3f2", "IB/RoCE v1", "rdma0"),
         3: Gid(3, "0000:0000:0000:0000:0000:ffff:c0a8:d3f2", "RoCE v2", "rdma0")}})
       for f in ("show_gids-mlx5-full.txt", "show_gids-mlx5-full-pasted-spaces.txt")],
     # ethtool with no Speed line at all (no link-modes reply): unknown, not 0
-    ("ethtool-lo-no-speed-line-this-machine.txt", probes.parse_ethtool, Ethtool(None, True)),
+    ("ethtool-lo-no-speed-line-this-machine.txt", parse_ethtool, Ethtool(None, True)),
     # §4.1 ib_write_bw: BW average in Gb/s whatever unit the header gives
-    ("ib_write_bw-rdma-cm.txt", probes.parse_ib_write_bw, 111.71),
-    ("ib_write_bw-run-infinitely.txt", probes.parse_ib_write_bw, 92.57),  # two rows of one size: their mean
-    ("ib_write_bw-mb-sec-constructed.txt", probes.parse_ib_write_bw, 111.71),  # 13316.87 x 2^20 B/s
-    ("ib_write_bw-mib-sec-constructed.txt", probes.parse_ib_write_bw, 111.71),
-    ("ib_write_bw-cpu-util-constructed.txt", probes.parse_ib_write_bw, 109.17),
+    ("ib_write_bw-rdma-cm.txt", parse_ib_write_bw, 111.71),
+    ("ib_write_bw-run-infinitely.txt", parse_ib_write_bw, 92.57),  # two rows of one size: their mean
+    ("ib_write_bw-mb-sec-constructed.txt", parse_ib_write_bw, 111.71),  # 13316.87 x 2^20 B/s
+    ("ib_write_bw-mib-sec-constructed.txt", parse_ib_write_bw, 111.71),
+    ("ib_write_bw-cpu-util-constructed.txt", parse_ib_write_bw, 109.17),
 ]
 
 
@@ -166,18 +187,18 @@ def test_real_capture_tolerates_trailing_whitespace_and_crlf_free_variants(
 
 # Real single values quoted inline in docs/reference/spark-facts.md (§5.1, §5.2, §5.5, §2.4, §3.1).
 REAL_INLINE: list[tuple[str, Callable[[str], Any], Any]] = [
-    *[(f"{k}\n", probes.parse_kernel, k) for k in (
+    *[(f"{k}\n", parse_kernel, k) for k in (
         "6.17.0-1021-nvidia", "6.17.0-1014-nvidia", "6.17.0-1008-nvidia", "6.17.0-1032-nvidia",
         "7.0.0-1019-nvidia", "6.11.0-1016-nvidia", "6.8.0-49-generic")],
-    ("4096\n", probes.parse_page_size, 4096),  # expected value; no Spark capture exists
-    ("13dc5579-455c-45c8-8e4d-d09c457fa826\n", probes.parse_boot_id, "13dc5579-455c-45c8-8e4d-d09c457fa826"),
-    ("f50a1be6-7626-4a2f-90f0-08c77b16c9f1\n", probes.parse_boot_id, "f50a1be6-7626-4a2f-90f0-08c77b16c9f1"),
-    ("spark-2a60\n", probes.parse_hostname, "spark-2a60"),
-    ("aitopatom-9ab9\n", probes.parse_hostname, "aitopatom-9ab9"),
+    ("4096\n", parse_page_size, 4096),  # expected value; no Spark capture exists
+    ("13dc5579-455c-45c8-8e4d-d09c457fa826\n", parse_boot_id, "13dc5579-455c-45c8-8e4d-d09c457fa826"),
+    ("f50a1be6-7626-4a2f-90f0-08c77b16c9f1\n", parse_boot_id, "f50a1be6-7626-4a2f-90f0-08c77b16c9f1"),
+    ("spark-2a60\n", parse_hostname, "spark-2a60"),
+    ("aitopatom-9ab9\n", parse_hostname, "aitopatom-9ab9"),
     # link down, assembled from the three strings quoted in §3.1
-    ("\tSpeed: Unknown!\n\tDuplex: Unknown! (255)\n\tLink detected: no\n", probes.parse_ethtool, Ethtool(None, False)),
+    ("\tSpeed: Unknown!\n\tDuplex: Unknown! (255)\n\tLink detected: no\n", parse_ethtool, Ethtool(None, False)),
     # §3.2 ip -br addr line (redacted address as captured)
-    ("enp1s0f0np0      UP             192.0.2.10/24 \n", probes.parse_ipv4, "192.0.2.10/24"),
+    ("enp1s0f0np0      UP             192.0.2.10/24 \n", parse_ipv4, "192.0.2.10/24"),
 ]
 
 
@@ -189,36 +210,36 @@ def test_real_inline_values(text: str, parser: Callable[[str], Any], expected: A
 # FORMAT SAMPLES: no capture exists in docs/reference/spark-facts.md; the layout is the tool's documented one.
 FORMAT_SAMPLES: list[tuple[str, Callable[[str], Any], Any]] = [
     ("Filesystem     1024-blocks      Used Available Capacity Mounted on\n"
-     "/dev/nvme0n1p2  3844640564 123456789 3525355500       4% /\n", probes.parse_df,
+     "/dev/nvme0n1p2  3844640564 123456789 3525355500       4% /\n", parse_df,
      DiskFree(3525355500, "/")),
     ("Filesystem 1024-blocks Used Available Capacity Mounted on\n"
-     "map auto_home 0 0 0 100% /System/Volumes/Data/home\n", probes.parse_df,
+     "map auto_home 0 0 0 100% /System/Volumes/Data/home\n", parse_df,
      DiskFree(0, "/System/Volumes/Data/home")),
-    ("1163.51 1405.68\n", probes.parse_uptime, 1163.51),
+    ("1163.51 1405.68\n", parse_uptime, 1163.51),
     ("    PID COMMAND\n 400721 python3 -m vllm.entrypoints.openai.api_server --port 8000\n"
      "   8812 sh -c echo @@sparkctl:manifest:x@@ ; ps -eo pid,args | grep -iE [v]llm\n"
-     "   9001 /usr/bin/llama-server -m /models/q.gguf\n", probes.parse_engines,
+     "   9001 /usr/bin/llama-server -m /models/q.gguf\n", parse_engines,
      [EngineProc(400721, "python3 -m vllm.entrypoints.openai.api_server --port 8000"),
       EngineProc(9001, "/usr/bin/llama-server -m /models/q.gguf")]),
-    ("    PID COMMAND\n", probes.parse_engines, []),
+    ("    PID COMMAND\n", parse_engines, []),
     ('LISTEN 0      4096         0.0.0.0:8000      0.0.0.0:*    users:(("python3",pid=1,fd=3))\n'
      "LISTEN 0      128             [::]:22           [::]:*\n"
-     "LISTEN 0      4096   127.0.0.53%lo:53        0.0.0.0:*\n", probes.parse_listening_ports, {8000, 22, 53}),
-    ("State  Recv-Q Send-Q Local Address:Port Peer Address:Port Process\n", probes.parse_listening_ports, set()),
+     "LISTEN 0      4096   127.0.0.53%lo:53        0.0.0.0:*\n", parse_listening_ports, {8000, 22, 53}),
+    ("State  Recv-Q Send-Q Local Address:Port Peer Address:Port Process\n", parse_listening_ports, set()),
     ("  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n"
      "   0: 00000000:1F40 00000000:0000 0A 00000000:00000000 00:00000000 00000000  1000        0 1 1 0 100 0 0 10 0\n"
      "   1: 0100007F:A1B2 0100007F:1F40 01 00000000:00000000 00:00000000 00000000  1000        0 2 1 0 20 4 30 10 -1\n",
-     probes.parse_listening_ports, {8000}),
+     parse_listening_ports, {8000}),
     ("5: enp1s0f0np0    inet 192.168.100.10/24 brd 192.168.100.255 scope global enp1s0f0np0\\"
-     "       valid_lft forever preferred_lft forever\n", probes.parse_ipv4, "192.168.100.10/24"),
-    ("", probes.parse_ipv4, None),
-    ("", probes.parse_held_packages, []),
-    ("up\n", probes.parse_operstate, "up"),
-    ("9000\n", probes.parse_mtu, 9000),
+     "       valid_lft forever preferred_lft forever\n", parse_ipv4, "192.168.100.10/24"),
+    ("", parse_ipv4, None),
+    ("", parse_held_packages, []),
+    ("up\n", parse_operstate, "up"),
+    ("9000\n", parse_mtu, 9000),
     # the gids section the script prints (values: the real drifted table of §2.4)
     ("rocep1s0f0|0|fe80:0000:0000:0000:4ebb:47ff:fee8:9f39|enp1s0f0np0|IB/RoCE v1\n"
      "rocep1s0f0|3|0000:0000:0000:0000:0000:0000:0000:0000||\n"
-     "rocep1s0f0|4|0000:0000:0000:0000:0000:ffff:c0a8:640a|enp1s0f0np0|RoCE v2\n", probes.parse_gid_dump,
+     "rocep1s0f0|4|0000:0000:0000:0000:0000:ffff:c0a8:640a|enp1s0f0np0|RoCE v2\n", parse_gid_dump,
      {"rocep1s0f0": {0: Gid(0, "fe80:0000:0000:0000:4ebb:47ff:fee8:9f39", "IB/RoCE v1", "enp1s0f0np0"),
                      3: Gid(3, "0000:0000:0000:0000:0000:0000:0000:0000", None, None),
                      4: Gid(4, "0000:0000:0000:0000:0000:ffff:c0a8:640a", "RoCE v2", "enp1s0f0np0")}}),
@@ -234,25 +255,25 @@ def test_gpu_query_line_composed_from_real_pieces() -> None:
     # §1.3: the exact eight-field line was never captured; its cells are real.
     for line in ("NVIDIA GB10, 12.1, 580.159.03, 2190, 3003, 0x0000000000000000, 5.30, 47",
                  "NVIDIA GB10, 12.1, 580.159.03, 2190 MHz, 3003 MHz, 0x0000000000000000, 5.30 W, 47"):
-        q = probes.parse_gpu_query(line + "\n")
+        q = parse_gpu_query(line + "\n")
         assert (q.name, q.compute_cap, q.driver, q.sm_mhz, q.max_sm_mhz, q.event_reasons_mask, q.power_w, q.temp_c) \
             == ("NVIDIA GB10", "12.1", "580.159.03", 2190, 3003, 0, 5.30, 47)
-    q = probes.parse_gpu_query("NVIDIA GB10, 12.1, 580.173.02, [N/A], 3003, [Not Supported], [N/A], 39\n")
+    q = parse_gpu_query("NVIDIA GB10, 12.1, 580.173.02, [N/A], 3003, [Not Supported], [N/A], 39\n")
     assert (q.sm_mhz, q.event_reasons_mask, q.power_w) == (None, None, None)
-    assert probes.decode_reasons(0x3) == ("gpu_idle", "applications_clocks_setting")
-    assert probes.decode_reasons(0x400) == ("reason_0x400",)
+    assert decode_reasons(0x3) == ("gpu_idle", "applications_clocks_setting")
+    assert decode_reasons(0x400) == ("reason_0x400",)
 
 
 def test_rocev2_gid_index_follows_the_drift() -> None:
-    drifted = probes.parse_gid_dump(FORMAT_SAMPLES[-1][0])["rocep1s0f0"]
-    assert probes.rocev2_ipv4_gid_index(drifted, "enp1s0f0np0", "192.168.100.10/24") == 4
-    assert probes.rocev2_ipv4_gid_index(drifted, "enp1s0f0np0", "192.168.100.11/24") is None  # stale GID
-    assert probes.rocev2_ipv4_gid_index(drifted, "enP2p1s0f0np0") is None  # another netdev's GID
-    spark = probes.parse_show_gids(fx("show_gids-spark-rows.txt"))["rocep1s0f0"]
-    assert probes.rocev2_ipv4_gid_index(spark, "enp1s0f0np0", "192.168.100.10/24") == 3
-    mlx = probes.parse_show_gids(fx("show_gids-mlx5-full.txt"))["mlx5_0"]
-    assert probes.rocev2_ipv4_gid_index(mlx, "rdma0", "192.168.211.242/24") == 3
-    assert probes.gid_ipv4("0000:0000:0000:0000:0000:ffff:c0a8:640a") == "192.168.100.10"
+    drifted = parse_gid_dump(FORMAT_SAMPLES[-1][0])["rocep1s0f0"]
+    assert rocev2_ipv4_gid_index(drifted, "enp1s0f0np0", "192.168.100.10/24") == 4
+    assert rocev2_ipv4_gid_index(drifted, "enp1s0f0np0", "192.168.100.11/24") is None  # stale GID
+    assert rocev2_ipv4_gid_index(drifted, "enP2p1s0f0np0") is None  # another netdev's GID
+    spark = parse_show_gids(fx("show_gids-spark-rows.txt"))["rocep1s0f0"]
+    assert rocev2_ipv4_gid_index(spark, "enp1s0f0np0", "192.168.100.10/24") == 3
+    mlx = parse_show_gids(fx("show_gids-mlx5-full.txt"))["mlx5_0"]
+    assert rocev2_ipv4_gid_index(mlx, "rdma0", "192.168.211.242/24") == 3
+    assert gid_ipv4("0000:0000:0000:0000:0000:ffff:c0a8:640a") == "192.168.100.10"
 
 
 # Clock lock: no real driver output carries it (see probes' docstring); these are
@@ -268,74 +289,74 @@ LOCK_CASES = [
 
 @pytest.mark.parametrize("text,lock", LOCK_CASES)
 def test_clock_lock_reading(text: str, lock: int | None) -> None:
-    assert probes.parse_smi_q_clocks(text).lock_max_mhz == lock
+    assert parse_smi_q_clocks(text).lock_max_mhz == lock
 
 
 def test_applications_clocks_reason_from_q() -> None:
     text = fx("nvidia-smi-q-clock-event-reasons-node0.txt").replace(
         "Applications Clocks Setting                    : Not Active",
         "Applications Clocks Setting                    : Active")
-    assert probes.parse_smi_q_clocks(text).event_reasons == ("applications_clocks_setting",)
+    assert parse_smi_q_clocks(text).event_reasons == ("applications_clocks_setting",)
 
 
 GARBAGE: list[tuple[Callable[[str], Any], str]] = [
-    (probes.parse_ibdev2netdev, "rocep1s0f0 port one ==> x\n"),
-    (probes.parse_ibdev2netdev, ""),
-    (probes.parse_meminfo, "MemTotal: 10 kB\n"),
-    (probes.parse_meminfo, "MemTotal: lots\n"),
-    (probes.parse_page_size, "4095\n"),
-    (probes.parse_page_size, "4096\n4096\n"),
-    (probes.parse_kernel, "uname: command not found\n"),
-    (probes.parse_boot_id, "13dc5579-455c\n"),
-    (probes.parse_uptime, "abc\n"),
-    (probes.parse_df, "df: /x: No such file or directory\n"),
-    (probes.parse_gpu_query, "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.\n"),
-    (probes.parse_gpu_query, "NVIDIA GB10, 12.1\n"),
-    (probes.parse_smi_q_clocks, ""),
-    (probes.parse_smi_q_clocks, "    Clocks Event Reasons\n        Idle : maybe\n"),
-    (probes.parse_ethtool, "Settings for enp1s0f0np0:\n"),
-    (probes.parse_ethtool, "\tSpeed: fast\n"),
-    (probes.parse_lspci_link, ""),
-    (probes.parse_lspci_link, "0000:01:00.0 Ethernet controller: Mellanox\n\tCapabilities: <access denied>\n"),
-    (probes.parse_engines, "400721 vllm\n"),
-    (probes.parse_listening_ports, "garbage here\n"),
-    (probes.parse_models, ""),
-    (probes.parse_models, '{"detail":"Not Found"}'),
-    (probes.parse_models, "[" * 100000),
-    (probes.parse_operstate, "sideways\n"),
-    (probes.parse_mtu, "12\n"),
-    (probes.parse_ipv4, "inet 999.1.1.1/24\n"),
-    (probes.parse_gid_dump, ""),
-    (probes.parse_held_packages, "E: Could not open lock file\n"),
-    (probes.parse_weights_summary, ""),
-    (probes.parse_weights_summary, "Traceback (most recent call last):\n"),
-    (probes.parse_weights_summary, '{"event":"error","message":"permission denied"}\n'),
-    (probes.parse_weights_summary, '{"event":"summary","kind":"dir","files":-1}\n'),
-    (probes.parse_weights_summary, '{"event":"summary","kind":"dir","digest":"xyz"}\n'),
-    (probes.parse_weights_summary, '{"event":"summary","kind":"sideways"}\n'),
+    (parse_ibdev2netdev, "rocep1s0f0 port one ==> x\n"),
+    (parse_ibdev2netdev, ""),
+    (parse_meminfo, "MemTotal: 10 kB\n"),
+    (parse_meminfo, "MemTotal: lots\n"),
+    (parse_page_size, "4095\n"),
+    (parse_page_size, "4096\n4096\n"),
+    (parse_kernel, "uname: command not found\n"),
+    (parse_boot_id, "13dc5579-455c\n"),
+    (parse_uptime, "abc\n"),
+    (parse_df, "df: /x: No such file or directory\n"),
+    (parse_gpu_query, "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.\n"),
+    (parse_gpu_query, "NVIDIA GB10, 12.1\n"),
+    (parse_smi_q_clocks, ""),
+    (parse_smi_q_clocks, "    Clocks Event Reasons\n        Idle : maybe\n"),
+    (parse_ethtool, "Settings for enp1s0f0np0:\n"),
+    (parse_ethtool, "\tSpeed: fast\n"),
+    (parse_lspci_link, ""),
+    (parse_lspci_link, "0000:01:00.0 Ethernet controller: Mellanox\n\tCapabilities: <access denied>\n"),
+    (parse_engines, "400721 vllm\n"),
+    (parse_listening_ports, "garbage here\n"),
+    (parse_models, ""),
+    (parse_models, '{"detail":"Not Found"}'),
+    (parse_models, "[" * 100000),
+    (parse_operstate, "sideways\n"),
+    (parse_mtu, "12\n"),
+    (parse_ipv4, "inet 999.1.1.1/24\n"),
+    (parse_gid_dump, ""),
+    (parse_held_packages, "E: Could not open lock file\n"),
+    (parse_weights_summary, ""),
+    (parse_weights_summary, "Traceback (most recent call last):\n"),
+    (parse_weights_summary, '{"event":"error","message":"permission denied"}\n'),
+    (parse_weights_summary, '{"event":"summary","kind":"dir","files":-1}\n'),
+    (parse_weights_summary, '{"event":"summary","kind":"dir","digest":"xyz"}\n'),
+    (parse_weights_summary, '{"event":"summary","kind":"sideways"}\n'),
     # units checked against the header or the tool's one format, never stripped and trusted
     (csv("clocks.sm,clocks.max.sm"), "clocks.sm [GHz], clocks.max.sm [GHz]\n2.40 GHz, 3.00 GHz\n"),
     (csv("clocks.sm,clocks.max.sm"), "2405 W, 3003 MHz\n"),
-    (probes.parse_gpu_query, "NVIDIA GB10, 12.1, 580.159.03, 2190 MHz, 3003 MHz, 0x0, 5.30 MHz, 47\n"),
-    (probes.parse_ethtool, "\tSpeed: 200Gb/s\n\tLink detected: yes\n"),
-    (probes.parse_ethtool, "\tSpeed: 200000Mb/s\n\tSpeed: 100000Mb/s\n"),  # two interfaces pasted
-    (probes.parse_lspci_link, "\t\tLnkCap:\tPort #0, Speed 32GT/s, Width x4\n\t\tLnkSta:\tSpeed unknown, Width x0\n"),
-    (probes.parse_lspci_link, fx("lspci-vvv-lnk-healthy.txt") * 2),  # two devices
-    (probes.parse_df, "Filesystem     1K-blocks      Used Available Use% Mounted on\n/dev/x 10 5 5 50% /\n"),
-    (probes.parse_meminfo, "MemTotal:       127600816\nMemAvailable:   40174336\n"),  # no kB
+    (parse_gpu_query, "NVIDIA GB10, 12.1, 580.159.03, 2190 MHz, 3003 MHz, 0x0, 5.30 MHz, 47\n"),
+    (parse_ethtool, "\tSpeed: 200Gb/s\n\tLink detected: yes\n"),
+    (parse_ethtool, "\tSpeed: 200000Mb/s\n\tSpeed: 100000Mb/s\n"),  # two interfaces pasted
+    (parse_lspci_link, "\t\tLnkCap:\tPort #0, Speed 32GT/s, Width x4\n\t\tLnkSta:\tSpeed unknown, Width x0\n"),
+    (parse_lspci_link, fx("lspci-vvv-lnk-healthy.txt") * 2),  # two devices
+    (parse_df, "Filesystem     1K-blocks      Used Available Use% Mounted on\n/dev/x 10 5 5 50% /\n"),
+    (parse_meminfo, "MemTotal:       127600816\nMemAvailable:   40174336\n"),  # no kB
     # show_gids: cells read by content, so a misaligned paste is refused, not shifted
-    (probes.parse_show_gids, "mlx5_0  1  3  0000:0000:0000:0000:0000:ffff:c0a8:d3f2  192.168.9.9  v2  rdma0\n"),
-    (probes.parse_show_gids, "mlx5_0  1  3  0000:0000:0000:0000:0000:ffff:c0a8:d3f2  192.168.211.242  rdma0\n"),
-    (probes.parse_show_gids, fx("show_gids-mlx5-full.txt").replace("n_gids_found=4", "n_gids_found=5")),
-    (probes.parse_show_gids, "mlx5_0  1  3  0000:0000:0000:0000:0000:ffff:c0a8:d3f2  v2  rdma0  extra\n"),
+    (parse_show_gids, "mlx5_0  1  3  0000:0000:0000:0000:0000:ffff:c0a8:d3f2  192.168.9.9  v2  rdma0\n"),
+    (parse_show_gids, "mlx5_0  1  3  0000:0000:0000:0000:0000:ffff:c0a8:d3f2  192.168.211.242  rdma0\n"),
+    (parse_show_gids, fx("show_gids-mlx5-full.txt").replace("n_gids_found=4", "n_gids_found=5")),
+    (parse_show_gids, "mlx5_0  1  3  0000:0000:0000:0000:0000:ffff:c0a8:d3f2  v2  rdma0  extra\n"),
     # ib_write_bw: the known failure (header, no row, exit 0), unknown units and columns
-    (probes.parse_ib_write_bw, fx("ib_write_bw-rdma-cm.txt").split(" 65536")[0]),
-    (probes.parse_ib_write_bw, fx("ib_write_bw-rdma-cm.txt").replace("[Gb/sec]", "[KB/sec]")),
-    (probes.parse_ib_write_bw, fx("ib_write_bw-rdma-cm.txt").replace("BW peak[Gb/sec]", "BW peak[MB/sec]")),
-    (probes.parse_ib_write_bw, fx("ib_write_bw-rdma-cm.txt").replace("MsgRate[Mpps]", "MsgRate[Mpps]  Extra[x]")),
-    (probes.parse_ib_write_bw, fx("ib_write_bw-cpu-util-constructed.txt").replace("    CPU_Util[%]", "")),
-    (probes.parse_ib_write_bw, fx("ib_write_bw-rdma-cm.txt").replace(" #bytes", " #octets")),
-    (probes.parse_ib_write_bw, "************************************\n* Waiting for client to connect... *\n"),
+    (parse_ib_write_bw, fx("ib_write_bw-rdma-cm.txt").split(" 65536")[0]),
+    (parse_ib_write_bw, fx("ib_write_bw-rdma-cm.txt").replace("[Gb/sec]", "[KB/sec]")),
+    (parse_ib_write_bw, fx("ib_write_bw-rdma-cm.txt").replace("BW peak[Gb/sec]", "BW peak[MB/sec]")),
+    (parse_ib_write_bw, fx("ib_write_bw-rdma-cm.txt").replace("MsgRate[Mpps]", "MsgRate[Mpps]  Extra[x]")),
+    (parse_ib_write_bw, fx("ib_write_bw-cpu-util-constructed.txt").replace("    CPU_Util[%]", "")),
+    (parse_ib_write_bw, fx("ib_write_bw-rdma-cm.txt").replace(" #bytes", " #octets")),
+    (parse_ib_write_bw, "************************************\n* Waiting for client to connect... *\n"),
 ]
 
 
@@ -348,7 +369,7 @@ def test_garbage_raises_probe_parse_error(parser: Callable[[str], Any], text: st
 
 def test_lspci_access_denied_gets_a_hint() -> None:
     with pytest.raises(ProbeParseError, match="root"):
-        probes.parse_lspci_link("\tCapabilities: <access denied>\n")
+        parse_lspci_link("\tCapabilities: <access denied>\n")
 
 
 # ---------------------------------------------------------------- fuzz: parsers
@@ -424,7 +445,7 @@ EMPTY_OK = {"held_packages", "ports", "net.enp1s0f0np0.ipv4"}
 
 
 def test_parse_batch_reads_every_fact() -> None:
-    f = probes.parse_batch("spark-a", BATCH)
+    f = parse_batch("spark-a", BATCH)
     assert f.unreadable == {} and f.not_available == {}
     assert (f.hostname, f.kernel, f.page_size_bytes, f.boot_id, f.uptime_s) == (
         "spark-5c2d", "6.17.0-1021-nvidia", 4096, "13dc5579-455c-45c8-8e4d-d09c457fa826", 1163.51)
@@ -434,7 +455,7 @@ def test_parse_batch_reads_every_fact() -> None:
     assert f.gpu == GpuFacts("NVIDIA GB10", "12.1", "580.159.03", 2190, 3003, None,
                              ("applications_clocks_setting",), 34.5, 52)
     assert f.gpu.user_clock_limit_active
-    assert f.links == {"enp1s0f0np0": probes.LinkFacts(
+    assert f.links == {"enp1s0f0np0": LinkFacts(
         "enp1s0f0np0", "rocep1s0f0", "up", 9000, "192.168.100.10/24", 200000, True, 3)}
     assert f.pcie["0000:01:00.0"].downgraded is False and f.pcie["0002:01:00.1"].downgraded is True
     assert f.engines == [EngineProc(400721, "VLLM::EngineCore")]
@@ -446,7 +467,7 @@ def test_parse_batch_reads_every_fact() -> None:
 def test_missing_tool_is_not_available_and_failures_are_unreadable() -> None:
     secs = [(n, "", 127) if n in ("gpu", "gpu_clocks") else (n, t, rc) for n, t, rc in BATCH_SECTIONS]
     secs = [(n, "", 7) if n == "models" else (n, t, rc) for n, t, rc in secs]
-    f = probes.parse_batch("spark-b", frame(secs))
+    f = parse_batch("spark-b", frame(secs))
     assert f.gpu is None and set(f.not_available) == {"gpu", "gpu_clocks"}
     assert "not available on node spark-b" in f.not_available["gpu"]
     assert f.unreadable == {"models": "cannot read served models (/v1/models) on node spark-b: "
@@ -454,14 +475,14 @@ def test_missing_tool_is_not_available_and_failures_are_unreadable() -> None:
 
 
 def test_output_without_trailing_newline_is_kept_exact() -> None:
-    _, secs, done = probes.split_batch(frame([("models", '{"data":[]}', 0), ("hostname", "x\n", 0)]))
+    _, secs, done = split_batch(frame([("models", '{"data":[]}', 0), ("hostname", "x\n", 0)]))
     assert done and secs["models"].text == '{"data":[]}' and secs["hostname"].text == "x\n"
 
 
 @given(st.integers(0, len(BATCH) - 1))
 def test_truncated_batch_names_the_cut_facts(cut: int) -> None:
     out = BATCH[:cut]
-    f = probes.parse_batch("spark-a", out)
+    f = parse_batch("spark-a", out)
     if "@@sparkctl:done@@" not in out:
         assert "batch" in f.unreadable and "spark-a" in f.unreadable["batch"]
     manifest_seen = BATCH.split("\n", 1)[0] in out
@@ -471,7 +492,7 @@ def test_truncated_batch_names_the_cut_facts(cut: int) -> None:
             continue
         # without the manifest only the core sections are known to be missing
         if manifest_seen or not name.startswith(("net.", "pcie.", "models", "weights")):
-            assert f.unreadable[name].startswith(f"cannot read {probes.section_title(name)} on node spark-a: ")
+            assert f.unreadable[name].startswith(f"cannot read {section_title(name)} on node spark-a: ")
 
 
 @given(st.data())
@@ -481,22 +502,22 @@ def test_garbled_section_is_a_value_or_an_unreadable_entry(data: st.DataObject) 
     bad = _mutate(data, text)
     secs = list(BATCH_SECTIONS)
     secs[i] = (name, bad, rc)
-    f = probes.parse_batch("spark-a", frame(secs))
+    f = parse_batch("spark-a", frame(secs))
     for other, _, _ in BATCH_SECTIONS:
         if other != name:
             assert other not in f.unreadable, f.unreadable
     if name in f.unreadable:
-        assert f.unreadable[name].startswith(f"cannot read {probes.section_title(name)} on node spark-a: ")
+        assert f.unreadable[name].startswith(f"cannot read {section_title(name)} on node spark-a: ")
     if bad.strip() == "" and name not in EMPTY_OK:
         assert name in f.unreadable
 
 
 @given(st.text(max_size=300))
 def test_parse_batch_never_raises_on_noise(noise: str) -> None:
-    f = probes.parse_batch("spark-a", noise)
+    f = parse_batch("spark-a", noise)
     assert "batch" in f.unreadable
-    f = probes.parse_batch("spark-a", BATCH.replace("@@sparkctl:done@@\n", noise))
-    assert isinstance(f, probes.NodeFacts)
+    f = parse_batch("spark-a", BATCH.replace("@@sparkctl:done@@\n", noise))
+    assert isinstance(f, NodeFacts)
 
 
 # ---------------------------------------------------------------- the script
@@ -505,10 +526,10 @@ def test_parse_batch_never_raises_on_noise(noise: str) -> None:
 def test_script_quotes_values_and_has_no_backslash(tmp_path: Path) -> None:
     evil = f"{tmp_path}/w'; touch {tmp_path}/pwned; echo '"
     node = spark_node(sysfs=f"{tmp_path}/sys $(touch {tmp_path}/pwned2)")
-    script = probes.build_script(node, evil, 8000)
+    script = build_script(node, evil, 8000)
     assert "\\" not in script
-    assert probes.remote_command(script).startswith("sh -c '")
-    subprocess.run(probes.remote_command(script), shell=True, capture_output=True, timeout=30)
+    assert remote_command(script).startswith("sh -c '")
+    subprocess.run(remote_command(script), shell=True, capture_output=True, timeout=30)
     assert not (tmp_path / "pwned").exists() and not (tmp_path / "pwned2").exists()
     # read-only: nothing that changes a host
     for word in ("-lgc", "-rgc", " hold", "modprobe", "rm ", "ip link set", "ip addr add", "sysctl", " > "):
@@ -602,7 +623,7 @@ def test_script_round_trip_in_one_invocation(tmp_path: Path) -> None:
 
     try:
         node = spark_node(sysfs=str(sysfs), proc=str(proc))
-        f = probes.gather(run, node, weights_path=str(tmp_path / "models" / "not-yet-downloaded"), endpoint_port=8000)
+        f = gather(run, node, weights_path=str(tmp_path / "models" / "not-yet-downloaded"), endpoint_port=8000)
     finally:
         engine.kill()
         engine.wait()
@@ -614,12 +635,12 @@ def test_script_round_trip_in_one_invocation(tmp_path: Path) -> None:
     assert f.disk_free_gib is not None and f.disk_free_gib >= 0
     assert f.gpu == GpuFacts("NVIDIA GB10", "12.1", "580.159.03", 2190, 3003, None,
                              ("applications_clocks_setting",), 34.5, 52)
-    assert f.links["enp1s0f0np0"] == probes.LinkFacts(
+    assert f.links["enp1s0f0np0"] == LinkFacts(
         "enp1s0f0np0", "rocep1s0f0", "up", 9000, "192.168.100.10/24", 200000, True, 4)  # drifted: index 4
     assert f.links["enP2p1s0f0np0"].gid_index_rocev2_ipv4 == 3
-    assert f.links["enp1s0f1np1"] == probes.LinkFacts(
+    assert f.links["enp1s0f1np1"] == LinkFacts(
         "enp1s0f1np1", "rocep1s0f1", "down", 1500, None, None, False, None)
-    assert sorted(f.pcie) == list(probes.CX7_FUNCTIONS)
+    assert sorted(f.pcie) == list(CX7_FUNCTIONS)
     assert [b for b, p in f.pcie.items() if p.downgraded] == ["0002:01:00.1"]
     assert any(e.pid == engine.pid and e.args.endswith("vllm serve fake-model") for e in f.engines or [])
     assert not any("@@sparkctl" in e.args for e in f.engines or [])
@@ -644,7 +665,7 @@ def test_script_on_a_node_without_the_vendor_tools(tmp_path: Path) -> None:
         p = subprocess.run(command, shell=True, capture_output=True, text=True, timeout=60, env=env)
         return p.returncode, p.stdout, p.stderr
 
-    f = probes.gather(run, spark_node(sysfs=str(sysfs), proc=str(proc)))
+    f = gather(run, spark_node(sysfs=str(sysfs), proc=str(proc)))
     assert f.gpu is None and {"gpu", "gpu_clocks", "ibdev2netdev"} <= set(f.not_available)
     assert all(k.startswith(("net.", "pcie.")) for k in set(f.not_available) - {"gpu", "gpu_clocks", "ibdev2netdev"})
     assert f.boot_id == "13dc5579-455c-45c8-8e4d-d09c457fa826" and f.links["enp1s0f0np0"].mtu == 9000
@@ -654,9 +675,10 @@ def test_script_on_a_node_without_the_vendor_tools(tmp_path: Path) -> None:
 
 
 def test_script_uses_sudo_for_lspci_only_when_the_node_allows() -> None:
-    assert "sudo" not in probes.build_script(spark_node())
-    s = probes.build_script(spark_node(sudo=True))
-    assert s.count("sudo -n lspci") == 8 and s.count("sudo -n base64") == 1 and s.count("sudo") == 18  # lspci: each function and its upstream port
+    assert "sudo" not in build_script(spark_node())
+    s = build_script(spark_node(sudo=True))
+    # lspci: each function and its upstream port
+    assert s.count("sudo -n lspci") == 8 and s.count("sudo -n base64") == 1 and s.count("sudo") == 18
 
 
 # ---------------------------------------------------------------- perftest report variants
@@ -673,7 +695,7 @@ BW_VARIANTS: list[tuple[str, str, int, float, float | None]] = [
 @pytest.mark.parametrize("name,unit,n_rows,gbps,cpu", BW_VARIANTS, ids=[v[0] for v in BW_VARIANTS])
 def test_bw_report_reads_units_and_columns_from_the_header(
         name: str, unit: str, n_rows: int, gbps: float, cpu: float | None) -> None:
-    rep = probes.parse_bw_report(fx(name))
+    rep = parse_bw_report(fx(name))
     assert (rep.unit, len(rep.rows), rep.rows[0].cpu_util_pct) == (unit, n_rows, cpu)
     assert rep.rows[0].bw_average_gbps == pytest.approx(gbps, abs=0.005)
     assert rep.rows[0].size_bytes == 65536
@@ -686,26 +708,26 @@ def test_bw_report_per_port_and_six_decimal_rows() -> None:
                 "   MsgRate Port1[Mpps]   BW Port2[Gb/sec]   MsgRate Port2[Mpps]\n"
                 " 65536      10000          0.00               189.85\t\t   0.362100        92.57            "
                 "0.176554              97.28            0.185548\n")
-    assert probes.parse_ib_write_bw(per_port) == 189.85
+    assert parse_ib_write_bw(per_port) == 189.85
     slow = (" #bytes     #iterations    BW peak[Gb/sec]    BW average[Gb/sec]   MsgRate[Mpps]\n"
             " 2          5000           0.051234            0.050011            3.125688\n")
-    assert probes.parse_ib_write_bw(slow) == 0.05
+    assert parse_ib_write_bw(slow) == 0.05
 
 
 def test_bw_of_several_sizes_is_the_largest_size() -> None:
     rows = (" #bytes     #iterations    BW peak[MiB/sec]    BW average[MiB/sec]   MsgRate[Mpps]\n"
             " 2          5000             9.53               9.50                 4.982\n"
             " 65536      5000             13318.06           13316.87             0.213070\n")
-    assert probes.parse_ib_write_bw(rows) == pytest.approx(111.71, abs=0.005)
+    assert parse_ib_write_bw(rows) == pytest.approx(111.71, abs=0.005)
 
 
 def test_fabric_client_reads_mb_sec_and_refuses_a_report_without_rows() -> None:
-    t = probes.FabricTarget("bw-client", "enp1s0f0np0", "spark-b", "192.168.100.11", "rocep1s0f0", 18515)
+    t = FabricTarget("bw-client", "enp1s0f0np0", "spark-b", "192.168.100.11", "rocep1s0f0", 18515)
     ok = frame([("fab0", fx("ib_write_bw-mb-sec-constructed.txt"), 0)])
-    [(_, reached, bw)] = probes.parse_fabric([t], ok)
+    [(_, reached, bw)] = parse_fabric([t], ok)
     assert reached is True and bw == pytest.approx(111.71, abs=0.005)
     no_row = frame([("fab0", fx("ib_write_bw-rdma-cm.txt").split(" 65536")[0], 0)])
-    assert probes.parse_fabric([t], no_row) == [(t, False, None)]
+    assert parse_fabric([t], no_row) == [(t, False, None)]
 
 
 # ---------------------------------------------------------------- the simulator's tools read back
@@ -721,12 +743,12 @@ def test_shim_outputs_parse_to_the_state_they_model() -> None:
     want = shims.rail_bandwidth_gbps(state, "rocep1s0f0")
     for unit_flag in (["--report_gbits"], []):
         out = shims.ib_write_bw(state, ["-d", "rocep1s0f0", *unit_flag, "192.168.100.11"], nds).stdout
-        assert probes.parse_ib_write_bw(out) == pytest.approx(want, abs=0.006), unit_flag
-    gids = probes.parse_show_gids(shims.show_gids(state, [], nds).stdout)
-    assert probes.rocev2_ipv4_gid_index(gids["rocep1s0f0"], "enp1s0f0np0", "192.168.100.10/24") == \
+        assert parse_ib_write_bw(out) == pytest.approx(want, abs=0.006), unit_flag
+    gids = parse_show_gids(shims.show_gids(state, [], nds).stdout)
+    assert rocev2_ipv4_gid_index(gids["rocep1s0f0"], "enp1s0f0np0", "192.168.100.10/24") == \
         shims.roce_v2_ipv4_gid_index(state, "rocep1s0f0", nds)
-    assert probes.parse_ethtool(shims.ethtool(state, ["enp1s0f0np0"], nds, euid=0).stdout) == Ethtool(200000, True)
-    assert probes.parse_ethtool(shims.ethtool(state, ["enp1s0f1np1"], nds, euid=1000).stdout) == Ethtool(None, False)
+    assert parse_ethtool(shims.ethtool(state, ["enp1s0f0np0"], nds, euid=0).stdout) == Ethtool(200000, True)
+    assert parse_ethtool(shims.ethtool(state, ["enp1s0f1np1"], nds, euid=1000).stdout) == Ethtool(None, False)
 
 
 # ---------------------------------------------------------------- the registry
@@ -734,19 +756,21 @@ def test_shim_outputs_parse_to_the_state_they_model() -> None:
 
 def test_every_script_section_resolves_to_one_registered_fact(tmp_path: Path) -> None:
     node = spark_node()
-    weights = probes.WeightsPaths("/opt/sparkctl/weights_agent.py", "/var/cache/h", "/models/x")
-    script = probes.build_script(node, "/models/x", 8000, weights=weights)
+    weights = WeightsPaths("/opt/sparkctl/weights_agent.py", "/var/cache/h", "/models/x")
+    script = build_script(node, "/models/x", 8000, weights=weights)
     manifest = re.search(r"@@sparkctl:manifest:([^@]*)@@", script)
     assert manifest is not None
     names = manifest.group(1).split()
-    assert len(names) == len(set(names)) == 18 + 4 * 4 + 4 + 3  # single facts (the engine unit, the watchdog, the netplan files among them), 4 per netdev, 4 functions, +3 asked (models, weights, model_files)
+    # single facts (the engine unit, the watchdog, the netplan files among them), 4 per netdev, 4 functions,
+    # +3 asked (models, weights, model_files)
+    assert len(names) == len(set(names)) == 18 + 4 * 4 + 4 + 3
     for name in names:
-        hit = probes.REGISTRY.resolve(name)
+        hit = REGISTRY.resolve(name)
         assert hit is not None and hit[0].section(hit[1]) == name, name
         assert f"sec {name}; " in script
-    assert probes.REGISTRY.resolve("net.eth0.100.mtu") == (probes.REGISTRY.resolve("net.x.mtu")[0], "eth0.100")
-    assert probes.REGISTRY.resolve("nonsense") is None
-    assert probes.section_title("pcie.0000:01:00.0") == "PCIe link of 0000:01:00.0"
+    assert REGISTRY.resolve("net.eth0.100.mtu") == (REGISTRY.resolve("net.x.mtu")[0], "eth0.100")
+    assert REGISTRY.resolve("nonsense") is None
+    assert section_title("pcie.0000:01:00.0") == "PCIe link of 0000:01:00.0"
 
 
 def test_absent_codes_are_values_and_a_gone_netdev_skips_its_other_facts() -> None:
@@ -754,13 +778,13 @@ def test_absent_codes_are_values_and_a_gone_netdev_skips_its_other_facts() -> No
     secs += [("weights", "", 3), ("clock_lock", "", 3)]
     secs = [(n, "", 1) if n == "net.enp1s0f0np0.operstate" else (n, "", 1) if n.startswith("net.") else (n, t, rc)
             for n, t, rc in secs]
-    f = probes.parse_batch("spark-a", frame(secs))
-    assert f.weights == probes.WeightsSummary("no-agent") and f.clock_lock_record is None
+    f = parse_batch("spark-a", frame(secs))
+    assert f.weights == WeightsSummary("no-agent") and f.clock_lock_record is None
     assert f.links == {}
     assert f.unreadable == {"net.enp1s0f0np0.operstate": "cannot read link state of enp1s0f0np0 on node spark-a: "
                                                          "no such netdev (class/net/enp1s0f0np0 is missing)"}
     eth75 = [(n, "No data available\n", 75) if n.endswith(".ethtool") else (n, t, rc) for n, t, rc in BATCH_SECTIONS]
-    f = probes.parse_batch("spark-a", frame(eth75))
+    f = parse_batch("spark-a", frame(eth75))
     assert f.links["enp1s0f0np0"].speed_mbps is None and f.links["enp1s0f0np0"].mtu == 9000
     assert "exit code 75" in f.unreadable["net.enp1s0f0np0.ethtool"]
 
@@ -769,6 +793,6 @@ def test_probe_parse_error_names_the_tool_and_is_a_sparkctl_error() -> None:
     from sparkctl.errors import SparkctlError
 
     with pytest.raises(ProbeParseError) as exc:
-        probes.parse_ib_write_bw(fx("ib_write_bw-rdma-cm.txt").replace("[Gb/sec]", "[KB/sec]"))
+        parse_ib_write_bw(fx("ib_write_bw-rdma-cm.txt").replace("[Gb/sec]", "[KB/sec]"))
     assert isinstance(exc.value, SparkctlError) and exc.value.tool == "ib_write_bw"
     assert "KB/sec" in exc.value.detail and "ib_write_bw" in exc.value.one_line()

@@ -27,7 +27,6 @@ from __future__ import annotations
 import shlex
 import shutil
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -35,13 +34,12 @@ import jinja2
 import pytest
 import yaml
 
-sys.path.insert(0, str(Path(__file__).parent))
-from test_render import INVENTORY_FOR  # noqa: E402
+from sparkctl.model.inventory import load_inventory
+from sparkctl.model.profiles import resolve
+from sparkctl.model.resources import Roots
+from sparkctl.plan.render import RenderedFile, render
 
-from sparkctl.model.inventory import load_inventory  # noqa: E402
-from sparkctl.model.profiles import resolve  # noqa: E402
-from sparkctl.model.resources import Roots  # noqa: E402
-from sparkctl.plan.render import RenderedFile, render  # noqa: E402
+from helpers import INVENTORY_FOR
 
 REPO = Path(__file__).resolve().parent.parent
 # Binaries a DGX OS image ships that a Debian test machine does not (NVIDIA's driver utilities).

@@ -19,20 +19,10 @@ from sparkctl.model.profiles import resolve
 from sparkctl.model.resources import Roots
 from sparkctl.plan.render import MASK, render
 
+from helpers import INVENTORY_FOR
+
 GOLDEN = Path(__file__).parent / "golden"
 FIX = Path(__file__).parent / "fixtures"
-
-# Which example inventory each bundled profile is rendered against.
-INVENTORY_FOR = {
-    "ds41f-tp4-ring": "inventory.yaml",
-    "ds41f-tp4-ring-uncapped": "inventory.yaml",
-    "tensorfold-tp4-ring": "inventory.yaml",
-    "tiny-llamacpp": "inventory.yaml",
-    "tensorfold-tp2": "tests/fixtures/inv-pair.yaml",
-    "vllm-tp2-fallback": "tests/fixtures/inv-pair.yaml",
-    "sglang-tp2": "tests/fixtures/inv-pair.yaml",
-    "llamacpp-1box": "tests/fixtures/inv-single.yaml",
-}
 
 
 def test_every_bundled_profile_has_a_golden_inventory() -> None:
@@ -362,8 +352,8 @@ def test_plan_cli_orders_ranks_by_the_ring(repo: Path, sparkctl) -> None:
 
 
 def test_pure_modules_import_no_ssh_library() -> None:
-    code = ("import sys, sparkctl.plan.render, sparkctl.model.profiles, sparkctl.model.inventory, sparkctl.model.layout, sparkctl.plan.planner,"
-            " sparkctl.facts.probes, sparkctl.plan.laws;"
+    code = ("import sys, sparkctl.plan.render, sparkctl.model.profiles, sparkctl.model.inventory, sparkctl.model.layout,"
+            " sparkctl.plan.planner, sparkctl.facts.batch, sparkctl.facts.fabric, sparkctl.plan.laws;"
             "bad = [m for m in ('paramiko', 'fabric', 'invoke', 'socket_ssh') if m in sys.modules];"
             "print(','.join(bad))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -27,7 +27,6 @@ from typing import Any
 
 import paramiko
 import pytest
-from fakenodes import fake_for
 
 from sparkctl.bench.cluster_hooks import config_from_profile
 from sparkctl.bench.results import CSV_COLUMNS, csv_text
@@ -36,13 +35,15 @@ from sparkctl.model.inventory import loads_inventory
 from sparkctl.model.profiles import resolve
 from sparkctl.model.resources import Roots
 from sparkctl.ops import executor, readiness, supervise, weights
-from sparkctl.plan import planner
-from sparkctl.plan.steps import FileRef
 from sparkctl.ops.check import run_check
 from sparkctl.ops.lock import read_records_command
 from sparkctl.ops.status import cluster_status
+from sparkctl.plan import planner
 from sparkctl.plan.render import MASK, render
-from sparkctl.transport.ssh import Call, LocalTransport, reply
+from sparkctl.plan.steps import FileRef
+from sparkctl.transport import Call, LocalTransport, reply
+
+from fakenodes import fake_for
 
 SECRET = "hf_S3CRETvalue_0123456789abcdef"
 API_KEY = "sk-APIKEYvalue-9876543210"
@@ -123,7 +124,8 @@ def test_cli_outputs_never_show_a_secret(tmp_path: Path, sparkctl, monkeypatch: 
     for k, v in SECRETS.items():
         monkeypatch.setenv(k, v)
     base = ("--root", str(root), "-i", str(inv))
-    for cmd in (["plan", "up", "sec", "--assume-fresh"], ["plan", "up", "sec", "--assume-fresh", "--json"], ["render", "sec"], ["render", "sec", "--json"],
+    for cmd in (["plan", "up", "sec", "--assume-fresh"], ["plan", "up", "sec", "--assume-fresh", "--json"],
+                ["render", "sec"], ["render", "sec", "--json"],
                 ["render", "sec", "--node", "spark-b"], ["show", "sec"], ["show", "sec", "--json"],
                 ["show", "sec", "--node", "spark-a"], ["explain", "sec", "engine.secret_env"],
                 ["explain", "sec", "engine", "--json"], ["profiles"]):
@@ -273,9 +275,9 @@ def test_the_put_writes_the_secret_file_0600_even_with_umask_000(tmp_path: Path)
 
 def test_the_put_script_creates_its_temporary_file_with_mktemp() -> None:
     """mktemp makes the temporary file 0600 before a byte is written; chmod comes after the data."""
-    from sparkctl.transport.ssh import _PUT_SCRIPT
+    from sparkctl.transport.base import PUT_SCRIPT
 
-    lines = _PUT_SCRIPT.splitlines()
+    lines = PUT_SCRIPT.splitlines()
     i_tmp = next(i for i, ln in enumerate(lines) if "mktemp" in ln)
     i_cat = next(i for i, ln in enumerate(lines) if ln.startswith("cat >"))
     i_mv = next(i for i, ln in enumerate(lines) if ln.startswith("mv "))
@@ -285,10 +287,10 @@ def test_the_put_script_creates_its_temporary_file_with_mktemp() -> None:
 # --------------------------------------------------------------------------- host keys
 
 def test_the_host_key_policy_refuses_unknown_keys() -> None:
-    from sparkctl.transport.ssh import _RejectUnknown, _UnknownHostKey
+    from sparkctl.transport.hostkeys import RejectUnknown, UnknownHostKey
 
-    with pytest.raises(_UnknownHostKey):
-        _RejectUnknown().missing_host_key(paramiko.SSHClient(), "spark-a", paramiko.RSAKey.generate(1024))
+    with pytest.raises(UnknownHostKey):
+        RejectUnknown().missing_host_key(paramiko.SSHClient(), "spark-a", paramiko.RSAKey.generate(1024))
 
 
 def test_no_code_path_adds_host_keys_automatically() -> None:

@@ -16,14 +16,6 @@ from pathlib import Path
 
 import fabric
 import pytest
-from sshd_fixture import (
-    SshdHandle,
-    fingerprint_of,
-    free_port,
-    keygen,
-    sshd_available,
-    start_sshd,
-)
 
 from sparkctl.errors import LifecycleError, TransportError
 from sparkctl.transport import (
@@ -42,6 +34,15 @@ from sparkctl.transport import (
     known_hosts_name,
     reply,
     trust,
+)
+
+from sshd_fixture import (
+    SshdHandle,
+    fingerprint_of,
+    free_port,
+    keygen,
+    sshd_available,
+    start_sshd,
 )
 
 FAST = TransportSettings(connect_timeout_s=1.0, command_timeout_s=10.0, deadline_s=20.0)
@@ -104,14 +105,6 @@ def test_every_transport_fits_the_protocol(tmp_path: Path) -> None:
         assert isinstance(t, Transport)
     with pytest.raises(TransportError, match="no node 'x'"):
         ssh.run_all({"x": "true"})
-
-
-def test_the_old_import_path_is_the_same_objects() -> None:
-    import sparkctl.transport as pkg
-    import sparkctl.transport.ssh as old
-
-    for name in pkg.__all__:
-        assert getattr(old, name) is getattr(pkg, name), name
 
 
 SSH_LIBRARIES = ("fabric", "paramiko", "invoke")
@@ -658,9 +651,9 @@ def test_reconnects_when_the_cached_connection_died(tmp_path: Path, no_ssh_confi
 
 
 def test_the_fake_nodes_of_the_sweeps_refuse_what_sparkctl_does_not_send() -> None:
-    from fakenodes import fake_for
-
     from sparkctl.model.inventory import load_inventory
+
+    from fakenodes import fake_for
 
     inv = load_inventory(Path(__file__).resolve().parent / "fixtures" / "inv-single.yaml")
     t = fake_for(inv)

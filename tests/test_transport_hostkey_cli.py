@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
 from sshd_fixture import SshdHandle, fingerprint_of, keygen, sshd_available, start_sshd
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(not sshd_available(), reason="OpenSSH sshd not installed")]

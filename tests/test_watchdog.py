@@ -11,11 +11,11 @@ import pytest
 
 from sparkctl.facts import watchdog as wf
 from sparkctl.facts.registry import ScriptContext
-from sparkctl.model.schema import LawsSpec
 from sparkctl.model import watchdog
+from sparkctl.model.schema import LawsSpec
 from sparkctl.plan import laws
 
-from test_laws import DS, INV, ctx, healthy
+from helpers import DS, INV, ctx, healthy
 
 FIX = Path(__file__).resolve().parent / "fixtures" / "spark"
 

@@ -21,7 +21,7 @@ from sparkctl.errors import ConfigError
 from sparkctl.model.inventory import load_inventory, loads_inventory
 from sparkctl.ops import weights
 from sparkctl.remote import weights_agent as agent
-from sparkctl.transport.ssh import LocalTransport
+from sparkctl.transport import LocalTransport
 
 REPO = Path(__file__).resolve().parent.parent
 AGENT = REPO / "sparkctl" / "remote" / "weights_agent.py"

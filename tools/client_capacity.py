@@ -41,22 +41,19 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from sparkctl.bench.client import BenchClient, ClientTimeouts, LoopLagProbe, RequestSpec
+from sparkctl.bench.events import RequestResult
+from sparkctl.bench.metrics import aggregate_throughput, percentile, request_metrics
+from sparkctl.bench.pool import WorkerPool
+from sparkctl.bench.pressure import OTHER_LOAD_CORES, Pressure, PressureMeter
+from sparkctl.bench.refserver import EmitTrace, RefConfig, RefServerProcess
+from sparkctl.bench.selftest import fetch_traces
 
-from floor_client import open_sockets, run_floor_batch  # noqa: E402
-
-from sparkctl.bench.client import BenchClient, ClientTimeouts, LoopLagProbe, RequestSpec  # noqa: E402
-from sparkctl.bench.events import RequestResult  # noqa: E402
-from sparkctl.bench.metrics import aggregate_throughput, percentile, request_metrics  # noqa: E402
-from sparkctl.bench.pool import WorkerPool  # noqa: E402
-from sparkctl.bench.pressure import OTHER_LOAD_CORES, Pressure, PressureMeter  # noqa: E402
-from sparkctl.bench.refserver import EmitTrace, RefConfig, RefServerProcess  # noqa: E402
-from sparkctl.bench.selftest import fetch_traces  # noqa: E402
+from floor_client import open_sockets, run_floor_batch  # beside this script (tools/ is sys.path[0])
 
 CORES = len(os.sched_getaffinity(0))
 KEEP_UP = 0.95  # achieved / offered below this: the client fell behind the offer

@@ -37,7 +37,6 @@ from __future__ import annotations
 import argparse
 import ast
 import hashlib
-import io
 import json
 import re
 import subprocess
@@ -347,7 +346,8 @@ def vllm_contract(work: Path) -> dict[str, Any]:
         "engine": "vllm", "version": "0.11.2", "program": "vllm serve", "subcommand": "serve",
         "parser": {"kind": "argparse", "abbrev": True, "underscores_as_dashes": True,
                    "error_format": "vllm serve: error: argument {flag}: invalid choice: {value!r} (choose from {choices})",
-                   "note": "FlexibleArgumentParser (vllm/utils/argparse_utils.py) turns --a_b into --a-b; allow_abbrev is argparse's default (True)"},
+                   "note": "FlexibleArgumentParser (vllm/utils/argparse_utils.py) turns --a_b into --a-b; "
+                           "allow_abbrev is argparse's default (True)"},
         "positionals": ["model_tag"],
         "flags": dict(sorted(flags.items())),
         "endpoints": {p: {"requires": g} for p, g in sorted(routes.items())},

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 from sparkctl.bench.client import RequestSpec, new_salt
 from sparkctl.bench.events import Event, RequestResult
-from sparkctl.bench.stamped import _ANC_SPACE, _SO_TIMESTAMPNS, kernel_stamp_to_perf
+from sparkctl.bench.stamped import ANC_SPACE, SO_TIMESTAMPNS, kernel_stamp_to_perf
 
 _MARK = b'"text":" w'  # a content chunk of the reference server's completions stream
 _DONE = b"data: [DONE]"
@@ -56,8 +56,8 @@ def open_sockets(url: str, n: int) -> list[socket.socket]:
     for _ in range(n):
         s = socket.create_connection((u.hostname or "127.0.0.1", u.port or 80))
         s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        if _SO_TIMESTAMPNS is not None:
-            s.setsockopt(socket.SOL_SOCKET, _SO_TIMESTAMPNS, 1)
+        if SO_TIMESTAMPNS is not None:
+            s.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
         s.setblocking(False)
         out.append(s)
     return out
@@ -94,7 +94,7 @@ def run_floor_batch(url: str, specs: Sequence[RequestSpec], socks: Sequence[sock
             if not mask & selectors.EVENT_READ:
                 continue
             try:
-                data, anc, _, _ = c.sock.recvmsg(262144, _ANC_SPACE)
+                data, anc, _, _ = c.sock.recvmsg(262144, ANC_SPACE)
             except (BlockingIOError, InterruptedError):
                 continue
             t = time.perf_counter()

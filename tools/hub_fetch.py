@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from sparkctl.model.inventory import loads_inventory
     from sparkctl.ops.hubfetch import fetch_model, resolve
-    from sparkctl.transport.ssh import LocalTransport
+    from sparkctl.transport import LocalTransport
 
     size = int(args.file_mb * 2**20)
     files = {f"model-{i + 1:05d}-of-{args.files:05d}.safetensors": _blob(size, i) for i in range(args.files)}

@@ -41,8 +41,7 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from check_scaling import e2e_lock  # noqa: E402  (the same two host locks, taken in the same order)
+from check_scaling import e2e_lock  # the same two host locks, taken in the same order (tools/ is sys.path[0])
 
 PROFILE = "tensorfold-tp2"
 IMAGE = "ghcr.io/tensorfold/tensorfold-spark:zig-2026.10"

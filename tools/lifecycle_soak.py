@@ -27,7 +27,7 @@ from sparkctl.model.profiles import resolve
 from sparkctl.model.resources import Roots
 from sparkctl.ops.executor import down, switch, up
 from sparkctl.plan.laws import Waiver
-from sparkctl.transport.ssh import SSHTransport
+from sparkctl.transport import SSHTransport
 from sparkctl_sim.paths import default_inventory
 
 LOCK = Path("/run/sparkctl-sim/e2e-tests.lock")

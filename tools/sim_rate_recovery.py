@@ -13,8 +13,8 @@ interpolated on log(prompt length) between its table points, as the engine
 does). The aggregate's window holds the TTFT (the bench's definition), so its
 expected value comes from the engine's closed form (:func:`expected_aggregate`),
 not from the decode-only aggregate the engine is configured with. Prints every
-error, the CPU pressure (Linux PSI "some") while each engine ran, and exits 1 when any error is outside +-``--tolerance-pct`` (default 2, the
-issue's "configured rates are recovered within 2 %").
+error, the CPU pressure (Linux PSI "some") while each engine ran, and exits 1 when any error is outside
++-``--tolerance-pct`` (default 2, the issue's "configured rates are recovered within 2 %").
 
 This is the strict check; tests/test_bench_suites.py keeps a wide bound (see
 its test) because a unit test must not fail because another process held the
@@ -37,8 +37,9 @@ from typing import Any
 
 import httpx
 
+from sparkctl.bench.options import RunOptions
 from sparkctl.bench.pressure import cpu_pressure_total_s
-from sparkctl.bench.runner import RunOptions, run
+from sparkctl.bench.runner import run
 from sparkctl_sim.engines.local import prefill_rate, start_local, stop
 
 # name served, decode tokens. TensorFold ignores ignore_eos: 100 tokens stay under

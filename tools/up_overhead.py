@@ -34,8 +34,7 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from check_scaling import e2e_lock  # noqa: E402  (the same two host locks, taken in the same order)
+from check_scaling import e2e_lock  # the same two host locks, taken in the same order (tools/ is sys.path[0])
 
 REPO = Path(__file__).resolve().parent.parent
 PROFILE = "ds41f-tp4-ring"

@@ -75,7 +75,7 @@ class _SyncPair:
     def __init__(self, tmp: Path, blob: Path) -> None:
         sys.path.insert(0, str(REPO))
         from sparkctl.model.inventory import loads_inventory
-        from sparkctl.transport.ssh import LocalTransport
+        from sparkctl.transport import LocalTransport
 
         self.tmp = tmp
         self.inv = loads_inventory(

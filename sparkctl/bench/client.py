@@ -389,7 +389,8 @@ class BenchClient:
                     first = True
                     async for data in reader:
                         # when the bytes were received (the read callback's stamp), else now
-                        t = stamped.last_read_t if stamped is not None else time.perf_counter()
+                        last = stamped.last_read_t if stamped is not None else None
+                        t = last if last is not None else time.perf_counter()
                         if first:
                             # detail: who dated the bytes ("kernel": its receive stamp; "loop": the read callback)
                             events.append(Event(t, "first_byte", raw_len=len(data),

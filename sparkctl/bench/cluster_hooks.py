@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from sparkctl.bench.runner import Telemetry
+from sparkctl.bench.telemetry import Telemetry
 
 CheckFn = Callable[[Any, Any, bool], Mapping[str, Any]]
 """``check_fn(resolved, inventory, force) -> facts``: probe the nodes, judge the laws,

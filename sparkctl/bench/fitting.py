@@ -27,6 +27,7 @@ from sparkctl.bench import workloads as wl
 from sparkctl.bench.rows import utc
 
 if TYPE_CHECKING:
+    from sparkctl.bench.events import RequestResult
     from sparkctl.bench.options import RunOptions
 
 
@@ -54,6 +55,10 @@ class ContextFit:
     _fixed: dict[Any, int]
     _agent_fit: dict[str, AgentFit]
     n_fit_probes: int
+
+    if TYPE_CHECKING:  # the runner's (sparkctl.bench.runner.Runner)
+        def _row(self, suite: str, point: str, params: Mapping[str, Any], repeat: int, results: Sequence[RequestResult],
+                 t_start: str, metrics: Mapping[str, Any], flags: Sequence[str] = (), salt: str = "") -> dict[str, Any]: ...
 
     @property
     def window(self) -> int | None:

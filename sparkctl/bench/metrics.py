@@ -248,8 +248,9 @@ def aggregate_throughput(logs: Sequence[Sequence[Event]]) -> Throughput:
     sents = [m.t_sent_s for m in per if m.t_sent_s is not None]
     lasts = [m.t_last_token_s for m in per if m.t_last_token_s is not None]
     tokens = sum(m.completion_tokens or 0 for m in per if m.t_last_token_s is not None)
-    sources = [m.token_source for m in per if m.token_source is not None]
-    source: TokenSource | None = max(sources, key=lambda s: _SOURCE_RANK[s]) if sources else None
+    sources: list[TokenSource] = [m.token_source for m in per if m.token_source is not None]
+    ranked = sorted(sources, key=lambda s: _SOURCE_RANK[s])
+    source: TokenSource | None = ranked[-1] if ranked else None  # the weakest source any request had
     if not sents or not lasts:
         return Throughput(len(per), tokens, None, None, source)
     window = max(lasts) - min(sents)

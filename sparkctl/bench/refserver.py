@@ -39,18 +39,16 @@ the stream is otherwise valid), ``disconnect`` (the TCP connection is aborted),
 ``stall`` (silence for ``stall_s``), and ``http_error`` (status
 ``http_error_status`` before any stream).
 
-Must not: bind anything but the host it is given (127.0.0.1 by default) or
-print outside :func:`main`.
+Must not: bind anything but the host it is given (127.0.0.1 by default), or
+print (its command line, for this server and the lean one, is :mod:`sparkctl.bench.refserve`).
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import dataclasses
 import heapq
 import json
-import signal
 import sys
 import threading
 import time
@@ -198,9 +196,9 @@ class RefServer:
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port, reuse_address=True)
         await site.start()
-        server = site._server  # aiohttp exposes the bound port only here
-        if server is not None and server.sockets:
-            self.port = server.sockets[0].getsockname()[1]
+        sockets = getattr(site._server, "sockets", None)  # aiohttp exposes the bound port only here (an asyncio.Server)
+        if sockets:
+            self.port = sockets[0].getsockname()[1]
 
     async def stop(self) -> None:
         if self._runner is not None:
@@ -430,7 +428,7 @@ class PreciseWaker:
 
 
 class RefServerProcess:
-    """The server in a child process (``python -m sparkctl.bench.refserver``).
+    """The server in a child process (``python -m sparkctl.bench.refserve``).
 
     Measurements should use this: the server then runs on its own interpreter
     and core instead of sharing the client's event loop and GIL.
@@ -449,7 +447,7 @@ class RefServerProcess:
 
     def argv(self) -> list[str]:
         c = self.config
-        args = [sys.executable, "-m", "sparkctl.bench.refserver", "--host", self.host, "--port", "0",
+        args = [sys.executable, "-m", "sparkctl.bench.refserve", "--host", self.host, "--port", "0",
                 "--ttft-base-s", repr(c.ttft_base_s), "--ttft-per-token-s", repr(c.ttft_per_token_s),
                 "--gap-s", repr(c.gap_s), "--tokens-per-chunk", str(c.tokens_per_chunk),
                 "--fault-after-tokens", str(c.fault_after_tokens)]
@@ -497,58 +495,3 @@ class RefServerProcess:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
-
-
-# -- command line -------------------------------------------------------------------
-
-
-def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
-    d = RefConfig()
-    p = argparse.ArgumentParser(prog="python -m sparkctl.bench.refserver", description=__doc__.split("\n")[0])
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=0, help="0 = a free port (printed on start)")
-    p.add_argument("--model", default="refserver")
-    p.add_argument("--ttft-base-s", type=float, default=d.ttft_base_s)
-    p.add_argument("--ttft-per-token-s", type=float, default=d.ttft_per_token_s)
-    p.add_argument("--gap-s", type=float, default=d.gap_s)
-    p.add_argument("--tokens-per-chunk", type=int, default=d.tokens_per_chunk)
-    p.add_argument("--role-chunk", action="store_true")
-    p.add_argument("--no-usage", action="store_true")
-    p.add_argument("--fault", choices=FAULTS, default=None)
-    p.add_argument("--fault-after-tokens", type=int, default=d.fault_after_tokens)
-    p.add_argument("--lean", action="store_true",
-                   help="the lean server (sparkctl.bench.leanserver): same timing and bytes, no fault modes")
-    return p.parse_args(argv)
-
-
-async def _serve_forever(srv: Any) -> None:
-    await srv.start()
-    print(f"refserver listening on {srv.base_url}", flush=True)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    try:
-        await stop.wait()
-    finally:
-        await srv.stop()
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    a = _parse(argv)
-    # the waker thread must get the GIL back quickly when the loop thread is busy
-    sys.setswitchinterval(0.0002)
-    cfg = RefConfig(ttft_base_s=a.ttft_base_s, ttft_per_token_s=a.ttft_per_token_s, gap_s=a.gap_s,
-                    tokens_per_chunk=a.tokens_per_chunk, role_chunk=a.role_chunk, usage=not a.no_usage,
-                    fault=a.fault, fault_after_tokens=a.fault_after_tokens)
-    if a.lean:
-        from sparkctl.bench.leanserver import LeanRefServer
-
-        asyncio.run(_serve_forever(LeanRefServer(cfg, host=a.host, port=a.port, model=a.model)))
-    else:
-        asyncio.run(_serve_forever(RefServer(cfg, host=a.host, port=a.port, model=a.model)))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -120,6 +120,11 @@ def reference_columns(published: Mapping[str, Any]) -> list[Column]:
 # --------------------------------------------------------------------------- measured columns
 
 
+def _ratio(a: float | None, b: float | None) -> float:
+    """a / b, 0 when either is missing or zero (a bar of nothing, not a gap)."""
+    return a / b if a and b else 0.0
+
+
 def _cell(run: LoadedRun, suite: str, metric: str, match: Mapping[str, str]) -> Cell:
     mine = [r for r in run.rows if r["suite"] == suite and all(r.get(k) == v for k, v in match.items())]
     valid = [r for r in mine if r.get("valid") == "1"]
@@ -364,7 +369,7 @@ def write_plots(runs: Sequence[LoadedRun], labels: Sequence[str], out: Path) -> 
     files: list[str] = []
 
     def series(run: LoadedRun, suite: str, key: str, metric: str) -> list[tuple[float, Cell]]:
-        xs = sorted({to_float(r.get(key)) for r in run.rows if r["suite"] == suite and to_float(r.get(key))})
+        xs = sorted({x for r in run.rows if r["suite"] == suite and (x := to_float(r.get(key)))})
         return [(x, _cell(run, suite, metric, {key: str(int(x))})) for x in xs if x is not None]
 
     def line_plot(name: str, suite: str, key: str, metric: str, xlabel: str, ylabel: str, title: str,
@@ -430,7 +435,7 @@ def write_plots(runs: Sequence[LoadedRun], labels: Sequence[str], out: Path) -> 
                      for k in keys}
         for i, (run, lab) in enumerate(zip(runs, labels)):
             cells = measured_cells(run)
-            rel = [(cells[k].median / base_vals[k]) if cells[k].median and base_vals[k] else 0.0 for k in keys]
+            rel = [_ratio(cells[k].median, base_vals[k]) for k in keys]
             ax.bar([j + i * width for j in range(len(keys))], rel, width, label=f"{lab}")
         ax.set_xticks([j + width * (len(runs) - 1) / 2 for j in range(len(keys))],
                       [t.split(" (")[0] for _, t in TABLE_ROWS], rotation=20, ha="right")

@@ -45,11 +45,11 @@ import httpx
 from sparkctl import __version__
 from sparkctl.bench import workloads as wl
 from sparkctl.bench.client import BenchClient, RequestSpec, new_salt
-from sparkctl.bench.pool import PooledBenchClient, WorkerPool, default_workers
 from sparkctl.bench.events import RequestResult, result_to_jsonl
-from sparkctl.bench.fitting import AgentFit, ContextFit
+from sparkctl.bench.fitting import AgentFit
 from sparkctl.bench.metrics import request_metrics
 from sparkctl.bench.options import RunOptions
+from sparkctl.bench.pool import PooledBenchClient, WorkerPool, default_workers
 from sparkctl.bench.results import (
     CSV_COLUMNS,
     SCHEMA_VERSION,
@@ -66,25 +66,11 @@ from sparkctl.bench.rows import (
     utc,
 )
 from sparkctl.bench.servermetrics import ServerMetrics
-from sparkctl.bench.suites import LONGCTX_ANSWER_TOKENS, Suites
+from sparkctl.bench.suites import Suites
 from sparkctl.bench.telemetry import Telemetry, TelemetrySampler, telemetry_summary
 from sparkctl.errors import ConfigError, TransportError
 
-__all__ = [
-    "KNOWN_ENGINES",
-    "LONGCTX_ANSWER_TOKENS",
-    "AgentFit",
-    "RunOptions",
-    "RunSummary",
-    "Runner",
-    "Telemetry",
-    "TelemetrySampler",
-    "run",
-    "run_async",
-    "summarize_rows",
-    "telemetry_summary",
-    "usage_cached_tokens",
-]
+__all__ = ["KNOWN_ENGINES", "RunSummary", "Runner", "run", "run_async"]
 
 Progress = Callable[[str], None]
 
@@ -111,7 +97,7 @@ class RunSummary:
 
 
 
-class Runner(ContextFit, Suites):
+class Runner(Suites):  # and so ContextFit
     """One run: an endpoint, a model, a configuration, an output directory."""
 
     def __init__(self, base_url: str, model: str, out_dir: Path, config: Mapping[str, Any], options: RunOptions,

@@ -43,12 +43,12 @@ class SSESplitter:
     def feed(self, data: bytes) -> list[bytes]:
         if not self._buf and not self._pending_cr and b"\r" not in data:
             # the common read: LF line ends, nothing held over; the same frames as below
-            frames = data.split(b"\n\n")
-            rest = frames.pop()
+            split = data.split(b"\n\n")
+            rest = split.pop()
             if rest:
                 self._buf += rest
                 self._scan_from = len(self._buf)
-            return frames
+            return split
         if self._pending_cr:
             data = b"\r" + data
             self._pending_cr = False

@@ -54,9 +54,9 @@ _LOW_WATER_BYTES = 1 << 20
 
 
 # Linux: SO_TIMESTAMPNS = SCM_TIMESTAMPNS = 35 (a struct timespec of CLOCK_REALTIME)
-_SO_TIMESTAMPNS: int | None = getattr(socket, "SO_TIMESTAMPNS", 35 if sys.platform.startswith("linux") else None)
+SO_TIMESTAMPNS: int | None = getattr(socket, "SO_TIMESTAMPNS", 35 if sys.platform.startswith("linux") else None)
 _TIMESPEC = struct.Struct("@qq")
-_ANC_SPACE = socket.CMSG_SPACE(_TIMESPEC.size) if hasattr(socket, "CMSG_SPACE") else 0
+ANC_SPACE = socket.CMSG_SPACE(_TIMESPEC.size) if hasattr(socket, "CMSG_SPACE") else 0
 # A kernel stamp older than this at read time is not believed (the read callback's stamp is used)
 _MAX_STAMP_AGE_S = 10.0
 
@@ -70,7 +70,7 @@ def kernel_stamp_to_perf(anc: list[tuple[int, int, bytes]], rt_now_ns: int, pc_n
     than ``_MAX_STAMP_AGE_S`` (a realtime clock stepped in between).
     """
     for level, kind, data in anc:
-        if level == socket.SOL_SOCKET and kind == _SO_TIMESTAMPNS and len(data) >= _TIMESPEC.size:
+        if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS and len(data) >= _TIMESPEC.size:
             sec, nsec = _TIMESPEC.unpack_from(data)
             age_s = (rt_now_ns - (sec * 1_000_000_000 + nsec)) / 1e9
             return pc_now - age_s if 0.0 <= age_s <= _MAX_STAMP_AGE_S else None
@@ -92,23 +92,23 @@ class _StampingSocket(socket.socket):
         self.rx_stamp: float | None = None
 
     def enable_stamps(self) -> bool:
-        if _SO_TIMESTAMPNS is None or not _ANC_SPACE:
+        if SO_TIMESTAMPNS is None or not ANC_SPACE:
             return False
         try:
-            self.setsockopt(socket.SOL_SOCKET, _SO_TIMESTAMPNS, 1)
+            self.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
         except OSError:
             return False
         return True
 
     def recv(self, bufsize: int, flags: int = 0) -> bytes:
-        data, anc, _, _ = self.recvmsg(bufsize, _ANC_SPACE, flags)
+        data, anc, _, _ = self.recvmsg(bufsize, ANC_SPACE, flags)
         self.rx_stamp = kernel_stamp_to_perf(anc, time.time_ns(), time.perf_counter()) if anc else None
         return data
 
     def recv_into(self, buffer: typing.Any, nbytes: int = 0, flags: int = 0) -> int:
         # asyncio reads with recv_into for a buffered protocol (its TLS layer)
         view = memoryview(buffer).cast("B")
-        n, anc, _, _ = self.recvmsg_into([view[:nbytes] if nbytes else view], _ANC_SPACE, flags)
+        n, anc, _, _ = self.recvmsg_into([view[:nbytes] if nbytes else view], ANC_SPACE, flags)
         self.rx_stamp = kernel_stamp_to_perf(anc, time.time_ns(), time.perf_counter()) if anc else None
         return n
 
@@ -262,8 +262,8 @@ class StampedStream(httpcore.AsyncNetworkStream):
             raise httpcore.ConnectError(f"TLS handshake failed: {exc}") from exc
         if tls is None:
             raise httpcore.ConnectError("TLS handshake failed: no transport")
-        self._p.transport = typing.cast(asyncio.Transport, tls)
-        return StampedStream(typing.cast(asyncio.Transport, tls), self._p)
+        self._p.transport = tls
+        return StampedStream(tls, self._p)
 
     def get_extra_info(self, info: str) -> typing.Any:
         if info == "is_readable":
@@ -317,7 +317,8 @@ class StampedBackend(httpcore.AsyncNetworkBackend):
 
     async def connect_tcp(self, host: str, port: int, timeout: float | None = None,
                           local_address: str | None = None,
-                          socket_options: Iterable[tuple[int, int, int | bytes | None]] | None = None,
+                          socket_options: Iterable[tuple[int, int, int] | tuple[int, int, bytes | bytearray]
+                                                   | tuple[int, int, None, int]] | None = None,
                           ) -> StampedStream:
         loop = asyncio.get_running_loop()
         try:
@@ -326,14 +327,14 @@ class StampedBackend(httpcore.AsyncNetworkBackend):
                 stamps = self.kernel_stamps and sock.enable_stamps()
                 # asyncio sets TCP_NODELAY; the caller's options go on top
                 for opt in socket_options or ():
-                    sock.setsockopt(*opt)  # type: ignore[arg-type]
+                    sock.setsockopt(*opt)
                 transport, protocol = await loop.create_connection(
                     lambda: _StampingProtocol(sock if stamps else None), sock=sock)
         except TimeoutError:
             raise httpcore.ConnectTimeout(f"connect to {host}:{port} timed out") from None
         except OSError as exc:
             raise httpcore.ConnectError(str(exc)) from exc
-        return StampedStream(typing.cast(asyncio.Transport, transport), protocol)
+        return StampedStream(transport, protocol)
 
     async def sleep(self, seconds: float) -> None:
         await asyncio.sleep(seconds)

@@ -7,9 +7,10 @@ mixed load) and the rows each produces. Their prompts and plans come from
 :mod:`sparkctl.bench.workloads`; what fits the window from
 :mod:`sparkctl.bench.fitting`.
 
-A mixin of :class:`sparkctl.bench.runner.Runner`: it uses the runner's
-``_client``, ``_spec``, ``_ask_spec``, ``_log``, ``_row``, ``rows``,
-``repeats``, ``decode_tokens``, ``engine``, ``opt`` and ``progress``.
+A mixin of :class:`sparkctl.bench.runner.Runner` over the context-window half
+(:class:`~sparkctl.bench.fitting.ContextFit`): it uses the runner's ``_client``,
+``_spec``, ``_ask_spec``, ``_log``, ``_row``, ``rows``, ``repeats``,
+``decode_tokens`` and ``engine`` (declared below for the type checker).
 
 Must not: print (``progress`` is a callback) or write files.
 """
@@ -19,29 +20,44 @@ from __future__ import annotations
 import asyncio
 import math
 import time
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from sparkctl.bench import quality as q
 from sparkctl.bench import workloads as wl
 from sparkctl.bench.client import new_salt
 from sparkctl.bench.events import RequestResult
-from sparkctl.bench.fitting import AgentFit
+from sparkctl.bench.fitting import AgentFit, ContextFit
 from sparkctl.bench.metrics import request_metrics, summarize
 from sparkctl.bench.rows import usage_cached_tokens, utc
 
 if TYPE_CHECKING:
+    from sparkctl.bench.client import BenchClient, RequestSpec
     from sparkctl.bench.options import RunOptions
 
 LONGCTX_ANSWER_TOKENS = 48  # room for the passphrase and a sentence around it
 
 
-class Suites:
+class Suites(ContextFit):
     """longctx, quality, agent and soak (see the module docstring for what they use of the runner)."""
 
     opt: RunOptions
     rows: list[dict[str, Any]]
     repeats: int
     decode_tokens: int
+
+    if TYPE_CHECKING:  # the runner's (sparkctl.bench.runner.Runner)
+        @property
+        def engine(self) -> str | None: ...
+
+        async def _client(self, concurrency: int) -> BenchClient: ...
+
+        def _spec(self, messages: Sequence[Mapping[str, str]], max_tokens: int, extra: Mapping[str, Any],
+                  labels: Mapping[str, str], keep_text: bool = False) -> RequestSpec: ...
+
+        def _ask_spec(self, ask: wl.Ask, salt: str, labels: Mapping[str, str]) -> RequestSpec: ...
+
+        def _log(self, results: Sequence[RequestResult], counted: bool = True) -> None: ...
 
     async def suite_longctx(self) -> None:
         lengths = self.opt.lengths or wl.DEFAULT_LONGCTX_LENGTHS
@@ -164,7 +180,8 @@ class Suites:
 
         async def session(plan: wl.SessionPlan) -> None:
             await asyncio.sleep(plan.start_offset_s)
-            salt, history, turn = new_salt(), [], 0
+            history: list[wl.Message] = []
+            salt, turn = new_salt(), 0
             last_prompt, last_completion = 0, 0   # engine tokens of the last turn sent and its answer
             errors_in_row = 0
             while time.perf_counter() < w1:

@@ -33,7 +33,7 @@ from collections import deque
 from collections.abc import Sequence
 from typing import Protocol
 
-from sparkctl.bench.stamped import _ANC_SPACE, _SO_TIMESTAMPNS, kernel_stamp_to_perf
+from sparkctl.bench.stamped import ANC_SPACE, SO_TIMESTAMPNS, kernel_stamp_to_perf
 
 _READ_SIZE = 256 * 1024
 _MAX_HEAD_BYTES = 64 * 1024
@@ -93,9 +93,9 @@ class WireConnection:
                 async with asyncio.timeout(timeout_s):
                     await loop.sock_connect(sock, addr)
                 stamps = False
-                if kernel_stamps and _SO_TIMESTAMPNS is not None and _ANC_SPACE:
+                if kernel_stamps and SO_TIMESTAMPNS is not None and ANC_SPACE:
                     try:
-                        sock.setsockopt(socket.SOL_SOCKET, _SO_TIMESTAMPNS, 1)
+                        sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
                         stamps = True
                     except OSError:
                         pass
@@ -179,7 +179,7 @@ class WireConnection:
     def _on_readable(self) -> None:
         try:
             if self.stamps:
-                data, anc, _, _ = self.sock.recvmsg(_READ_SIZE, _ANC_SPACE)
+                data, anc, _, _ = self.sock.recvmsg(_READ_SIZE, ANC_SPACE)
                 t = time.perf_counter()  # the stamp first, nothing before it
                 k = kernel_stamp_to_perf(anc, time.time_ns(), t) if anc else None
                 if k is not None and k <= t:

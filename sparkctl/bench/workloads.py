@@ -556,7 +556,7 @@ def agent_backoff_s(consecutive_errors: int) -> float:
     """The pause of a session after its ``consecutive_errors``-th failed turn in a row (0: none). Pure."""
     if consecutive_errors <= 0:
         return 0.0
-    return min(AGENT_BACKOFF_CAP_S, AGENT_BACKOFF_BASE_S * 2 ** (consecutive_errors - 1))
+    return float(min(AGENT_BACKOFF_CAP_S, AGENT_BACKOFF_BASE_S * 2 ** (consecutive_errors - 1)))
 
 
 # --------------------------------------------------------------------------- soak

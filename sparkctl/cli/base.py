@@ -138,7 +138,9 @@ def cli(ctx: click.Context, inventory: str | None, root: str | None) -> None:
 
 def _set_inventory(ctx: click.Context, _param: click.Parameter, value: str | None) -> None:
     if value:
-        ctx.find_object(Ctx).inventory_path = value
+        obj = ctx.find_object(Ctx)
+        assert obj is not None  # the group's callback made it before any option's
+        obj.inventory_path = value
 
 
 inventory_option = click.option("-i", "--inventory", metavar="FILE", expose_value=False, callback=_set_inventory,
@@ -177,7 +179,7 @@ def with_transport_options(f: Any) -> Any:
 def make_transport(inv: Inventory, connect_timeout_s: float, command_timeout_s: float, deadline_s: float) -> Any:
     import logging
 
-    from sparkctl.transport.ssh import SSHTransport, TransportSettings
+    from sparkctl.transport import SSHTransport, TransportSettings
 
     logging.getLogger("paramiko").setLevel(logging.CRITICAL)  # we report connection errors ourselves
     return SSHTransport(inv.nodes, TransportSettings(connect_timeout_s, command_timeout_s, deadline_s))

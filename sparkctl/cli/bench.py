@@ -118,11 +118,10 @@ def bench_run_cmd(c: Ctx, profile: str | None, base_url: str | None, model: str 
 def bench_check(res: Any, inv: Any, transport: Any, force: bool) -> dict[str, Any]:
     """Pre-bench health check: every law on every node; waivers come from the run record."""
     from sparkctl.errors import CheckFailed
+    from sparkctl.model.stacks import stack_of
     from sparkctl.ops.check import run_check
     from sparkctl.ops.lock import read_record
     from sparkctl.plan.laws import Waiver
-
-    from sparkctl.model.stacks import stack_of
 
     rec = read_record(inv, transport, stack_of(res))
     waivers = {k: Waiver(k, v) for k, v in (rec.waivers if rec and rec.profile == res.name else {}).items()}
@@ -145,6 +144,10 @@ def bench_check(res: Any, inv: Any, transport: Any, force: bool) -> dict[str, An
     }
 
 
+def _figure(v: float | None) -> str:
+    return "-" if v is None else (f"{v:,.1f}" if abs(v) >= 1 else f"{v:.4f}")
+
+
 def _bench_run(c: Ctx, profile: str | None, base_url: str | None, model: str | None, out_dir: str | None,
                suites: tuple[str, ...], record: bool, force: bool, lengths: tuple[int, ...] | None,
                concurrency: tuple[int, ...] | None, repeats: int | None, duration_s: float,
@@ -153,7 +156,9 @@ def _bench_run(c: Ctx, profile: str | None, base_url: str | None, model: str | N
     import time as _time
 
     from sparkctl.bench import runner as bench_runner
+    from sparkctl.bench import workloads
     from sparkctl.bench.cluster_hooks import config_from_profile, prepare
+    from sparkctl.bench.options import RunOptions
     from sparkctl.bench.results import HEADLINE
     from sparkctl.errors import CheckFailed
     from sparkctl.ops.readiness import operator_key
@@ -199,8 +204,8 @@ def _bench_run(c: Ctx, profile: str | None, base_url: str | None, model: str | N
     else:
         raise ConfigError("nothing to benchmark", hint="give a PROFILE, or --base-url URL --model NAME")
     chosen = suites or tuple((config.get("bench") or {}).get("suites") or ())
-    options = bench_runner.RunOptions(
-        suites=chosen or bench_runner.wl.DEFAULT_SUITES, repeats=repeats, record=record, lengths=lengths,
+    options = RunOptions(
+        suites=chosen or workloads.DEFAULT_SUITES, repeats=repeats, record=record, lengths=lengths,
         concurrency=concurrency, decode_tokens=decode_tokens, duration_s=duration_s, label=label,
         agent_warmup_s=warmup_s, agent_measure_s=measure_s, server_metrics=server_metrics)
     out_path = Path(out_dir) if out_dir else Path("runs") / f"{_time.strftime('%Y%m%d-%H%M%S')}-{_slug(profile or model)}"
@@ -221,8 +226,7 @@ def _bench_run(c: Ctx, profile: str | None, base_url: str | None, model: str | N
                 continue  # per-scenario rows live in results.csv
             metric = HEADLINE.get(p["suite"], "")
             m = p["metrics"].get(metric) or {}
-            f = (lambda v: "-" if v is None else (f"{v:,.1f}" if abs(v) >= 1 else f"{v:.4f}"))
-            t.add_row(p["point"], metric, f(m.get("median")), f(m.get("min")), f(m.get("max")),
+            t.add_row(p["point"], metric, _figure(m.get("median")), _figure(m.get("min")), _figure(m.get("max")),
                       f"{p['valid_repeats']}/{p['repeats']}", escape(", ".join(p["flags"])[:60]))
         out.print(t)
         for suite, tele in summary.telemetry.items():

@@ -110,7 +110,7 @@ def hw_change_cmd(c: Ctx, note: str, nodes: tuple[str, ...], connect_timeout_s: 
 @pass_ctx
 def trust_cmd(c: Ctx, nodes: tuple[str, ...], fingerprint: str | None, yes: bool, connect_timeout_s: float) -> None:
     """Record NODES' ssh host keys in known_hosts, on purpose (never done silently)."""
-    from sparkctl.transport.ssh import (
+    from sparkctl.transport import (
         TransportSettings,
         default_known_hosts,
         fetch_host_key,
@@ -440,7 +440,7 @@ def logs_cmd(c: Ctx, node: str | None, lines: int, follow: bool, connect_timeout
     """Engine logs of every node (or NODE), each line prefixed by its node."""
     import shlex
 
-    from sparkctl.plan.render import LOG_DIR, under
+    from sparkctl.model.paths import LOG_DIR, under
 
     inv = c.inventory()
     nodes = [node] if node else list(inv.names)

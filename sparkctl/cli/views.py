@@ -67,7 +67,7 @@ def ring_picture(inv: Inventory) -> str:
     bot = f"{d:>{w}} {port(d, c)} ------ {port(c, d)} {c}"
     left = " " * (w - 2)
     col_r = len(top) - len(b) - 4  # under b's port
-    def row(l: str, r: str) -> str:
-        s = f"{left}{l}"
-        return s + " " * max(1, col_r - len(s)) + r
+    def row(lhs: str, rhs: str) -> str:
+        s = f"{left}{lhs}"
+        return s + " " * max(1, col_r - len(s)) + rhs
     return "\n".join([top, row(port(a, d), port(b, c)), row(" |", " |"), row(port(d, a), port(c, b)), bot])

@@ -151,9 +151,9 @@ def weights_fetch_cmd(c: Ctx, profile: str, node: str | None, revision: str | No
 @with_transport_options
 @json_option
 @pass_ctx
-def weights_sync_cmd(c: Ctx, profile: str, from_node: str | None, to_nodes: tuple[str, ...], dry_run: bool, connections: int, chunk_mb: float,
-                     no_pipeline: bool, connect_timeout_s: float, command_timeout_s: float, deadline_s: float,
-                     as_json: bool) -> None:
+def weights_sync_cmd(c: Ctx, profile: str, from_node: str | None, to_nodes: tuple[str, ...], dry_run: bool,
+                     connections: int, chunk_mb: float, no_pipeline: bool, connect_timeout_s: float,
+                     command_timeout_s: float, deadline_s: float, as_json: bool) -> None:
     """Copy the profile's weights to its other nodes over the fabric only, verified against a manifest."""
     from sparkctl.model.layout import bind
     from sparkctl.ops.hub import local_dir_of
@@ -167,7 +167,11 @@ def weights_sync_cmd(c: Ctx, profile: str, from_node: str | None, to_nodes: tupl
         raise ConfigError(f"--from {src}: not in the inventory", hint=f"nodes: {', '.join(inv.names)}")
     if dry_run:
         lines = describe_plan(plan_sync(inv, src, nodes))
-        emit_json(lines) if as_json else [out.print(line, markup=False) for line in lines]
+        if as_json:
+            emit_json(lines)
+        else:
+            for line in lines:
+                out.print(line, markup=False)
         return
     with make_transport(inv, connect_timeout_s, command_timeout_s, deadline_s) as tr:
         m = res.profile.model

@@ -38,11 +38,9 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from sparkctl.facts import engine as engine_fact
-from sparkctl.facts import modelfiles
+from sparkctl.facts import gpu, modelfiles, net, netplanfiles, pci, services, system
 from sparkctl.facts import nccl as nccl_fact
-from sparkctl.facts import netplanfiles
 from sparkctl.facts import watchdog as watchdog_fact
-from sparkctl.facts import gpu, net, pci, services, system
 from sparkctl.facts.nodefacts import GpuFacts, LinkFacts, NodeFacts, PcieFacts
 from sparkctl.facts.registry import (
     SECTION_NAME,

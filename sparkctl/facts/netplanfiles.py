@@ -23,6 +23,7 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
+
 import yaml
 
 from sparkctl.facts.registry import NOT_FOUND, Fact, ProbeParseError, ScriptContext, q

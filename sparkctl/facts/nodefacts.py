@@ -20,6 +20,10 @@ also record what it applied (``NodeFacts.clock_lock_record``).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # facts.watchdog imports the registry; the values stay a leaf at run time
+    from sparkctl.facts.watchdog import WatchdogFacts
 
 
 @dataclass(frozen=True)
@@ -142,7 +146,7 @@ class NodeFacts:
     nccl_version: tuple[int, ...] | None = None
     nccl_library: str | None = None  # the path of the library that version was read from
     nccl_torch: tuple[int, ...] | None = None  # what torch was built against (torch.cuda.nccl.version())
-    watchdog: object | None = None  # sparkctl.facts.watchdog.WatchdogFacts: earlyoom's state and arguments
+    watchdog: WatchdogFacts | None = None  # earlyoom's state and arguments
     netplan_files: tuple[object, ...] | None = None  # sparkctl.facts.netplanfiles.NetplanFile, in read order
     clock_lock_record: tuple[str, int] | None = None  # (boot_id, cap MHz) written when sparkctl locked the clock
     weights: WeightsSummary | None = None

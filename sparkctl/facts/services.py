@@ -25,10 +25,10 @@ from sparkctl.facts.registry import (
     q,
     tool,
 )
+from sparkctl.model.engines import ENGINE_PATTERN, ENGINE_REGEX
+from sparkctl.model.paths import UNIT, under
 
 MARKER_PREFIX = "@@sparkctl:"
-from sparkctl.model.engines import ENGINE_PATTERN, ENGINE_REGEX  # noqa: E402,F401 - one definition, re-exported
-from sparkctl.model.paths import UNIT, under  # noqa: E402
 
 # How long the node may take to answer /v1/models; the brief: curl -m 3.
 MODELS_TIMEOUT_S = 3

@@ -189,7 +189,7 @@ def _resolve_node(spec: NodeSpec, index: int, inv: InventoryFile) -> Node:
         ssh_user=pick("ssh_user"), ssh_port=pick("ssh_port"), ssh_identity=pick("ssh_identity"),
         sudo=pick("sudo"), known_hosts=pick("known_hosts"), prefix=pick("prefix"),
         sysfs_root=pick("sysfs_root"), proc_root=pick("proc_root"), mgmt_iface=pick("mgmt_iface"),
-        ports=dict(spec.ports) if spec.ports else default_ports(),
+        ports={str(k): v for k, v in spec.ports.items()} if spec.ports else default_ports(),
     )
 
 
@@ -216,14 +216,14 @@ def _endpoint(text: str, i: int, side: int, names: list[str], src: Located) -> t
 def build(src: Located) -> Inventory:
     inv = _parse_file(src)
     names = [n.name for n in inv.nodes]
-    for field in ("name", "host"):
+    for key in ("name", "host"):
         seen: dict[str, int] = {}
         for i, n in enumerate(inv.nodes):
-            v = getattr(n, field)
+            v = getattr(n, key)
             if v in seen:
                 raise InventoryError(
-                    f"duplicate node {field} {v!r} (also nodes[{seen[v]}])",
-                    src.ref(("nodes", i, field)),
+                    f"duplicate node {key} {v!r} (also nodes[{seen[v]}])",
+                    src.ref(("nodes", i, key)),
                     hint="every node needs its own name and management address",
                 )
             seen[v] = i
@@ -244,16 +244,16 @@ def build(src: Located) -> Inventory:
                 f"cable joins node {an!r} to itself", src.ref(("cables", i)),
                 hint="a cable runs from one box to another; check the node names",
             )
-        for n, p in ((an, ap), (bn, bp)):
-            if n == "switch":
+        for end_node, end_port in ((an, ap), (bn, bp)):
+            if end_node == "switch":
                 continue
-            if (n, p) in used:
-                j = used[(n, p)]
+            if (end_node, end_port) in used:
+                j = used[(end_node, end_port)]
                 raise InventoryError(
-                    f"port {n}:{p} is used twice (also cables[{j}], line {src.line(('cables', j))})",
+                    f"port {end_node}:{end_port} is used twice (also cables[{j}], line {src.line(('cables', j))})",
                     src.ref(("cables", i)), hint="each QSFP cage takes one cable",
                 )
-            used[(n, p)] = i
+            used[(end_node, end_port)] = i
         if an == "switch" and bn == "switch":
             raise InventoryError("cable joins switch to switch", src.ref(("cables", i)))
         if an == "switch":  # keep the node on side a

@@ -107,7 +107,8 @@ def _flatten(
             _flatten(tp, value, full, src, kpath, source, out)
         elif full in MERGED_DICTS and isinstance(value, dict):
             for k, v in value.items():
-                out[full + (str(k),)] = Setting(v, Source(source.kind, source.file, src.line(kpath + (k,)) if src else None, source.detail))
+                line = src.line(kpath + (k,)) if src else None
+                out[full + (str(k),)] = Setting(v, Source(source.kind, source.file, line, source.detail))
             if not value:
                 out.setdefault(full, Setting({}, here))
         else:
@@ -174,8 +175,8 @@ def parse_set(expr: str) -> tuple[tuple[str, ...], Any]:
 
 
 def _nest(path: tuple[str, ...], value: Any) -> dict[str, Any]:
-    out: Any = value
-    for p in reversed(path):
+    out: dict[str, Any] = {path[-1]: value}
+    for p in reversed(path[:-1]):
         out = {p: out}
     return out
 
@@ -314,10 +315,10 @@ def resolve(name: str, roots: Roots, sets: list[str] | tuple[str, ...] = ()) -> 
 
     cli: Flat = {}
     for expr in sets:
-        path, value = parse_set(expr)
-        if path[0] == "nodes":
-            raise ProfileError("--set cannot change per-node overlays", Ref(key=f"--set {'.'.join(path)}"))
-        _flatten(Profile, _nest(path, value), (), None, (), Source("cli", None, None, f"--set {expr}"), cli)
+        keys, value = parse_set(expr)
+        if keys[0] == "nodes":
+            raise ProfileError("--set cannot change per-node overlays", Ref(key=f"--set {'.'.join(keys)}"))
+        _flatten(Profile, _nest(keys, value), (), None, (), Source("cli", None, None, f"--set {expr}"), cli)
 
     main_file = docs[0][1].file
     profile = _validate(name, layers + [cli], main_file)

@@ -19,10 +19,11 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-SCHEMA = 1
-from sparkctl.model.paths import DEFAULT_STACK, LOCK_DIR, RECORD  # noqa: F401 - where the record and the lock live
+from sparkctl.model.paths import DEFAULT_STACK
 
-RECORD_PATH = RECORD
+# Where the records and the node locks live on the state node: sparkctl.model.paths
+# (RECORD, STACKS_DIR, LOCKS_DIR, record_path, node_lock_dir).
+SCHEMA = 1
 STATES = ("starting", "serving", "stopping", "switching", "failed", "stopped")
 # A stack whose record is in one of these may have engines running: its nodes are its own
 # (another stack's up refuses them) until a down or a failed run records otherwise.

@@ -20,12 +20,13 @@ import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
+from typing import Any
 
 from sparkctl.errors import LifecycleError, Ref
-from sparkctl.facts.probes import WeightsPaths
+from sparkctl.facts.registry import WeightsPaths
 from sparkctl.model.inventory import Inventory
-from sparkctl.plan.render import under
-from sparkctl.transport.ssh import CommandResult, Transport
+from sparkctl.model.paths import under
+from sparkctl.transport import CommandResult, Transport
 
 AGENT_PATH = "/opt/sparkctl/weights_agent.py"  # under each node's prefix
 JOB_DIR = "/opt/sparkctl/weights"  # job logs and the hash cache, under each node's prefix
@@ -90,7 +91,7 @@ def push_agents(inv: Inventory, transport: Transport, nodes: Iterable[str], *, s
                 hint="the node needs python3 and a writable /opt/sparkctl (or sudo: true)")
 
 
-def _events(stdout: str) -> list[dict]:
+def parse_events(stdout: str) -> list[dict[str, Any]]:
     out = []
     for line in stdout.splitlines():
         line = line.strip()
@@ -103,7 +104,7 @@ def _events(stdout: str) -> list[dict]:
 
 
 @dataclass
-class _Job:
+class Job:
     """A detached agent job on one node, watched through ``tail``."""
 
     node: str
@@ -111,12 +112,12 @@ class _Job:
     log: str
     pid: int
     offset: int = 0
-    final: dict | None = None
+    final: dict[str, Any] | None = None
     started_at: float = field(default_factory=time.monotonic)
     last_log: str | None = None  # the last line the job wrote that was not an event (what it said dying)
 
 
-class _Agent:
+class Agent:
     """Runs agent subcommands on nodes through the transport."""
 
     def __init__(self, inv: Inventory, transport: Transport, sudo: bool | None) -> None:
@@ -131,24 +132,24 @@ class _Agent:
         return ["python3", "-S", agent_path(self.inv, node), *args]
 
     def start(self, node: str, phase: str, args: Sequence[str], stdin: str | None = None,
-              linger_s: float = 0.0) -> tuple[_Job, dict]:
+              linger_s: float = 0.0) -> tuple[Job, dict[str, Any]]:
         """Start a detached job; with ``linger_s`` the same command also waits that long for its end
         (the events it prints are the first poll's: ``job.final`` is set when the job ended)."""
         log = f"{_job_dir(self.inv, node)}/{phase}-{uuid.uuid4().hex[:12]}.jsonl"
         linger = ("--linger-s", f"{linger_s:g}") if linger_s > 0 else ()
         cmd = self.argv(node, *args, "--log", log, *linger)
         res = self.transport.run(node, cmd, sudo=self._sudo(node), timeout_s=START_TIMEOUT_S + linger_s, stdin=stdin)
-        evs = _events(res.stdout)
+        evs = parse_events(res.stdout)
         first = evs[0] if evs else {}  # the event the start waited for (with the pid), or the error
         if not res.ok or first.get("event") == "error" or not first.get("pid"):
             why = first.get("message") or res.describe()
             raise WeightsError(f"{phase} did not start: {why}", Ref(node=node, command=shlex.join(cmd)))
-        job = _Job(node, phase, log, int(first["pid"]))
+        job = Job(node, phase, log, int(first["pid"]))
         if linger:
-            _absorb(job, evs[1:])
+            absorb(job, evs[1:])
         return job, first
 
-    def poll(self, jobs: Sequence[_Job], wait_s: float = 0.0) -> dict[str, list[dict]]:
+    def poll(self, jobs: Sequence[Job], wait_s: float = 0.0) -> dict[str, list[dict[str, Any]]]:
         """New events of each job (one tail per node, all nodes at once).
 
         ``wait_s``: each node's tail waits up to this long for a new event or
@@ -160,11 +161,11 @@ class _Agent:
             for j in jobs
         }
         results = self.transport.run_all(cmds, sudo=False, timeout_s=POLL_TIMEOUT_S + wait_s)
-        out: dict[str, list[dict]] = {}
+        out: dict[str, list[dict[str, Any]]] = {}
         unanswered = False
         for j in jobs:
             res: CommandResult = results[j.node]
-            evs = _absorb(j, _events(res.stdout) if res.ok else [])
+            evs = absorb(j, parse_events(res.stdout) if res.ok else [])
             unanswered = unanswered or evs is None  # an unanswered poll is retried next round
             out[j.node] = evs or []
         if unanswered:
@@ -185,7 +186,7 @@ class _Agent:
             self.transport.run_all(cmds, sudo=sudo, timeout_s=POLL_TIMEOUT_S)
 
 
-def _absorb(job: _Job, evs: list[dict]) -> list[dict] | None:
+def absorb(job: Job, evs: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
     """A poll's events for ``job`` (its offset and end taken from them); None when no ``tail`` closed them."""
     tail = evs.pop() if evs and evs[-1].get("event") == "tail" else None
     if tail is None:
@@ -202,7 +203,7 @@ def _absorb(job: _Job, evs: list[dict]) -> list[dict] | None:
     return evs
 
 
-def _report(progress: ProgressCallback | None, node: str, phase: str, evs: Iterable[dict]) -> None:
+def report_progress(progress: ProgressCallback | None, node: str, phase: str, evs: Iterable[dict[str, Any]]) -> None:
     if progress is None:
         return
     for ev in evs:
@@ -212,7 +213,7 @@ def _report(progress: ProgressCallback | None, node: str, phase: str, evs: Itera
                           ev.get("bytes_total"), float(ev.get("rate_Bps") or 0.0)))
 
 
-class _Pace:
+class Pace:
     """Poll waits: 50 ms at first, doubling up to ``poll_s``; back to 50 ms after a change.
 
     Each wait is spent on the node (``tail --wait-s``, a long poll), which
@@ -236,8 +237,8 @@ class _Pace:
         self.delay = min(self.FIRST_S, self.poll_s)
 
 
-def _wait(agent: _Agent, job: _Job, progress: ProgressCallback | None, poll_s: float) -> dict:
-    pace = _Pace(poll_s)
+def wait_job(agent: Agent, job: Job, progress: ProgressCallback | None, poll_s: float) -> dict[str, Any]:
+    pace = Pace(poll_s)
     while job.final is None:
-        _report(progress, job.node, job.phase, agent.poll([job], wait_s=pace.take()).get(job.node, []))
+        report_progress(progress, job.node, job.phase, agent.poll([job], wait_s=pace.take()).get(job.node, []))
     return job.final

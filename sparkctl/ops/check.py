@@ -14,8 +14,10 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
-from sparkctl.facts import probes
+from sparkctl.facts.batch import build_script, parse_batch, remote_command
 from sparkctl.facts.engine import EngineProbe
+from sparkctl.facts.fabric import FabricTarget, build_fabric_script, parse_fabric
+from sparkctl.facts.nodefacts import NodeFacts
 from sparkctl.model.inventory import Inventory
 from sparkctl.model.layout import bind
 from sparkctl.model.paths import ENV_FILE, under
@@ -27,7 +29,7 @@ from sparkctl.ops.localstate import cluster_dir, hw_change_path, read_json, writ
 from sparkctl.plan import laws
 from sparkctl.plan.laws.images import engine_target
 from sparkctl.plan.render import API_KEY_VAR, bind_host
-from sparkctl.transport.ssh import CommandResult, Transport
+from sparkctl.transport import Transport
 
 Progress = Callable[[str], None]
 
@@ -37,7 +39,7 @@ class CheckReport:
     profile: str
     nodes: tuple[str, ...]
     verdicts: tuple[laws.Verdict, ...]
-    facts: Mapping[str, probes.NodeFacts | None]
+    facts: Mapping[str, NodeFacts | None]
     fixed: tuple[str, ...] = ()
     waivers: Mapping[str, laws.Waiver] = field(default_factory=dict)
     duration_s: float = 0.0
@@ -46,7 +48,7 @@ class CheckReport:
     def ok(self) -> bool:
         return not any(v.failed for v in self.verdicts)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {
             "profile": self.profile, "ok": self.ok, "nodes": list(self.nodes), "duration_s": round(self.duration_s, 3),
             "waivers": {k: w.reason for k, w in self.waivers.items()}, "fixed": list(self.fixed),
@@ -94,24 +96,24 @@ def clear_hw_change_if_done(inv: Inventory, report: CheckReport) -> bool:
     return False
 
 
-def _fabric_targets(inv: Inventory, nodes: tuple[str, ...]) -> dict[str, list[probes.FabricTarget]]:
-    targets: dict[str, list[probes.FabricTarget]] = {n: [] for n in nodes}
+def _fabric_targets(inv: Inventory, nodes: tuple[str, ...]) -> dict[str, list[FabricTarget]]:
+    targets: dict[str, list[FabricTarget]] = {n: [] for n in nodes}
     inside = set(nodes)
     for i, lk in enumerate(inv.links):
         if lk.a.node == lk.b.node or lk.a.node not in inside or lk.b.node not in inside:
             continue
         for me, peer in ((lk.a, lk.b), (lk.b, lk.a)):
-            targets[me.node].append(probes.FabricTarget("df", me.netdev, peer.node, peer.address))
-        targets[lk.b.node].append(probes.FabricTarget("bw-server", lk.b.netdev, lk.a.node, "", lk.b.rdma, 18515 + i))
-        targets[lk.a.node].append(probes.FabricTarget("bw-client", lk.a.netdev, lk.b.node, lk.b.address, lk.a.rdma,
-                                                      18515 + i))
+            targets[me.node].append(FabricTarget("df", me.netdev, peer.node, peer.address))
+        targets[lk.b.node].append(FabricTarget("bw-server", lk.b.netdev, lk.a.node, "", lk.b.rdma, 18515 + i))
+        targets[lk.a.node].append(FabricTarget("bw-client", lk.a.netdev, lk.b.node, lk.b.address, lk.a.rdma,
+                                               18515 + i))
     if inv.topology == "ring":
         for n in nodes:
             for other in nodes:
                 if other != n and other not in inv.neighbours(n):
                     addr = inv.primary_address(other)
                     if addr:
-                        targets[n].append(probes.FabricTarget("relay", "", other, addr))
+                        targets[n].append(FabricTarget("relay", "", other, addr))
     return targets
 
 
@@ -141,17 +143,17 @@ def run_check(
         return {"endpoint_host": on_node_host(bind_host(res.for_node(n), r, inv.node(n).host)),
                 "endpoint_key": (under(inv.node(n).prefix, ENV_FILE), API_KEY_VAR) if p.serve.api_key_env else None}
 
-    def gather() -> tuple[dict[str, probes.NodeFacts | None], dict[str, str]]:
+    def gather() -> tuple[dict[str, NodeFacts | None], dict[str, str]]:
         say(f"probing {len(nodes)} nodes (one batched script each)")
         scripts = {
-            n: probes.remote_command(probes.build_script(
+            n: remote_command(build_script(
                 inv.node(n), weights_path=p.model.weights_path, endpoint_port=p.serve.port if n in heads else None,
                 weights=weights.probe_paths(inv, n, local_dir_of(p.model.weights_path, p.model.local_dir)),
                 engine=EngineProbe(*engine_target(p)), **(_head_endpoint(n) if n in heads else {})))
             for n in nodes
         }
         results = transport.run_all(scripts)
-        facts: dict[str, probes.NodeFacts | None] = {}
+        facts: dict[str, NodeFacts | None] = {}
         unreachable: dict[str, str] = {}
         for n in nodes:
             r = results[n]
@@ -159,7 +161,7 @@ def run_check(
                 facts[n] = None
                 unreachable[n] = r.error
             else:
-                facts[n] = probes.parse_batch(n, r.stdout)
+                facts[n] = parse_batch(n, r.stdout)
         return facts, unreachable
 
     facts, unreachable = gather()
@@ -167,15 +169,15 @@ def run_check(
     relay_ok: dict[tuple[str, str], bool] = {}
     if fabric:
         targets = _fabric_targets(inv, tuple(n for n in nodes if facts.get(n) is not None))
-        scripts = {n: probes.remote_command(probes.build_fabric_script(t, inv.mtu, bandwidth_s))
+        scripts = {n: remote_command(build_fabric_script(t, inv.mtu, bandwidth_s))
                    for n, t in targets.items() if t}
         if scripts:
             say("probing the fabric (don't-fragment pings" + (", ib_write_bw" if bandwidth_s else "") + ", relay)")
-            results: dict[str, CommandResult] = transport.run_all(scripts)
+            results = transport.run_all(scripts)
             for n, r in results.items():
                 if r.error:
                     continue
-                for t, reached, bw in probes.parse_fabric(targets[n], r.stdout):
+                for t, reached, bw in parse_fabric(targets[n], r.stdout):
                     if t.kind == "relay" and reached is not None:
                         relay_ok[(n, t.peer)] = reached
                     elif t.kind == "df" and reached is not None:

@@ -19,12 +19,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from sparkctl.errors import CheckFailed, ConfigError, Interrupted, LifecycleError, LockHeld, Ref, SparkctlError
-from sparkctl.facts import probes
+from sparkctl.facts.registry import ProbeParseError
+from sparkctl.facts.system import parse_meminfo
 from sparkctl.model.inventory import Inventory
 from sparkctl.model.layout import bind, profile_ref
 from sparkctl.model.paths import DEFAULT_STACK
 from sparkctl.model.profiles import Resolved, resolve
-from sparkctl.model.record import RunRecord
+from sparkctl.model.record import RunRecord, operator_route
 from sparkctl.model.resources import Roots
 from sparkctl.model.stacks import model_identity, refusal, stack_of
 from sparkctl.ops import readiness
@@ -41,7 +42,8 @@ from sparkctl.plan import laws, planner
 from sparkctl.plan.render import Rendering, render
 from sparkctl.plan.steps import Plan
 from sparkctl.remote import planrun
-from sparkctl.transport.ssh import CommandResult, Transport
+from sparkctl.remote.endpoint_probe import probe_endpoint
+from sparkctl.transport import CommandResult, Transport
 
 Progress = Callable[[str, str, str], None]  # (node or "*", phase, message)
 
@@ -114,7 +116,7 @@ class TransportBackend:
               api_key: Mapping[str, str] | None = None, via: str | None = None) -> tuple[bool, str]:
         key = readiness.api_key_from_env(api_key) if api_key else None
         if not via:
-            return readiness.probe_endpoint(url, served_name, metric, smoke=smoke, api_key=key)
+            return probe_endpoint(url, served_name, metric, smoke=smoke, api_key=key)
         return readiness.probe_via(self.transport, via, url, served_name, metric, smoke=smoke, api_key=key)
 
     def run_all(self, commands: Mapping[str, str], sudo: Mapping[str, bool], timeout_s: float | None
@@ -149,8 +151,8 @@ class TransportBackend:
             if not r["ok"]:
                 continue
             try:
-                m = probes.parse_meminfo(r["stdout"])
-            except probes.ProbeParseError:
+                m = parse_meminfo(r["stdout"])
+            except ProbeParseError:
                 continue
             held = (m.total_kib - m.available_kib) / 1024 / 1024
             if held > laws.LEAK_THRESHOLD_GIB:
@@ -181,8 +183,8 @@ def gather_up_facts(res: Resolved, inv: Inventory, transport: Transport, renderi
     alive = {n: (r.ok and "alive" in r.stdout) for n, r in transport.run_all(cmds).items()}
     key = readiness.operator_key(res.profile.serve.api_key_env).key  # a served endpoint with a key answers 401 without
     healthy = all(alive.values()) and all(
-        readiness.probe_route(transport, readiness.operator_route(h.node, inv.node(h.node).host, prev.listen.get(h.node),
-                                                                  res.profile.serve.port),
+        readiness.probe_route(transport, operator_route(h.node, inv.node(h.node).host, prev.listen.get(h.node),
+                                                        res.profile.serve.port),
                               res.profile.model.served_name, None, smoke=False, api_key=key)[0] for h in lay.heads())
     return planner.UpFacts(prev, alive, healthy, others=others)
 
@@ -334,7 +336,8 @@ def up(res: Resolved, inv: Inventory, transport: Transport, roots: Roots, *,
                                           secrets=secrets, skip_check=skip_check, locked=scope if lock else None)
         except SparkctlError as exc:
             raise exc.in_phase(op, "plan") from None
-        say("*", "plan", f"{len(plan.steps)} steps on {', '.join(rendering.layout.nodes)}" if plan.steps
+        nodes = rendering.layout.nodes if rendering else ()
+        say("*", "plan", f"{len(plan.steps)} steps on {', '.join(nodes)}" if plan.steps
             else plan.note)
         if plan.noop:
             return UpResult(res.name, "noop", read_record(inv, transport, stack_of(res)), (), None)

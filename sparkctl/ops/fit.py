@@ -35,7 +35,7 @@ from sparkctl.ops import hub
 from sparkctl.ops.hub import HubError
 from sparkctl.plan.laws.memoryfit import fit_for, node_memory
 from sparkctl.remote import modelhead
-from sparkctl.transport.ssh import Transport
+from sparkctl.transport import Transport
 
 HEADER_FIRST_BYTES = 100_000  # huggingface_hub parse_safetensors_file_metadata: "Fetch first 100kb"
 HUB_TIMEOUT_S = 30.0

@@ -32,6 +32,7 @@ import posixpath
 import urllib.parse
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from sparkctl.errors import LifecycleError, Ref
 
@@ -214,13 +215,13 @@ def _gib(n: int) -> str:
     return f"{n / 2**30:.2f} GiB" if n >= 2**27 else f"{n / 2**20:.1f} MiB"
 
 
-def agent_files(p: HubPlan) -> list[dict]:
+def agent_files(p: HubPlan) -> list[dict[str, Any]]:
     """What the agent's ``hub-fetch`` downloads: URL, relative path, size and hashes of each file."""
     return [{"path": f.path, "url": resolve_url(p.endpoint, p.revision.repo_id, p.revision.commit, f.path),
              "size": f.size, "sha256": f.sha256, "blob_id": f.blob_id} for f in p.files]
 
 
-def manifest(p: HubPlan) -> dict:
+def manifest(p: HubPlan) -> dict[str, Any]:
     """The manifest written beside the files (the agent fills in each small file's sha256 as it verifies it)."""
     return {"version": 1, "kind": "hub", "repo_id": p.revision.repo_id, "revision": p.revision.revision,
             "commit": p.revision.commit,

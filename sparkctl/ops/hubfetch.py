@@ -24,20 +24,20 @@ from dataclasses import dataclass, field
 
 from sparkctl.errors import Ref
 from sparkctl.model.inventory import Inventory
+from sparkctl.model.paths import under
 from sparkctl.ops import hub
 from sparkctl.ops.agentjobs import (
+    Agent,
+    Pace,
     ProgressCallback,
     WeightsError,
-    _Agent,
-    _events,
-    _Pace,
-    _report,
     hash_cache_path,
+    parse_events,
     push_agent,
+    report_progress,
 )
 from sparkctl.ops.hub import HubError, HubPlan
-from sparkctl.plan.render import under
-from sparkctl.transport.ssh import Transport
+from sparkctl.transport import Transport
 
 INFO_TIMEOUT_S = 60.0
 
@@ -128,13 +128,13 @@ def resolve(
     """The plan of a fetch: which files of which commit, into where on ``node``, and whether they fit."""
     inv.node(node)
     push_agent(inv, transport, node, sudo=sudo)
-    agent = _Agent(inv, transport, sudo)
+    agent = Agent(inv, transport, sudo)
     dest = under(inv.node(node).prefix, local_dir)
     url = hub.revision_url(endpoint, repo_id, revision)
     cmd = agent.argv(node, "hub-info", "--dest", dest)
     res = transport.run(node, cmd, sudo=agent._sudo(node), timeout_s=INFO_TIMEOUT_S,
                         stdin=json.dumps({"url": url, "token": token}))
-    evs = _events(res.stdout)
+    evs = parse_events(res.stdout)
     info = next((e for e in evs if e.get("event") == "hub-info"), None)
     if info is None:
         why = next((e.get("message") for e in evs if e.get("event") == "error"), None) or res.describe()
@@ -167,7 +167,7 @@ def fetch_model(
     test knob (the agent stops as if killed after that many bytes).
     """
     node = plan.node
-    agent = _Agent(inv, transport, sudo)
+    agent = Agent(inv, transport, sudo)
     args = ["hub-fetch", "--dest", plan.local_dir, "--connections", str(connections), "--chunk-mb", f"{chunk_mb:g}",
             "--hash-cache", hash_cache_path(inv, node)]
     if max_bytes is not None:
@@ -177,7 +177,7 @@ def fetch_model(
     notices: list[str] = []
     corrupt: list[str] = []
     waits = {"retry": 0, "resolved": 0}
-    pace = _Pace(poll_s)
+    pace = Pace(poll_s)
     started = time.monotonic()
     try:
         while job.final is None:
@@ -191,7 +191,7 @@ def fetch_model(
                     waits[str(ev["event"])] += 1
                     if note is not None:
                         note(str(ev.get("message")))
-            _report(progress, node, "fetch", evs)
+            report_progress(progress, node, "fetch", evs)
     except BaseException:
         agent.stop(node, job.pid)  # Ctrl-C here must not leave a download running beside the next attempt
         raise

@@ -23,14 +23,13 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from sparkctl.errors import ConfigError, LifecycleError, Ref
-from sparkctl.facts import probes
-from sparkctl.facts.batch import frame, split_batch
+from sparkctl.facts.batch import frame, parse_batch, remote_command, split_batch
 from sparkctl.facts.engine import ENGINE, IMAGE, EngineProbe, ImageContent
 from sparkctl.facts.registry import ScriptContext
 from sparkctl.model.imageid import short
 from sparkctl.model.inventory import Inventory
-from sparkctl.model.profiles import Resolved
 from sparkctl.model.paths import IMAGE_SYNC_GATE, NODE_AUTHORIZED_KEYS
+from sparkctl.model.profiles import Resolved
 from sparkctl.ops import nodessh
 from sparkctl.ops.executor import Progress, TransportBackend, _raise_failure, run_plan
 from sparkctl.ops.lock import ClusterLock, node_path, node_sudo
@@ -71,7 +70,7 @@ def read_nodes(inv: Inventory, transport: Transport, image: str, nodes: tuple[st
                ) -> tuple[dict[str, str], dict[str, str]]:
     """(node -> content digest, node -> what it says of the node-to-node grant), one round trip per node."""
     probe = EngineProbe("docker", image)
-    scripts = {n: probes.remote_command(frame([
+    scripts = {n: remote_command(frame([
         ("engine", ENGINE.command(ScriptContext(inv.node(n), engine=probe), "")),
         ("image", IMAGE.command(ScriptContext(inv.node(n), engine=probe), "")),
         ("nodessh", nodessh.verify_command(inv, n, nodessh.IMAGE_SYNC))])) for n in nodes}
@@ -80,14 +79,14 @@ def read_nodes(inv: Inventory, transport: Transport, image: str, nodes: tuple[st
     for n, r in transport.run_all(scripts).items():
         if r.error:
             raise LifecycleError(f"{n} did not answer: {r.error}", Ref(node=n))
-        f = probes.parse_batch(n, r.stdout)
+        f = parse_batch(n, r.stdout)
         if f.engine_found is None:
             why = f.unreadable.get("engine") or f.not_available.get("engine") or "no answer"
             raise LifecycleError(f"cannot read the image ID of {image} on {n}: {why}", Ref(node=n))
         if f.engine_found and not isinstance(f.image, ImageContent):
             why = f.unreadable.get("image") or f.not_available.get("image") or "no answer"
             raise LifecycleError(f"cannot read the content digest of {image} on {n}: {why}", Ref(node=n))
-        out[n] = f.image.content if isinstance(f.image, ImageContent) and f.engine_found else ""
+        out[n] = (f.image.content or "") if isinstance(f.image, ImageContent) and f.engine_found else ""
         sec = split_batch(r.stdout)[1].get("nodessh")
         grants[n] = sec.text if sec is not None else ""
     return out, grants

@@ -36,7 +36,7 @@ from sparkctl.model.paths import (
 )
 from sparkctl.model.record import RunRecord
 from sparkctl.ops.localstate import cluster_dir, read_json, write_json
-from sparkctl.transport.ssh import Transport
+from sparkctl.transport import Transport
 
 
 def now_iso() -> str:

@@ -57,7 +57,7 @@ from sparkctl.model.paths import (
 from sparkctl.ops.localstate import cluster_dir, write_json
 from sparkctl.ops.lock import node_path, node_sudo
 from sparkctl.plan.imageplan import key_comment
-from sparkctl.transport.ssh import Transport
+from sparkctl.transport import Transport
 
 
 @dataclass(frozen=True)
@@ -208,7 +208,7 @@ def still_provisioned(inv: Inventory, src: str, peers: Sequence[str], answers: M
     if not st or not local.exists() or not local.with_suffix(".pub").exists():
         return False
     pub = local.with_suffix(".pub").read_text().strip()
-    if not set(peers) <= set(st.get("peers") or ()):  # type: ignore[arg-type]
+    if not set(peers) <= set(st.get("peers") or ()):  # type: ignore[call-overload]
         return False
     if st.get("line") is not None and (st.get("line") != grant_line(inv, src, pub) or any(
             f"auth {src}" not in answers.get(p, "").splitlines() for p in peers)):

@@ -18,13 +18,7 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from sparkctl.errors import SparkctlError
-from sparkctl.model.record import (  # noqa: F401
-    LOOPBACK,
-    WILDCARD,
-    Route,
-    on_node_host,
-    operator_route,
-)
+from sparkctl.model.record import Route
 from sparkctl.remote.endpoint_probe import mask, probe_endpoint
 from sparkctl.transport.base import Transport
 from sparkctl.transport.forward import forward

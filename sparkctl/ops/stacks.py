@@ -11,7 +11,7 @@ from __future__ import annotations
 from sparkctl.model.inventory import Inventory
 from sparkctl.model.stacks import LiveStack, live_from_records
 from sparkctl.ops.lock import read_records
-from sparkctl.transport.ssh import Transport
+from sparkctl.transport import Transport
 
 __all__ = ["LiveStack", "live_stacks"]
 

@@ -10,24 +10,17 @@ from typing import Any
 import httpx
 
 from sparkctl.errors import ConfigError, SparkctlError
-from sparkctl.facts import probes
+from sparkctl.facts.batch import build_script, parse_batch, remote_command
 from sparkctl.model.inventory import Inventory
-from sparkctl.model.paths import ENV_FILE
-from sparkctl.model.paths import DEFAULT_STACK
-from sparkctl.model.record import RunRecord
+from sparkctl.model.paths import DEFAULT_STACK, ENV_FILE, under
+from sparkctl.model.record import Route, RunRecord, on_node_host, operator_route
 from sparkctl.ops.lock import held_command, read_records
-from sparkctl.ops.readiness import (
-    OperatorKey,
-    Route,
-    on_node_host,
-    operator_key,
-    operator_route,
-)
+from sparkctl.ops.readiness import OperatorKey, operator_key
 from sparkctl.ops.supervise import supervisor_progress
-from sparkctl.plan.render import API_KEY_VAR, TOKENS_METRIC, under
+from sparkctl.plan.render import API_KEY_VAR, TOKENS_METRIC
 from sparkctl.remote.endpoint_probe import auth_headers, mask, metric_value
+from sparkctl.transport import Transport
 from sparkctl.transport.forward import forward
-from sparkctl.transport.ssh import Transport
 
 
 def _on_node_endpoint(inv: Inventory, rec: RunRecord, head: str) -> dict[str, Any]:
@@ -104,7 +97,7 @@ def cluster_status(inv: Inventory, transport: Transport, stack: str | None = Non
         records = {stack: records[stack]}
     claims = _claims(records)
     nodes = list(inv.names) if stack is None else [n for n in inv.names if n in claims]
-    scripts = {n: probes.remote_command(probes.build_script(
+    scripts = {n: remote_command(build_script(
         inv.node(n), **(_on_node_endpoint(inv, claims[n], n) if (n in claims and n in claims[n].heads) else {})))
         for n in nodes}
     results = transport.run_all(scripts)
@@ -123,7 +116,7 @@ def cluster_status(inv: Inventory, transport: Transport, stack: str | None = Non
         drift = drifts[rec.stack] if rec else outside
         row: dict[str, Any] = {"node": n, "reachable": r.ok, "error": r.error, "stack": rec.stack if rec else None}
         if r.ok:
-            f = probes.parse_batch(n, r.stdout)
+            f = parse_batch(n, r.stdout)
             gpu = f.gpu
             row.update({
                 "engine_procs": len(f.engines or []),

@@ -54,7 +54,7 @@ from sparkctl.ops.lock import (
 from sparkctl.ops.nodessh import fabric_address_from, provision, ssh_argv  # noqa: F401 - re-exported
 from sparkctl.plan import laws
 from sparkctl.plan.steps import Plan
-from sparkctl.transport.ssh import Transport
+from sparkctl.transport import Transport
 
 FINAL_PHASES = ("done", "rolled-back", "failed", "aborted")
 # The steps the operator's side runs itself before the handover: they change no stack.

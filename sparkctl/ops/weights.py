@@ -49,29 +49,29 @@ from dataclasses import dataclass, field
 
 from sparkctl.errors import ConfigError, Ref
 from sparkctl.model.inventory import Inventory
+from sparkctl.model.paths import under
 from sparkctl.ops.agentjobs import (  # the agent's jobs; the public names are re-exported
     AGENT_PATH,
     HASH_CACHE,
     JOB_DIR,
     POLL_TIMEOUT_S,
     START_TIMEOUT_S,
+    Agent,
+    Job,
+    Pace,
     Progress,
     ProgressCallback,
     WeightsError,
-    _Agent,
-    _Job,
-    _Pace,
-    _report,
-    _wait,
     agent_path,
     agent_source,
     hash_cache_path,
     probe_paths,
     push_agent,
     push_agents,
+    report_progress,
+    wait_job,
 )
-from sparkctl.plan.render import under
-from sparkctl.transport.ssh import Transport
+from sparkctl.transport import Transport
 
 __all__ = [
     "AGENT_PATH", "HASH_CACHE", "JOB_DIR", "POLL_TIMEOUT_S", "START_TIMEOUT_S", "FetchReport", "NodeSync", "Progress",
@@ -259,14 +259,14 @@ def fetch(
     """
     inv.node(node)
     push_agent(inv, transport, node, sudo=sudo)
-    agent = _Agent(inv, transport, sudo)
+    agent = Agent(inv, transport, sudo)
     path = under(inv.node(node).prefix, dest)
     args = ["fetch", "--url", url, "--dest", path, "--connections", str(connections), "--chunk-mb", f"{chunk_mb:g}",
             "--hash-cache", hash_cache_path(inv, node)]
     if sha256:
         args += ["--sha256", sha256]
     job, _ = agent.start(node, "fetch", args)
-    final = _wait(agent, job, progress, poll_s)
+    final = wait_job(agent, job, progress, poll_s)
     if final.get("event") != "done":
         raise WeightsError(f"download failed: {final.get('message')}", Ref(node=node),
                            hint="run it again to resume; completed chunks are kept" if final.get("resumable") else None)
@@ -297,14 +297,14 @@ def sync(
     """
     plan = plan_sync(inv, from_node, nodes)
     transfers = [t for stage in plan for t in stage]
-    agent = _Agent(inv, transport, sudo)
+    agent = Agent(inv, transport, sudo)
     push_agents(inv, transport, [from_node, *(t.receiver for t in transfers)], sudo=sudo)
 
     src_path = under(inv.node(from_node).prefix, weights_path)
     job, _ = agent.start(from_node, "manifest", ["manifest", "--dir", src_path, "--chunk-mb", f"{chunk_mb:g}",
                                                  "--hash-cache", hash_cache_path(inv, from_node)],
                          linger_s=MANIFEST_LINGER_S)
-    final = _wait(agent, job, progress, poll_s)
+    final = wait_job(agent, job, progress, poll_s)
     if final.get("event") != "done":
         raise WeightsError(f"no manifest of {src_path}: {final.get('message')}", Ref(node=from_node))
     manifest = final["manifest"]
@@ -335,8 +335,8 @@ def sync(
     failed: dict[str, str] = {}
     reports: dict[str, NodeSync] = {}
     pending = list(transfers)
-    active: dict[str, tuple[_Job, Transfer]] = {}
-    pace = _Pace(poll_s)
+    active: dict[str, tuple[Job, Transfer]] = {}
+    pace = Pace(poll_s)
     try:
         while pending or active:
             for t in list(pending):
@@ -377,7 +377,7 @@ def sync(
                 continue
             news = agent.poll([j for j, _ in active.values()], wait_s=pace.take())
             for node, (pjob, t) in list(active.items()):
-                _report(progress, node, "pull", news.get(node, []))
+                report_progress(progress, node, "pull", news.get(node, []))
                 if pjob.final is None:
                     continue
                 pace.reset()

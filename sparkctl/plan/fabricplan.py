@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 from sparkctl import __version__
 from sparkctl.errors import ConfigError
+from sparkctl.model import watchdog
 from sparkctl.model.inventory import Inventory
 from sparkctl.model.netplanfile import NetplanFile, foreign, split_ports
 from sparkctl.model.paths import (
@@ -39,10 +40,9 @@ from sparkctl.model.paths import (
     under,
 )
 from sparkctl.model.resources import Roots
-from sparkctl.plan.render import RenderedFile, Rendering, _env
-from sparkctl.model import watchdog
 from sparkctl.model.schema import LawsSpec
 from sparkctl.plan.imageplan import revoke_steps
+from sparkctl.plan.render import RenderedFile, Rendering, template_env
 from sparkctl.plan.steps import FileRef, Plan, Step
 
 GID_WAIT_S = 30  # mlx5 fills a RoCE v2 GID within a second of the address; 30 s is a dead port
@@ -167,7 +167,7 @@ def _forward_stop_sh(pool: str) -> str:
 
 def render_fabric(inv: Inventory, roots: Roots, profile_rendering: Rendering | None = None) -> FabricFiles:
     """The fabric files of every cabled node, from the inventory; the clock unit from a profile's rendering."""
-    env = _env(roots)
+    env = template_env(roots)
     files: dict[str, tuple[RenderedFile, ...]] = {}
     units: dict[str, tuple[str, ...]] = {}
     pool = inv.fabric_pool

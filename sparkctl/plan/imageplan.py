@@ -29,9 +29,9 @@ is :func:`key_comment`.
 from __future__ import annotations
 
 import shlex
-from importlib import resources
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from importlib import resources
 
 from sparkctl.model.imageid import content_script, short
 from sparkctl.model.inventory import Inventory

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field, replace
 from sparkctl.model import clocklock, paths, watchdog
 from sparkctl.model.engines import ENGINE_REGEX
 from sparkctl.model.inventory import Inventory
+from sparkctl.model.layout import profile_ref
 from sparkctl.model.paths import (
     CLOCK_UNIT,
     DEFAULT_STACK,
@@ -36,7 +37,6 @@ from sparkctl.model.paths import (
     under,
 )
 from sparkctl.model.profiles import Resolved
-from sparkctl.model.layout import profile_ref
 from sparkctl.model.record import NodeRecord, RunRecord, operator_route
 from sparkctl.model.stacks import model_identity, refusal, stack_of
 from sparkctl.plan import contracts
@@ -377,7 +377,8 @@ def plan_up(res: Resolved, inv: Inventory, rendering: Rendering, facts: UpFacts,
                           listen=head_listen(res, rendering, inv))
     # The record changes before the cluster does: if the head cannot take it (a full
     # disk), nothing has been touched yet and the previous record still tells the truth.
-    steps.append(_record_step(inv.node(head).prefix, "record-start", "record-start", head, starting, "record that this run starts"))
+    steps.append(_record_step(inv.node(head).prefix, "record-start", "record-start", head, starting,
+                              "record that this run starts"))
     steps.append(_stop_step(inv, "stop-stale", "stop-stale", stale, ports, p.serve.stop_timeout_s,
                             "stop every sparkctl engine still running (a new rank must never join an old head's "
                             "rendezvous)", failure_branch))

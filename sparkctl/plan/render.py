@@ -26,19 +26,13 @@ import jinja2
 
 from sparkctl import __version__
 from sparkctl.errors import ProfileError, Ref, RenderError
-from sparkctl.plan import contracts
-from sparkctl.model.inventory import Inventory
-from sparkctl.model.layout import Layout, Rank, bind
-from sparkctl.model.profiles import Resolved
-from sparkctl.model.resources import Roots
-from sparkctl.model.schema import Profile
 from sparkctl.model import clocklock
 from sparkctl.model.engines import ENGINE_CONTAINER
-
-MASK = "***"
+from sparkctl.model.inventory import Inventory
+from sparkctl.model.layout import Layout, Rank, bind
 
 # Where each file lands on a node (under the node's prefix, normally "/"): sparkctl.model.paths.
-from sparkctl.model.paths import (  # noqa: E402
+from sparkctl.model.paths import (
     CLOCK_UNIT,
     DETACHED,
     ENV_FILE,
@@ -51,6 +45,12 @@ from sparkctl.model.paths import (  # noqa: E402
     UNIT,
     under,
 )
+from sparkctl.model.profiles import Resolved
+from sparkctl.model.resources import Roots
+from sparkctl.model.schema import Profile
+from sparkctl.plan import contracts
+
+MASK = "***"
 
 DEFAULT_BINARY = {
     "ds41f": "ds41f",
@@ -130,7 +130,7 @@ class Rendering:
         return h.hexdigest()[:16]
 
 
-def _env(roots: Roots) -> jinja2.Environment:
+def template_env(roots: Roots) -> jinja2.Environment:
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(roots.template_dirs()),
         undefined=jinja2.StrictUndefined,
@@ -254,7 +254,7 @@ def render(
 ) -> Rendering:
     """Render every file every node of the profile receives. Pure."""
     layout = bind(res, inv)
-    env = _env(roots)
+    env = template_env(roots)
     secrets = secrets or {}
     out: dict[str, NodeFiles] = {}
     argvs: dict[str, tuple[str, ...]] = {}
@@ -292,10 +292,11 @@ def render(
         weights = under(node.prefix, p.model.weights_path)
         binary = shlex.split(p.engine.binary or DEFAULT_BINARY[p.engine.name])
         ring = layout.layout == "ring"
+        argv = engine_argv(p, r, weights, bind_host(p, r, node.host))
         ctx = dict(
             version=__version__, profile=res.name, profile_digest=res.digest(), p=p, r=r, node=node, inv=inv,
             layout=layout, ring=ring, pair=layout.layout == "pair", multi=r.world_size > 1,
-            binary=binary, argv=engine_argv(p, r, weights, bind_host(p, r, node.host)), weights=weights,
+            binary=binary, argv=argv, weights=weights,
             api_key_flag=api_key_flag(p), api_key_var=API_KEY_VAR, container=ENGINE_CONTAINER,
             weights_dir=posixpath.dirname(weights.rstrip('/')) or '/', secrets=secret_values,
             paths=dict(
@@ -342,6 +343,6 @@ def render(
         mpath = under(node.prefix, MANIFEST)
         nf[mpath] = RenderedFile(mpath, json.dumps(manifest, indent=2, sort_keys=True) + "\n", 0o644, "manifest")
         out[r.node] = nf
-        argvs[r.node] = tuple(ctx["argv"])
+        argvs[r.node] = tuple(argv)
     head = res.for_node(layout.ranks[0].node).engine
     return Rendering(layout, out, contracts.warnings(head.name, head.version, argvs), argvs)

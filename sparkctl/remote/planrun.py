@@ -20,6 +20,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -32,9 +33,9 @@ from typing import Any, Protocol
 if __package__:  # imported: the operator's executor
     from sparkctl.remote import endpoint_probe
 else:  # run on the head as ``python3 planrun.py``: endpoint_probe.py is pushed beside it
-    import endpoint_probe  # type: ignore[no-redef]
+    import endpoint_probe  # type: ignore[import-not-found,no-redef]
 
-Res = dict  # {"ok": bool, "exit_code": int | None, "stdout": str, "stderr": str, "error": str}
+Res = dict[str, Any]  # {"ok": bool, "exit_code": int | None, "stdout": str, "stderr": str, "error": str}
 
 
 class Backend(Protocol):
@@ -62,7 +63,7 @@ class Backend(Protocol):
 class StepFailed(Exception):
     """A step did not reach its end; ``cause`` is the backend's own exception, if any."""
 
-    def __init__(self, step: dict, detail: str, node: str | None = None, cause: BaseException | None = None,
+    def __init__(self, step: dict[str, Any], detail: str, node: str | None = None, cause: BaseException | None = None,
                  hint: str | None = None) -> None:
         super().__init__(detail)
         self.step, self.detail, self.node, self.cause, self.hint = step, detail, node, cause, hint
@@ -95,12 +96,12 @@ def _last_line(r: Res) -> str:
     return r.get("error") or ((r.get("stderr") or "").strip().splitlines() or [f"exit {r.get('exit_code')}"])[-1]
 
 
-def _fan(step: dict, backend: Backend, commands: dict[str, str] | None = None) -> dict[str, Res]:
+def _fan(step: dict[str, Any], backend: Backend, commands: dict[str, str] | None = None) -> dict[str, Res]:
     cmds = commands if commands is not None else step.get("commands", {})
     return backend.run_all(cmds, step.get("sudo", {}), step.get("timeout_s"))
 
 
-def _run(step: dict, backend: Backend, state: RunState) -> str:
+def _run(step: dict[str, Any], backend: Backend, state: RunState) -> str:
     res = _fan(step, backend)
     bad = sorted(n for n, r in res.items() if not r["ok"])
     if bad:
@@ -108,7 +109,7 @@ def _run(step: dict, backend: Backend, state: RunState) -> str:
     return f"{len(res)} nodes"
 
 
-def _stop(step: dict, backend: Backend, state: RunState) -> str:
+def _stop(step: dict[str, Any], backend: Backend, state: RunState) -> str:
     res = _fan(step, backend)
     left: dict[str, str] = {}
     for n, r in res.items():
@@ -131,7 +132,7 @@ def _stop(step: dict, backend: Backend, state: RunState) -> str:
     return "clean"
 
 
-def _put(step: dict, backend: Backend, state: RunState) -> str:
+def _put(step: dict[str, Any], backend: Backend, state: RunState) -> str:
     res = backend.put_all(step.get("files", {}))
     bad = sorted(n for n, r in res.items() if not r["ok"])
     if bad:
@@ -140,7 +141,7 @@ def _put(step: dict, backend: Backend, state: RunState) -> str:
     return f"{sum(len(v) for v in step.get('files', {}).values())} files"
 
 
-def _ready(step: dict, backend: Backend, state: RunState) -> str:
+def _ready(step: dict[str, Any], backend: Backend, state: RunState) -> str:
     p = step["params"]
     t0 = backend.monotonic()
     pending = dict(p["endpoints"])
@@ -173,7 +174,7 @@ def _ready(step: dict, backend: Backend, state: RunState) -> str:
         backend.sleep(0.3)
 
 
-def _not_ready(step: dict, backend: Backend, detail: str) -> None:
+def _not_ready(step: dict[str, Any], backend: Backend, detail: str) -> None:
     p = step["params"]
     tails = backend.run_all(p.get("tail_on_failure", {}), {}, 30)
     lines = [f"  [{n}] {line}" for n in p.get("tail_on_failure", {})
@@ -183,7 +184,7 @@ def _not_ready(step: dict, backend: Backend, detail: str) -> None:
                      hint="last log lines:\n" + "\n".join(lines) if lines else None)
 
 
-def _record(step: dict, backend: Backend, state: RunState) -> str:
+def _record(step: dict[str, Any], backend: Backend, state: RunState) -> str:
     p = step["params"]
     data = dict(p["record"])
     data["updated_at"] = backend.now()
@@ -202,15 +203,15 @@ def _record(step: dict, backend: Backend, state: RunState) -> str:
         raise StepFailed(step, f"cannot write the run record on {step['nodes'][0]}: {_last_line(r)}",
                          step["nodes"][0], hint="check the disk on the head node")
     state.record = data
-    return data["state"]
+    return str(data["state"])
 
 
-def _leaks(step: dict, backend: Backend, state: RunState) -> str:
+def _leaks(step: dict[str, Any], backend: Backend, state: RunState) -> str:
     state.leaks = backend.leaks(_fan(step, backend))
     return f"{len(state.leaks)} nodes hold memory" if state.leaks else "no leak"
 
 
-def _check(step: dict, backend: Backend, state: RunState) -> str:
+def _check(step: dict[str, Any], backend: Backend, state: RunState) -> str:
     return backend.check(step["params"])
 
 
@@ -218,7 +219,7 @@ KINDS = {"run": _run, "stop": _stop, "put": _put, "ready": _ready, "record": _re
          "check": _check}
 
 
-def _step(step: dict, backend: Backend, state: RunState) -> None:
+def _step(step: dict[str, Any], backend: Backend, state: RunState) -> None:
     state.current = step
     backend.emit("*", step["phase"], step["summary"])
     t0 = backend.monotonic()
@@ -238,16 +239,16 @@ def _step(step: dict, backend: Backend, state: RunState) -> None:
         raise
     except Exception as exc:  # the backend's own error (a refused host key, a failed check): keep it
         outcome["detail"] = str(exc)[:300]
-        f = StepFailed(step, str(exc), getattr(getattr(exc, "ref", None), "node", None), cause=exc)
+        failed = StepFailed(step, str(exc), getattr(getattr(exc, "ref", None), "node", None), cause=exc)
         if step.get("on_fail") == "continue":
-            state.soft_failures.append(f)
+            state.soft_failures.append(failed)
             return
-        raise f from exc
+        raise failed from exc
     finally:
         outcome["seconds"] = round(backend.monotonic() - t0, 3)
 
 
-def _branch(plan: dict, name: str, backend: Backend, state: RunState) -> None:
+def _branch(plan: dict[str, Any], name: str, backend: Backend, state: RunState) -> None:
     """Run branch ``name``; a failure in it leads to its own ``on_fail`` branch."""
     seen: list[str] = []
     while name not in ("abort", "continue") and name not in seen:
@@ -263,7 +264,7 @@ def _branch(plan: dict, name: str, backend: Backend, state: RunState) -> None:
             name = f.step.get("on_fail", "abort")
 
 
-def execute(plan: dict, backend: Backend) -> RunState:
+def execute(plan: dict[str, Any], backend: Backend) -> RunState:
     """Run ``plan``; returns what happened. Re-raises KeyboardInterrupt (its argument: the
     RunState) after stopping what was started."""
     state = RunState(f"{plan['op']} {plan.get('profile') or ''}".strip())
@@ -313,8 +314,6 @@ def _api_key(spec: Mapping[str, str] | None) -> str | None:
         return None
     if os.environ.get(spec.get("env", "")):
         return os.environ[spec["env"]]
-    import shlex
-
     try:
         with open(spec["file"], encoding="utf-8") as fh:
             for line in fh:
@@ -357,7 +356,7 @@ class HeadBackend:
     def _argv(self, node: str, command: str, sudo: bool) -> list[str]:
         info = self.nodes[node]
         if info.get("ssh"):  # a peer; its sudo is explicit, the head's runner already has the head's
-            return [*info["ssh"], f"sudo -n sh -c {_q(command)}" if sudo else command]
+            return [*info["ssh"], f"sudo -n sh -c {shlex.quote(command)}" if sudo else command]
         return ["sh", "-c", command]
 
     def _one(self, node: str, command: str, sudo: bool, timeout_s: float | None, stdin: bytes | None = None) -> Res:
@@ -385,8 +384,9 @@ class HeadBackend:
             data = base64.b64decode(self.blobs[f["sha256"]])
             path, mode = f["path"], f["mode"]
             tmp = f"{path}.sparkctl-new"
-            cmd = (f"mkdir -p {_q(os.path.dirname(path) or '/')} && cat > {_q(tmp)} && chmod {mode} {_q(tmp)} && "
-                   f"mv -f {_q(tmp)} {_q(path)}")
+            q = shlex.quote
+            cmd = (f"mkdir -p {q(os.path.dirname(path) or '/')} && cat > {q(tmp)} && chmod {mode} {q(tmp)} && "
+                   f"mv -f {q(tmp)} {q(path)}")
             r = self._one(node, cmd, bool(self.nodes[node].get("sudo")), 60, stdin=data)
             if not r["ok"]:
                 return r
@@ -411,10 +411,6 @@ class HeadBackend:
 
     def check(self, params: Mapping[str, Any]) -> str:
         raise RuntimeError("the check runs on the operator's side before the supervisor starts")
-
-
-def _q(s: str) -> str:
-    return "'" + s.replace("'", "'\"'\"'") + "'"
 
 
 FINAL = {"done": "done", "failed+rollback": "rolled-back"}

@@ -79,6 +79,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import email.utils
+import functools
 import hashlib
 import http.client
 import http.server
@@ -94,6 +95,7 @@ import threading
 import time
 import urllib.parse
 from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 MIB = 1 << 20
 HASH_BLOCK = 8 * MIB  # read size for hashing (the brief's 8 MiB blocks)
@@ -179,7 +181,7 @@ def parse_ratelimit_reset(value: str | None) -> float | None:
 
 def backoff_s(attempt: int) -> float:
     """The wait before try ``attempt + 2`` when the server names none: 1, 2, 4, 8, 8 ... seconds."""
-    return min(BACKOFF_MAX_S, BACKOFF_FIRST_S * (2 ** min(attempt, 16)))
+    return float(min(BACKOFF_MAX_S, BACKOFF_FIRST_S * (2 ** min(attempt, 16))))
 
 
 def wait_before_retry(status: int | None, header: Callable[[str], str | None] | None, attempt: int,
@@ -332,7 +334,7 @@ class HashCache:
 
     def __init__(self, path: str | None) -> None:
         self.path = path
-        self.entries: dict[str, list] = {}
+        self.entries: dict[str, list[Any]] = {}
         self.lock = threading.Lock()
         if path and os.path.exists(path):
             try:
@@ -341,7 +343,7 @@ class HashCache:
             except (OSError, ValueError):
                 self.entries = {}  # a damaged cache only costs a re-hash
 
-    def _hit(self, path: str) -> list | None:
+    def _hit(self, path: str) -> list[Any] | None:
         try:
             st = os.stat(path)
         except OSError:
@@ -364,7 +366,7 @@ class HashCache:
 
     def put(self, path: str, sha256: str, chunk_bytes: int | None = None, chunks: list[str] | None = None) -> None:
         st = os.stat(path)
-        entry: list = [st.st_size, st.st_mtime_ns, sha256]
+        entry: list[Any] = [st.st_size, st.st_mtime_ns, sha256]
         if chunk_bytes is not None and chunks is not None:
             entry += [chunk_bytes, list(chunks)]
         with self.lock:
@@ -423,7 +425,7 @@ def hash_chunks(
     """
     chunks: list[str] = []
     full = hashlib.sha256() if whole else None
-    blocks: queue.Queue = queue.Queue(maxsize=4)
+    blocks: queue.Queue[Any] = queue.Queue(maxsize=4)
     failure: list[BaseException] = []
 
     def follow() -> None:
@@ -585,13 +587,13 @@ class _Sidecar:
     def __init__(self, path: str, size: int, chunk_bytes: int, key: str, verified: bool = False) -> None:
         self.path = path
         # verified: every chunk listed in "done" matched the manifest's hash (what a relay may serve)
-        self.meta = {"version": 1, "size": size, "chunk_bytes": chunk_bytes, "key": key, "verified": verified}
+        self.meta: dict[str, Any] = {"version": 1, "size": size, "chunk_bytes": chunk_bytes, "key": key, "verified": verified}
         self.done: set[int] = set()
         self.partial: dict[int, int] = {}
         self.lock = threading.Lock()
 
     def _write(self) -> None:
-        data: dict = {**self.meta, "done": sorted(self.done)}
+        data: dict[str, Any] = {**self.meta, "done": sorted(self.done)}
         if self.partial:
             data["partial"] = {str(i): n for i, n in sorted(self.partial.items())}
         atomic_write_json(self.path, data)
@@ -788,11 +790,11 @@ class _Source:
 def fetch_file(
     url: str, dest: str, *, emit: Emitter, connections: int = 8, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     sha256: str | None = None, size: int | None = None, cache: HashCache | None = None,
-    max_bytes: int | None = None, stop: threading.Event | None = None, timeout_s: float = 60.0,
+    max_bytes: int | None = None, stop: threading.Event | StopScope | None = None, timeout_s: float = 60.0,
     retries: int = RETRIES, interval_s: float = 1.0, label: str | None = None, totals: Meter | None = None,
     chunks: list[str] | None = None, headers: dict[str, str] | None = None, drop_cache: bool = False,
     slots: Slots | None = None, drained: threading.Event | None = None,
-) -> dict:
+) -> dict[str, Any]:
     """Download ``url`` to ``dest`` (ranged, parallel, resumable); return what happened.
 
     ``size`` and ``sha256``, when given, are what the file must be. ``chunks``
@@ -880,6 +882,7 @@ def fetch_file(
     # needs, so a sync after this fetch reads no byte of it again (the hash cache holds both)
     digests: dict[int, str] = {}
     if ranged:
+        assert total is not None  # a ranged server names its size (Content-Range)
         digest = _fetch_ranged(
             source, part, sidecar_path, total, emit=emit, meter=meter, connections=connections,
             chunk_bytes=chunk_bytes, key=sha256 or url, max_bytes=max_bytes, stop=stop, timeout_s=timeout_s,
@@ -922,7 +925,7 @@ def fetch_file(
         _discard(part, sidecar_path)
         raise AgentError(f"{label}: sha256 mismatch: got {digest}, expected {sha256} (partial file deleted)")
     _commit(part, dest, sidecar_path, drop_cache=drop_cache)
-    if cache is not None:
+    if cache is not None and digest is not None:
         n = n_chunks_of(got, chunk_bytes)
         if ranged and len(digests) == n:  # every chunk arrived in this run (a resumed file has gaps)
             cache.put(dest, digest, chunk_bytes, [digests[i] for i in range(n)])
@@ -967,10 +970,10 @@ def _commit(part: str, dest: str, sidecar_path: str, drop_cache: bool = False) -
 
 def _fetch_verified(
     url: str, dest: str, *, emit: Emitter, connections: int, chunk_bytes: int, sha256: str, size: int,
-    chunks: list[str], cache: HashCache | None, max_bytes: int | None, stop: threading.Event, timeout_s: float,
+    chunks: list[str], cache: HashCache | None, max_bytes: int | None, stop: threading.Event | StopScope, timeout_s: float,
     retries: int, interval_s: float, label: str, totals: Meter | None, slots: Slots | None = None,
     drained: threading.Event | None = None,
-) -> dict:
+) -> dict[str, Any]:
     """A pull from a peer that knows the manifest: every chunk is checked as it arrives.
 
     Each connection hashes its chunk from the receive buffer while writing it
@@ -1029,7 +1032,7 @@ def _fetch_verified(
 
 def _fetch_ranged(
     url: str | _Source, part: str, sidecar_path: str, total: int, *, emit: Emitter, meter: Meter, connections: int,
-    chunk_bytes: int, key: str, max_bytes: int | None, stop: threading.Event, timeout_s: float, retries: int,
+    chunk_bytes: int, key: str, max_bytes: int | None, stop: threading.Event | StopScope, timeout_s: float, retries: int,
     totals: Meter | None, chunk_hashes: list[str] | None = None, headers: dict[str, str] | None = None,
     drop_cache: bool = False, slots: Slots | None = None, drained: threading.Event | None = None,
     chunk_digests: dict[int, str] | None = None,
@@ -1141,7 +1144,7 @@ def _fetch_ranged(
                                  # a chunk continued from an earlier run has no digest of its own
                                  record=None if chunk_digests is None or kept else (chunk_digests, index), emit=emit,
                                  label=str(meter.fixed.get("file") or os.path.basename(part)), resume_at=kept,
-                                 keep=lambda n, index=index: sidecar.mark_partial(index, n))
+                                 keep=functools.partial(sidecar.mark_partial, index))
                 finally:
                     if slots is not None:
                         slots.release()
@@ -1183,7 +1186,7 @@ def _fetch_ranged(
     return None if verified else hasher.hexdigest()
 
 
-def _guard(fn, errors: list, stop: threading.Event, cond: threading.Condition):  # type: ignore[no-untyped-def]
+def _guard(fn, errors: list[Any], stop: threading.Event | StopScope, cond: threading.Condition):  # type: ignore[no-untyped-def]
     def run() -> None:
         try:
             fn()
@@ -1202,7 +1205,7 @@ class ChunkMismatch(AgentError):
 
 def _fetch_chunk(
     client: Client, url: str | _Source, fd: int, first: int, last: int, view: memoryview, meter: Meter,
-    totals: Meter | None, max_bytes: int | None, stop: threading.Event, retries: int, total: int | None = None,
+    totals: Meter | None, max_bytes: int | None, stop: threading.Event | StopScope, retries: int, total: int | None = None,
     expect: str | None = None, headers: dict[str, str] | None = None,
     record: tuple[dict[int, str], int] | None = None, emit: Emitter | None = None, label: str | None = None,
     resume_at: int = 0, keep: Callable[[int], None] | None = None,
@@ -1323,7 +1326,7 @@ class _StreamCut(AgentError):
 
 def _fetch_stream(
     resp: http.client.HTTPResponse, part: str, sidecar_path: str, *, meter: Meter, max_bytes: int | None,
-    stop: threading.Event, totals: Meter | None, drop_cache: bool = False, total: int | None = None,
+    stop: threading.Event | StopScope, totals: Meter | None, drop_cache: bool = False, total: int | None = None,
 ) -> str:
     """The fallback for servers without Range: one stream from byte 0, hashed in order.
 
@@ -1391,7 +1394,7 @@ def _list_files(root: str) -> tuple[str, dict[str, str], int]:
     return "dir", paths, partial
 
 
-def cached_summary(root: str, cache: HashCache, *, listed: int = 10) -> dict:
+def cached_summary(root: str, cache: HashCache, *, listed: int = 10) -> dict[str, Any]:
     """What the hash cache vouches for under ``root``, without reading a byte of the files.
 
     A file counts as verified while its size and mtime are those it had when
@@ -1429,7 +1432,7 @@ def cached_summary(root: str, cache: HashCache, *, listed: int = 10) -> dict:
 def build_manifest(
     root: str, *, emit: Emitter, cache: HashCache | None = None, interval_s: float = 1.0,
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
-) -> dict:
+) -> dict[str, Any]:
     """{"kind": "dir"|"file", "files": {relpath: {"size", "sha256", "chunk_bytes", "chunks"}}}.
 
     ``chunks`` holds the SHA-256 of each ``chunk_bytes`` piece of the file: a
@@ -1517,7 +1520,7 @@ class WeightsServer(socketserver.ThreadingMixIn, http.server.HTTPServer):
     request_queue_size = 512
 
     def __init__(self, root: str, bind: str, port: int, allow: set[str] | None = None,
-                 emit: Emitter | None = None, *, files: dict | None = None, single: bool | None = None,
+                 emit: Emitter | None = None, *, files: dict[str, Any] | None = None, single: bool | None = None,
                  relay: bool = False, relay_wait_s: float = RELAY_WAIT_S) -> None:
         check_bind(bind)
         self.root = os.path.abspath(root)
@@ -1555,7 +1558,7 @@ class WeightsServer(socketserver.ThreadingMixIn, http.server.HTTPServer):
             return rel, full
         return None
 
-    def verified_chunks(self, full: str, entry: dict) -> set[int]:
+    def verified_chunks(self, full: str, entry: dict[str, Any]) -> set[int]:
         """Chunks of ``full`` that its pull on this node has verified against the same manifest."""
         side = full + SIDECAR_SUFFIX
         try:
@@ -1593,9 +1596,9 @@ class WeightsServer(socketserver.ThreadingMixIn, http.server.HTTPServer):
             entry = (self.files or {})[rel]
             size = int(entry["size"])
             rng = parse_range(range_header, size)
-            if rng == "416":
+            if isinstance(rng, str):  # "416"
                 return None, size, rng
-            first, last = (0, size - 1) if rng is None else rng  # type: ignore[misc]
+            first, last = (0, size - 1) if rng is None else rng
             chunk_bytes = int(entry.get("chunk_bytes") or 0)
             if chunk_bytes > 0 and size > 0:
                 need = set(range(first // chunk_bytes, last // chunk_bytes + 1))
@@ -1667,7 +1670,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 if rng is None:
                     first, last, status = 0, size - 1, 200
                 else:
-                    first, last = rng  # type: ignore[misc]
+                    assert not isinstance(rng, str)  # "416" was answered above
+                    first, last = rng
                     status = 206
                 count = last - first + 1
                 self.send_response(status)
@@ -1770,10 +1774,10 @@ def each_file(starts: Iterable[Callable[[StopScope, threading.Event], None]], st
 
 
 def pull(
-    base_url: str, manifest: dict, dest: str, *, emit: Emitter, connections: int = 8, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
-    cache: HashCache | None = None, stop: threading.Event | None = None, interval_s: float = 1.0,
-    max_bytes: int | None = None,
-) -> dict:
+    base_url: str, manifest: dict[str, Any], dest: str, *, emit: Emitter, connections: int = 8,
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES, cache: HashCache | None = None, stop: threading.Event | None = None,
+    interval_s: float = 1.0, max_bytes: int | None = None,
+) -> dict[str, Any]:
     """Fetch every file of ``manifest`` from ``base_url`` into ``dest``, skipping complete ones."""
     files = manifest.get("files", manifest)
     base = base_url.rstrip("/") + "/"
@@ -1804,7 +1808,7 @@ def pull(
                 raise AgentError(f"manifest path {rel!r} leaves the destination")
             if max_bytes is not None and totals.session_bytes >= max_bytes:
                 raise Interrupted(f"stopped after {totals.session_bytes} bytes (--max-bytes)")
-            yield lambda scope, drained, rel=rel: one(rel, scope, drained)
+            yield functools.partial(one, rel)
 
     slots = Slots(connections)
     each_file(starts(), stop or threading.Event(), connections)
@@ -1828,7 +1832,7 @@ INFO_WAIT_MAX_S = 30.0  # hub-info's waits in all (sparkctl.ops.hubfetch gives t
 class HubFailed(AgentError):
     """Some files failed verification or transfer (deleted and named); the others are complete."""
 
-    def __init__(self, message: str, failed: list[dict]) -> None:
+    def __init__(self, message: str, failed: list[dict[str, Any]]) -> None:
         super().__init__(message)
         self.failed = failed
 
@@ -1864,7 +1868,7 @@ def git_blob_sha1_file(path: str) -> tuple[str, str]:
     return sha1.hexdigest(), sha256.hexdigest()
 
 
-def hub_info(url: str, token: str | None, dest: str, timeout_s: float = 30.0) -> dict:
+def hub_info(url: str, token: str | None, dest: str, timeout_s: float = 30.0) -> dict[str, Any]:
     """The Hub's answer to the revision API (status, error code, JSON), the free space and what is at ``dest``."""
     client = Client(timeout_s)
     # sparkctl waits INFO_TIMEOUT_S (60 s) for this one command: the waits stay well inside it
@@ -1895,7 +1899,7 @@ def hub_info(url: str, token: str | None, dest: str, timeout_s: float = 30.0) ->
             "present": present}
 
 
-def _old_hub_manifest(dest: str) -> dict:
+def _old_hub_manifest(dest: str) -> dict[str, Any]:
     try:
         with open(os.path.join(dest, *HUB_MANIFEST.split("/"))) as f:
             data = json.load(f)
@@ -1904,7 +1908,7 @@ def _old_hub_manifest(dest: str) -> dict:
         return {}
 
 
-def _complete(target: str, entry: dict, old: dict, cache: HashCache) -> tuple[bool, str | None, str]:
+def _complete(target: str, entry: dict[str, Any], old: dict[str, Any], cache: HashCache) -> tuple[bool, str | None, str]:
     """(complete, sha256, why not) of a file already at ``target``: by the hash cache when it can."""
     size = int(entry["size"])
     if os.path.getsize(target) != size:
@@ -1924,10 +1928,10 @@ def _complete(target: str, entry: dict, old: dict, cache: HashCache) -> tuple[bo
 
 
 def hub_fetch(
-    spec: dict, dest: str, *, emit: Emitter, token: str | None, connections: int = 8,
+    spec: dict[str, Any], dest: str, *, emit: Emitter, token: str | None, connections: int = 8,
     chunk_bytes: int = DEFAULT_CHUNK_BYTES, cache: HashCache, stop: threading.Event | None = None,
     interval_s: float = 1.0, max_bytes: int | None = None,
-) -> dict:
+) -> dict[str, Any]:
     """Every file of ``spec["files"]`` into ``dest`` at its repository path, verified; then the manifest.
 
     LFS files are verified by SHA-256, the others by size and git blob id. A
@@ -1945,12 +1949,12 @@ def hub_fetch(
     totals = Meter(emit, interval_s)
     totals.total = sum(int(e["size"]) for e in files)
     start = time.monotonic()
-    failed: list[dict] = []
+    failed: list[dict[str, Any]] = []
     counts = {"fetched": 0, "skipped": 0}
     lock = threading.Lock()
     slots = Slots(connections)
 
-    def one(entry: dict, target: str, scope: StopScope, drained: threading.Event) -> None:
+    def one(entry: dict[str, Any], target: str, scope: StopScope, drained: threading.Event) -> None:
         rel = entry["path"]
         try:
             result = fetch_file(
@@ -2006,7 +2010,7 @@ def hub_fetch(
                 _discard(target)
             if max_bytes is not None and totals.session_bytes >= max_bytes:
                 raise Interrupted(f"stopped after {totals.session_bytes} bytes (--max-bytes)")
-            yield lambda scope, drained, entry=entry, target=target: one(entry, target, scope, drained)
+            yield functools.partial(one, entry, target)
 
     each_file(starts(), stop, connections)
     fetched, skipped = counts["fetched"], counts["skipped"]
@@ -2027,7 +2031,7 @@ def hub_fetch(
             "rate_Bps": round(totals.session_bytes / seconds) if seconds > 0 else 0, "manifest": mpath}
 
 
-def check_hub_manifest(root: str, files: dict) -> None:
+def check_hub_manifest(root: str, files: dict[str, Any]) -> None:
     """A tree fetched from the Hub must still be what its manifest says before it is sent anywhere."""
     hub = _old_hub_manifest(root)
     if not hub:
@@ -2048,7 +2052,7 @@ def check_hub_manifest(root: str, files: dict) -> None:
 # --------------------------------------------------------------------------- detached jobs
 
 
-def _read_events(path: str, offset: int) -> tuple[list[dict], int]:
+def _read_events(path: str, offset: int) -> tuple[list[dict[str, Any]], int]:
     try:
         with open(path, "rb") as f:
             f.seek(offset)
@@ -2115,8 +2119,8 @@ def detach(log_path: str, wait_for: tuple[str, ...], timeout_s: float = 20.0, li
             if ev.get("event") == "started":
                 started = ev
             if ev.get("event") in wait_for or ev.get("event") == "error":
-                pid = (started or {}).get("pid")
-                print(json.dumps({**ev, "pid": pid, "log": log_path}), flush=True)
+                job_pid = (started or {}).get("pid")
+                print(json.dumps({**ev, "pid": job_pid, "log": log_path}), flush=True)
                 if ev.get("event") == "error":
                     os._exit(EXIT_ERROR)
                 if linger_s > 0:
@@ -2124,7 +2128,7 @@ def detach(log_path: str, wait_for: tuple[str, ...], timeout_s: float = 20.0, li
                     for later in rest:
                         print(json.dumps(later, separators=(",", ":")))
                     ended = any(e.get("event") in ("done", "error") for e in rest)
-                    _linger(log_path, offset, int(pid or 0), min(linger_s, 10.0), ended)
+                    _linger(log_path, offset, int(job_pid or 0), min(linger_s, 10.0), ended)
                 os._exit(0)
         time.sleep(0.01)
     print(json.dumps({"event": "error", "message": f"the detached job did not report within {timeout_s:g} s",
@@ -2225,10 +2229,11 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _load_manifest(arg: str) -> dict:
+def _load_manifest(arg: str) -> dict[str, Any]:
     text = sys.stdin.read() if arg == "-" else open(arg).read()
     data = json.loads(text)
-    return data.get("manifest", data) if isinstance(data, dict) else data
+    manifest: dict[str, Any] = data.get("manifest", data) if isinstance(data, dict) else data
+    return manifest
 
 
 def main(argv: list[str] | None = None) -> int:

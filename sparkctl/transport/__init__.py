@@ -12,8 +12,6 @@ every other module's imports). Its modules:
 * ``connection``: fabric Connections per node and :class:`SSHTransport`, ``trust``;
 * ``session``: one command on an open session channel;
 * ``fake``: :class:`LocalTransport` and :class:`FakeTransport`.
-
-``sparkctl.transport.ssh`` is kept as an alias of this package's public names.
 """
 
 from sparkctl.transport.base import (

@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Protocol, Self, runtime_checkable
 
 from sparkctl.errors import Ref, SparkctlError, TransportError
 from sparkctl.transport.hostkeys import HostKeyError
@@ -290,7 +290,7 @@ class BaseTransport:
     def close(self) -> None:
         pass
 
-    def __enter__(self) -> BaseTransport:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -111,6 +111,8 @@ class NodeConnection(fabric.Connection):  # type: ignore[misc]  # fabric ships n
     per connection really opened (for :attr:`SSHTransport.connections_opened`).
     """
 
+    transport: paramiko.Transport | None  # fabric's: None until open() (and after drop())
+
     # invoke's Context stores attributes it does not know in its config
     # (invoke/config.py DataProxy.__setattr__), which deep-copies them; ours
     # are set with its documented workaround, ``_set``.
@@ -155,6 +157,7 @@ class NodeConnection(fabric.Connection):  # type: ignore[misc]  # fabric ships n
             kind, _, rest = str(exc).partition(": ")
             raise ConnectFailed(f"{kind}: {ep.jump.label}: {rest}") from None
         try:
+            assert jump.transport is not None  # open() succeeded
             return jump.transport.open_channel("direct-tcpip", (ep.host, ep.port), ("127.0.0.1", 0), timeout=ct)
         except paramiko.ChannelException as exc:
             raise ConnectFailed(f"unreachable: {ep.jump.label} could not reach {ep.host}:{ep.port} ({exc.text})") from None
@@ -183,6 +186,7 @@ class NodeConnection(fabric.Connection):  # type: ignore[misc]  # fabric ships n
                 self.connect_kwargs.pop("sock", None)
                 raise self._failure(exc, began) from None
             self.connect_kwargs.pop("sock", None)
+            assert self.transport is not None  # connect() succeeded
             key = self.transport.get_remote_server_key()
             if key.asbytes() in self.known.revoked:
                 self.drop()

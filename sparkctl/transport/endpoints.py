@@ -19,6 +19,7 @@ the ssh_config file.
 from __future__ import annotations
 
 import getpass
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,7 +64,7 @@ class Endpoint:
         return f"{self.host}:{self.port}" + (f" via {self.jump.host}:{self.jump.port}" if self.jump else "")
 
 
-def read_ssh_config(path: str | Path | None) -> SSHConfig:
+def read_ssh_config(path: str | os.PathLike[str] | None) -> SSHConfig:
     """The ssh_config at ``path`` (default ``~/.ssh/config``); empty when there is none."""
     cfg_path = Path(path).expanduser() if path else Path("~/.ssh/config").expanduser()
     try:

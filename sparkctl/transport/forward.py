@@ -90,6 +90,8 @@ def forward(transport: Transport, node: str, host: str, port: int) -> Iterator[t
     def serve_one(client: socket.socket) -> None:
         client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # as OpenSSH's forwarding sockets
         try:
+            if conn.transport is None:
+                raise EOFError("the SSH connection is closed")
             chan = conn.transport.open_channel("direct-tcpip", (host, port), client.getpeername(),
                                                timeout=transport.settings.connect_timeout_s)
         except (paramiko.SSHException, OSError, EOFError, AttributeError) as exc:

@@ -208,8 +208,8 @@ class Slots:
 def build_app(cfg: LlamaConfig, speedup: float, log: Log, loaded: asyncio.Event) -> Any:
     from aiohttp import web
 
-    from sparkctl_sim.engines.server import Engine, PerfState
     from sparkctl_sim.engines.logs import EngineLog
+    from sparkctl_sim.engines.server import Engine, PerfState
 
     c = contracts.load(*CONTRACT)
     assert c is not None

@@ -484,7 +484,8 @@ async def access_log(request: web.Request, handler: Callable[[web.Request], Any]
     finally:
         engine.http[(request.path, status)] += 1
         peer = request.remote or "-"
-        line = f'{peer}:{port} - "{request.method} {request.path_qs} HTTP/{request.version.major}.{request.version.minor}" {status}'
+        version = f"{request.version.major}.{request.version.minor}"
+        line = f'{peer}:{port} - "{request.method} {request.path_qs} HTTP/{version}" {status}'
         if engine.cfg.engine in ("vllm", "sglang"):
             engine.log.uvicorn(line + (" OK" if status == 200 else ""))
         else:

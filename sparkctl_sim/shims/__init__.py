@@ -4,7 +4,7 @@ Each simulated node runs these instead of ``nvidia-smi`` (:mod:`.nvidia_smi`,
 with the GB10 clock/power model in :mod:`.gb10`), ``ibdev2netdev`` and
 ``show_gids`` and the sysfs GID table (:mod:`.ibdev`), ``ethtool``
 (:mod:`.ethtool`), ``lspci`` (:mod:`.lspci`), ``uname``, ``getconf``,
-``apt-mark``, meminfo and boot_id (:mod:`.system`) and ``ib_write_bw``
+``apt-mark`` (:mod:`.system`) and ``ib_write_bw``
 (:mod:`.perftest`). The output formats copy the real tools as captured on real
 Sparks (docs: docs/reference/spark-facts.md; verbatim copies under
 tests/fixtures/spark/), so that sparkctl's probes parse the simulation exactly
@@ -107,8 +107,6 @@ from sparkctl_sim.shims.perftest import (
 from sparkctl_sim.shims.system import (
     apt_mark,
     getconf,
-    render_boot_id,
-    render_meminfo,
     uname,
 )
 
@@ -161,8 +159,6 @@ __all__ = [
     "rail_bandwidth_gbps",
     "read_netdevs",
     "read_process_names",
-    "render_boot_id",
-    "render_meminfo",
     "render_smi_q",
     "render_smi_table",
     "render_sysfs_infiniband",

@@ -108,7 +108,8 @@ def ib_write_bw(state: State, args: Sequence[str], netdevs: Netdevs) -> ToolResu
     nd = NETDEV_OF[dev]
     facts = netdevs.get(nd)
     if facts is None or not facts.link_up:
-        return _result("", " Port number 1 state is Down\n Couldn't set the link layer\n Couldn't get context for the device\n", 1)
+        return _result("", " Port number 1 state is Down\n Couldn't set the link layer\n"
+                       " Couldn't get context for the device\n", 1)
     table = gid_table(state, dev, netdevs)
     auto = roce_v2_ipv4_gid_index(state, dev, netdevs)
     idx = gid_index if gid_index is not None else (auto if auto is not None else 0)

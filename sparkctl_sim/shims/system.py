@@ -1,12 +1,10 @@
-"""OS identity shims: ``uname``, ``getconf``, ``apt-mark`` and the rendered
-``/proc/meminfo`` and ``boot_id`` views of a simulated DGX OS node."""
+"""OS identity shims: ``uname``, ``getconf`` and ``apt-mark`` of a simulated DGX OS node
+(the rendered ``/proc/meminfo`` and ``boot_id`` views are :mod:`sparkctl_sim.nodestate`'s)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from sparkctl_sim import nodestate
-from sparkctl_sim.nodestate import render_boot_id, render_meminfo  # noqa: F401 - re-exported by sparkctl_sim.shims
 from sparkctl_sim.shims.common import State, ToolResult, _copy_state, _result
 
 # --------------------------------------------------------------------------

@@ -7,6 +7,7 @@ also when a test fails.
 
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import json
 import os
@@ -22,6 +23,7 @@ import pytest
 from sparkctl_sim import cluster, nodestate
 from sparkctl_sim.cluster import SimError
 from sparkctl_sim.spec import ClusterSpec, SimLink, SimNode, SimRoute
+from tests.sim.helpers import free_port
 
 HAVE_TOOLS = all(shutil.which(t) for t in ("ssh", "ssh-keygen", "ip", "unshare", "setsid", "ping")) and Path(
     "/usr/sbin/sshd").exists()
@@ -388,17 +390,11 @@ def _crash_and_recover(root: Path, namespaces: list[str], lose_ledger: bool) -> 
         cluster.down(root)
 
 
-def _free_port(host: str) -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.mark.e2e
 @needs_tools
 def test_rootless_mode(tmp_path: Path) -> None:
     root = tmp_path / "sim"
-    nodes = tuple(SimNode(f"loop-{i}", f"127.0.0.{21 + i}", _free_port(f"127.0.0.{21 + i}")) for i in range(2))
+    nodes = tuple(SimNode(f"loop-{i}", f"127.0.0.{21 + i}", free_port(f"127.0.0.{21 + i}")) for i in range(2))
     spec = ClusterSpec(nodes=nodes, links=(SimLink("loop-0", P0[0], "127.0.1.1/8", "loop-1", P1[0],
                                                    "127.0.1.2/8"),), rootless=True)
     try:
@@ -430,8 +426,8 @@ def test_ring_spec_routes_cover_every_non_neighbour_subnet() -> None:
         local = {lk.a_cidr.rsplit(".", 1)[0] for lk in spec.links if name in (lk.a_node, lk.b_node)}
         assert len(mine) == 4
         assert all(r.dst_cidr.rsplit(".", 1)[0] not in local for r in mine)
-    assert json.dumps(cluster._spec_to_json(spec))  # the spec round-trips through sim.json
-    assert cluster._spec_from_json(json.loads(json.dumps(cluster._spec_to_json(spec)))) == spec
+    assert json.dumps(dataclasses.asdict(spec))  # the spec round-trips through sim.json
+    assert cluster._spec_from_json(json.loads(json.dumps(dataclasses.asdict(spec)))) == spec
 
 
 def test_down_refuses_a_directory_that_is_not_a_sim_root(tmp_path: Path) -> None:

@@ -24,6 +24,7 @@ from sparkctl_sim import nodestate, perfmodel
 from sparkctl_sim.engine import install_engines, main
 from sparkctl_sim.engines import cli, runtime
 from sparkctl_sim.engines import tokens as tk
+from tests.sim.helpers import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -175,7 +176,7 @@ def test_nccl_ib_hca_selection(tmp_path: Path) -> None:
 
 def test_bad_nccl_ib_hca_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     env = {"SPARKCTL_SYSFS_ROOT": str(_sysfs(tmp_path, ("rocep1s0f0",))), "NCCL_IB_HCA": "=rocep1s0f0,roceP2p1s0f0"}
-    argv = ["vllm", "serve", "/m", "--port", str(_free_port()), "--host", "127.0.0.1"]
+    argv = ["vllm", "serve", "/m", "--port", str(free_port()), "--host", "127.0.0.1"]
     assert main(argv, env) == 1
     err = capsys.readouterr().err
     assert "NCCL WARN" in err and "roceP2p1s0f0" in err
@@ -224,12 +225,6 @@ def test_perf_facts_from_node_state() -> None:
 # ---------------------------------------------------------------------------
 # end to end on 127.0.0.1
 # ---------------------------------------------------------------------------
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _port_open(port: int) -> bool:
@@ -354,7 +349,7 @@ def ring(installed: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory)
     """A ds41f TP4 world on 127.0.0.1 at speed-up 50; rank 3 starts late."""
     bin_dir, _ = installed
     logs = tmp_path_factory.mktemp("ring")
-    mport, hport = _free_port(), _free_port()
+    mport, hport = free_port(), free_port()
     env = _env(SPARKCTL_SIM_SPEEDUP="50", SPARKCTL_HOST_IP="127.0.0.1", SPARKCTL_SIM_RDZV_TIMEOUT_S="60")
     procs: dict[Any, Proc] = {}
     ctx: dict[str, Any] = {"procs": procs, "hport": hport, "mport": mport, "env": env, "bin": bin_dir, "logs": logs}
@@ -446,7 +441,7 @@ def single(installed: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactor
         for engine, speed in (("vllm", "10"), ("tensorfold", "20")):
             state = d / f"{engine}.json"
             nodestate.save(state, nodestate.default_state(f"spark-{engine}"))
-            port = _free_port()
+            port = free_port()
             if engine == "vllm":
                 cmd = [str(bin_dir / "vllm"), "serve", "/models/v4", "--served-model-name", "v4", "--host",
                        "127.0.0.1", "--port", str(port), "--gpu-memory-utilization", "0.8"]

@@ -7,108 +7,21 @@ import os
 import signal
 import subprocess
 import sys
-import textwrap
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 
-from sparkctl_sim import dockerimages, procshims
+from sparkctl_sim import procshims
+from tests.sim.helpers import ShimHost, alive, wait_until
 
 ENGINE_FLAGS = ["--network", "host", "--ipc", "host", "--device", "/dev/infiniband",
                 "--ulimit", "memlock=-1"]
 
 
-def _alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat[stat.rfind(")") + 2] != "Z"
-
-
-@dataclass
-class Sim:
-    root: Path
-    env: dict[str, str]
-
-    @property
-    def run_dir(self) -> Path:
-        return Path(self.env[procshims.RUN_DIR_ENV])
-
-    @property
-    def unit_dir(self) -> Path:
-        return Path(self.env[procshims.UNIT_DIR_ENV])
-
-    def run(self, *args: str, timeout_s: float = 30.0) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(list(args), env=self.env, capture_output=True, text=True,
-                              timeout=timeout_s)
-
-    def unit(self, name: str, body: str) -> Path:
-        path = self.unit_dir / name
-        path.write_text(textwrap.dedent(body).lstrip())
-        return path
-
-    def recorded_pids(self) -> set[int]:
-        pids: set[int] = set()
-        for path in self.run_dir.rglob("*.json"):
-            rec = json.loads(path.read_text())
-            for key in ("pid", "monitor_pid", "MainPID"):
-                if isinstance(rec.get(key), int) and rec[key] > 0:
-                    pids.add(rec[key])
-            if isinstance(rec.get("supervisor"), dict):
-                pids.add(int(rec["supervisor"]["pid"]))
-        return pids
-
-
-@pytest.fixture
-def sim(tmp_path: Path) -> Iterator[Sim]:
-    bin_dir = tmp_path / "bin"
-    procshims.install_procshims(bin_dir)
-    (tmp_path / "units").mkdir()
-    env = dict(os.environ)
-    env["PATH"] = f"{bin_dir}:{env.get('PATH', os.defpath)}"
-    env[procshims.RUN_DIR_ENV] = str(tmp_path / "run")
-    env[procshims.UNIT_DIR_ENV] = str(tmp_path / "units")
-    # SIMULATION: the image the tests run is in this node's store (as if built here)
-    dockerimages.Images(dockerimages.store_dir(tmp_path / "run")).add(dockerimages.make_image("img", layer_bytes=1024))
-    sim = Sim(tmp_path, env)
-    seen: set[int] = set()
-    try:
-        yield sim
-    finally:
-        # Every pid the shims ever recorded must be gone; kill leftovers so a
-        # failing test never leaks processes into the next one.
-        if sim.run_dir.exists():
-            seen = sim.recorded_pids()
-        deadline = time.monotonic() + 3.0
-        while any(_alive(p) for p in seen) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        orphans = sorted(p for p in seen if _alive(p))
-        for pid in orphans:
-            for kill in (os.killpg, os.kill):
-                try:
-                    kill(pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
-        assert not orphans, f"processes left behind: {orphans}"
-
-
-def _wait_for(predicate, timeout_s: float = 5.0) -> bool:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return predicate()
-
-
 # --------------------------------------------------------------------------- docker
 
 
-def test_docker_run_refuses_missing_ipc_host(sim: Sim) -> None:
+def test_docker_run_refuses_missing_ipc_host(sim: ShimHost) -> None:
     flags = ["--network", "host", "--device", "/dev/infiniband", "--ulimit", "memlock=-1"]
     res = sim.run("docker", "run", "-d", "--name", "eng", *flags, "img", "sleep", "30")
     assert res.returncode == 125
@@ -123,13 +36,13 @@ def test_docker_run_refuses_missing_ipc_host(sim: Sim) -> None:
     ("-x", "unknown shorthand flag: 'x' in -x"),
     ("--privileged", "unknown flag: --privileged"),
 ])
-def test_docker_run_refuses_unknown_flags(sim: Sim, flag: str, message: str) -> None:
+def test_docker_run_refuses_unknown_flags(sim: ShimHost, flag: str, message: str) -> None:
     res = sim.run("docker", "run", flag, *ENGINE_FLAGS, "img", "true")
     assert res.returncode == 125
     assert res.stderr.splitlines()[0] == message
 
 
-def test_docker_detached_lifecycle(sim: Sim) -> None:
+def test_docker_detached_lifecycle(sim: ShimHost) -> None:
     res = sim.run("docker", "run", "-d", "--name", "eng0", *ENGINE_FLAGS, "--gpus", "all",
                   "--runtime", "nvidia", "--cap-add", "IPC_LOCK", "--shm-size", "16g", "--init",
                   "img", "sh", "-c", "echo ready; exec sleep 30")
@@ -141,14 +54,14 @@ def test_docker_detached_lifecycle(sim: Sim) -> None:
     assert names.stdout == "eng0\n"
     assert sim.run("docker", "inspect", "-f", "{{.State.Running}}", "eng0").stdout == "true\n"
     pid = int(sim.run("docker", "inspect", "-f", "{{.State.Pid}}", "eng0").stdout)
-    assert _alive(pid) and os.getpgid(pid) == pid  # its own session, like a container
-    assert _wait_for(lambda: sim.run("docker", "logs", "--tail", "1", "eng0").stdout == "ready\n")
+    assert alive(pid) and os.getpgid(pid) == pid  # its own session, like a container
+    assert wait_until(lambda: sim.run("docker", "logs", "--tail", "1", "eng0").stdout == "ready\n", 5.0, 0.05)
 
     started = time.monotonic()
     stop = sim.run("docker", "stop", "-t", "5", "eng0")
     assert stop.returncode == 0 and stop.stdout == "eng0\n"
     assert time.monotonic() - started < 4.0  # SIGTERM was enough
-    assert not _alive(pid)
+    assert not alive(pid)
     assert sim.run("docker", "ps", "--format", "{{.Names}}").stdout == ""
     assert sim.run("docker", "inspect", "-f", "{{.State.Running}} {{.State.ExitCode}}",
                    "eng0").stdout == "false 143\n"
@@ -158,7 +71,7 @@ def test_docker_detached_lifecycle(sim: Sim) -> None:
     assert missing.returncode == 1 and "No such object: eng0" in missing.stderr
 
 
-def test_docker_name_conflict_and_force_remove(sim: Sim) -> None:
+def test_docker_name_conflict_and_force_remove(sim: ShimHost) -> None:
     assert sim.run("docker", "run", "-d", "--name", "eng1", *ENGINE_FLAGS, "img",
                    "sleep", "30").returncode == 0
     again = sim.run("docker", "run", "-d", "--name", "eng1", *ENGINE_FLAGS, "img", "sleep", "30")
@@ -169,7 +82,7 @@ def test_docker_name_conflict_and_force_remove(sim: Sim) -> None:
     assert sim.run("docker", "ps", "-a", "-q").stdout == ""
 
 
-def test_docker_env_file_values_reach_process_exactly(sim: Sim) -> None:
+def test_docker_env_file_values_reach_process_exactly(sim: ShimHost) -> None:
     env_file = sim.root / "engine.env"
     env_file.write_text(
         "# rendered by sparkctl\n"
@@ -200,7 +113,7 @@ def test_docker_env_file_values_reach_process_exactly(sim: Sim) -> None:
     assert sim.run("docker", "ps", "-a", "-q").stdout == ""  # --rm
 
 
-def test_docker_foreground_exit_code_and_sigterm(sim: Sim) -> None:
+def test_docker_foreground_exit_code_and_sigterm(sim: ShimHost) -> None:
     res = sim.run("docker", "run", "--name", "once", *ENGINE_FLAGS, "img",
                   "sh", "-c", "echo out; echo err >&2; exit 7")
     assert (res.returncode, res.stdout, res.stderr) == (7, "out\n", "err\n")
@@ -213,12 +126,12 @@ def test_docker_foreground_exit_code_and_sigterm(sim: Sim) -> None:
                              "sleep", "30"], env=sim.env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     try:
-        assert _wait_for(lambda: sim.run("docker", "ps", "--format",
-                                         "{{.Names}}").stdout == "fg\n")
+        assert wait_until(lambda: sim.run("docker", "ps", "--format",
+                                         "{{.Names}}").stdout == "fg\n", 5.0, 0.05)
         pid = int(sim.run("docker", "inspect", "-f", "{{.State.Pid}}", "fg").stdout)
         proc.send_signal(signal.SIGTERM)  # the CLI forwards it to the container
         assert proc.wait(timeout=5) == 128 + signal.SIGTERM
-        assert not _alive(pid)
+        assert not alive(pid)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -226,18 +139,18 @@ def test_docker_foreground_exit_code_and_sigterm(sim: Sim) -> None:
     sim.run("docker", "rm", "-f", "fg")
 
 
-def test_docker_a_container_outlives_its_sigkilled_cli_and_keeps_its_name(sim: Sim) -> None:
+def test_docker_a_container_outlives_its_sigkilled_cli_and_keeps_its_name(sim: ShimHost) -> None:
     """docker run is a client: SIGKILL cannot be forwarded (--sig-proxy), the container runs
     on under its name, and the next `docker run --name` gets moby's Conflict (exit 125)
     until `docker rm -f` (sparkctl_sim.clusterdocker)."""
     proc = subprocess.Popen(["docker", "run", "--rm", "--name", "eng", *ENGINE_FLAGS, "img", "sleep", "60"],
                             env=sim.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    assert _wait_for(lambda: sim.run("docker", "ps", "--format", "{{.Names}}").stdout == "eng\n")
+    assert wait_until(lambda: sim.run("docker", "ps", "--format", "{{.Names}}").stdout == "eng\n", 5.0, 0.05)
     pid = int(sim.run("docker", "inspect", "-f", "{{.State.Pid}}", "eng").stdout)
     cid = sim.run("docker", "inspect", "-f", "{{.Id}}", "eng").stdout.strip()
     proc.kill()
     assert proc.wait(timeout=5) == -signal.SIGKILL
-    assert _alive(pid) and sim.run("docker", "ps", "--format", "{{.Names}}").stdout == "eng\n"
+    assert alive(pid) and sim.run("docker", "ps", "--format", "{{.Names}}").stdout == "eng\n"
     again = sim.run("docker", "run", "--rm", "--name", "eng", *ENGINE_FLAGS, "img", "true")
     assert again.returncode == 125
     assert again.stderr.strip() == (
@@ -251,11 +164,11 @@ def test_docker_a_container_outlives_its_sigkilled_cli_and_keeps_its_name(sim: S
         ExecStart=docker run --rm --name eng {' '.join(ENGINE_FLAGS)} img true
     """)
     assert sim.run("systemctl", "start", "eng.service").returncode == 0
-    assert not _alive(pid)
+    assert not alive(pid)
     assert sim.run("docker", "ps", "-a", "-q").stdout == ""
 
 
-def test_docker_missing_executable(sim: Sim) -> None:
+def test_docker_missing_executable(sim: ShimHost) -> None:
     res = sim.run("docker", "run", "--rm", *ENGINE_FLAGS, "img", "no-such-binary-xyz")
     assert res.returncode == 127
     assert 'exec: "no-such-binary-xyz": executable file not found in $PATH' in res.stderr
@@ -264,7 +177,7 @@ def test_docker_missing_executable(sim: Sim) -> None:
 # --------------------------------------------------------------------------- systemctl
 
 
-def test_systemctl_simple_service_lifecycle(sim: Sim) -> None:
+def test_systemctl_simple_service_lifecycle(sim: ShimHost) -> None:
     env_file = sim.root / "engine.env"
     env_file.write_text('# engine environment\nGREETING="hello  world"\nRAW=a $b\n')
     out = sim.root / "engine.log"
@@ -298,15 +211,15 @@ def test_systemctl_simple_service_lifecycle(sim: Sim) -> None:
     props = dict(line.split("=", 1) for line in show.stdout.splitlines())
     assert props["ActiveState"] == "active"
     pid = int(props["MainPID"])
-    assert _alive(pid)
-    assert _wait_for(lambda: out.exists() and len(out.read_text().splitlines()) == 2)
+    assert alive(pid)
+    assert wait_until(lambda: out.exists() and len(out.read_text().splitlines()) == 2, 5.0, 0.05)
     # ${VAR} is expanded by systemd; $VAR inside a word is left for sh.
     assert out.read_text() == "pre rank 0\nG=hello  world R=a $b L=rank 0 M=ring\n"
     assert sim.run("systemctl", "status", "tiny-engine").returncode == 0
 
     stop = sim.run("systemctl", "stop", "tiny-engine")
     assert stop.returncode == 0
-    assert not _alive(pid)
+    assert not alive(pid)
     inactive = sim.run("systemctl", "is-active", "tiny-engine")
     assert (inactive.returncode, inactive.stdout) == (3, "inactive\n")
     assert sim.run("systemctl", "is-enabled", "tiny-engine").stdout == "enabled\n"
@@ -314,7 +227,7 @@ def test_systemctl_simple_service_lifecycle(sim: Sim) -> None:
     assert sim.run("systemctl", "is-enabled", "tiny-engine").stdout == "disabled\n"
 
 
-def test_systemctl_oneshot_exit_status_and_shimmed_tool(sim: Sim) -> None:
+def test_systemctl_oneshot_exit_status_and_shimmed_tool(sim: ShimHost) -> None:
     calls = sim.root / "nvidia-smi.calls"
     fake = sim.root / "bin" / "nvidia-smi"
     fake.write_text(f'#!/bin/sh\necho "$@" >> {calls}\n')
@@ -343,21 +256,21 @@ def test_systemctl_oneshot_exit_status_and_shimmed_tool(sim: Sim) -> None:
     assert sim.run("systemctl", "is-active", "broken").stdout == "inactive\n"
 
 
-def test_systemctl_dead_process_is_failed(sim: Sim) -> None:
+def test_systemctl_dead_process_is_failed(sim: ShimHost) -> None:
     sim.unit("crashy.service", """
         [Service]
         ExecStart=/bin/sh -c 'sleep 0.2; exit 3'
         Restart=no
         """)
     assert sim.run("systemctl", "start", "crashy").returncode == 0
-    assert _wait_for(lambda: sim.run("systemctl", "is-active", "crashy").stdout == "failed\n")
+    assert wait_until(lambda: sim.run("systemctl", "is-active", "crashy").stdout == "failed\n", 5.0, 0.05)
     res = sim.run("systemctl", "is-active", "crashy")
     assert res.returncode == 3
     show = sim.run("systemctl", "show", "-p", "MainPID,Result,ExecMainStatus", "crashy")
     assert show.stdout == "MainPID=0\nResult=exit-code\nExecMainStatus=3\n"
 
 
-def test_systemctl_uses_loaded_unit_until_daemon_reload(sim: Sim) -> None:
+def test_systemctl_uses_loaded_unit_until_daemon_reload(sim: ShimHost) -> None:
     out = sim.root / "which.log"
     body = """
         [Service]
@@ -374,7 +287,7 @@ def test_systemctl_uses_loaded_unit_until_daemon_reload(sim: Sim) -> None:
     assert out.read_text() == "one\ntwo\n"
 
 
-def test_systemctl_unknown_unit(sim: Sim) -> None:
+def test_systemctl_unknown_unit(sim: ShimHost) -> None:
     res = sim.run("systemctl", "start", "nope")
     assert (res.returncode, res.stderr) == (5, "Failed to start nope.service: "
                                                "Unit nope.service not found.\n")

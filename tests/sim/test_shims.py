@@ -126,7 +126,8 @@ def test_query_gpu_clock_columns_units_and_nounits(state: dict) -> None:
         now=NOW,
         euid=0,
     ).stdout.splitlines()
-    assert hdr[0] == "name, clocks.current.graphics [MHz], clocks.max.graphics [MHz], temperature.gpu, power.draw [W], power.limit [W]"
+    assert hdr[0] == ("name, clocks.current.graphics [MHz], clocks.max.graphics [MHz], temperature.gpu, power.draw [W], "
+                      "power.limit [W]")
     assert re.fullmatch(r"NVIDIA GB10, \d{4} MHz, 3003 MHz, \d+, \d+\.\d\d W, \[N/A\]", hdr[1])
 
 
@@ -403,7 +404,7 @@ def test_apt_mark(state: dict) -> None:
 
 def test_meminfo_format_and_available(state: dict) -> None:
     real = fixture_lines("meminfo-head.txt")
-    ours = shims.render_meminfo(state).splitlines()
+    ours = nodestate.render_meminfo(state).splitlines()
     keys = [line.split(":")[0] for line in ours]
     real_keys = [line.split(":")[0] for line in real]
     assert [k for k in keys if k in real_keys] == real_keys  # same order
@@ -417,10 +418,10 @@ def test_meminfo_format_and_available(state: dict) -> None:
     avail = dict((line.split(":")[0], int(line.split()[1])) for line in ours)
     assert avail["MemAvailable"] == nodestate.IDLE_MEM_AVAILABLE_KIB
     busy(state)
-    avail2 = dict((line.split(":")[0], int(line.split()[1])) for line in shims.render_meminfo(state).splitlines())
+    avail2 = dict((line.split(":")[0], int(line.split()[1])) for line in nodestate.render_meminfo(state).splitlines())
     assert avail2["MemAvailable"] == nodestate.mem_available_kib(state) < avail["MemAvailable"]
     assert avail2["MemFree"] <= avail2["MemAvailable"]
-    assert shims.render_boot_id(state) == state["boot_id"] + "\n"
+    assert nodestate.render_boot_id(state) == state["boot_id"] + "\n"
 
 
 # ---------------------------------------------------------------- ib_write_bw

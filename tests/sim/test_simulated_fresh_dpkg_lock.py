@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.sim.conftest import Sim, _make_sim
+from tests.sim.helpers import Sim, make_sim
 
 pytestmark = [pytest.mark.e2e, pytest.mark.needs_root]
 
@@ -25,7 +25,7 @@ NODES = ("spark-a", "spark-b")
 
 @pytest.fixture(scope="module")
 def fresh_pair_locked(tmp_path_factory: pytest.TempPathFactory, host_lock: None) -> Iterator[Sim]:
-    yield from _make_sim(tmp_path_factory.mktemp("lockedpair"), 2, ready=False, load_images=False, speedup="1")
+    yield from make_sim(tmp_path_factory.mktemp("lockedpair"), 2, ready=False, load_images=False, speedup="1")
 
 
 def _lock(sim: Sim, node: str) -> dict:

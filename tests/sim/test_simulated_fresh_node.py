@@ -12,10 +12,10 @@ import json
 
 import pytest
 
+from tests.sim.helpers import RING, WAIVE
+
 pytestmark = [pytest.mark.e2e, pytest.mark.needs_root]
 
-WAIVE = ("--waive", "page_size", "--reason", "stock 4 KiB kernel, as in the field report")
-NODES = ("spark-a", "spark-b", "spark-c", "spark-d")
 SPARKCTL_PATHS = "/etc/sparkctl /opt/sparkctl /var/lib/sparkctl /var/log/sparkctl"
 
 
@@ -26,14 +26,14 @@ def present(sim, node: str, paths: str) -> list[str]:
 
 
 def test_simulated_nodes_with_no_sparkctl_dirs_serve_after_up(sim_ring) -> None:
-    for n in NODES:
+    for n in RING:
         assert present(sim_ring, n, SPARKCTL_PATHS) == [], n
     inv = str(sim_ring.inventory)
     r = sim_ring.sparkctl("-i", inv, "up", "ds41f-tp4-ring", *WAIVE, "--json")
     assert r.returncode == 0, r.stdout + r.stderr
     st = json.loads(sim_ring.sparkctl("-i", inv, "status", "--json", check=True).stdout)
-    assert [(n["node"], n["alive"]) for n in st["nodes"]] == [(n, True) for n in NODES]
-    for n in NODES:
+    assert [(n["node"], n["alive"]) for n in st["nodes"]] == [(n, True) for n in RING]
+    for n in RING:
         # the unit's LogsDirectory= made the directory; the engine's output is in its log
         assert sim_ring.ssh(n, "test -s /var/log/sparkctl/engine.log && echo ok").stdout.strip() == "ok", n
         show = sim_ring.ssh(n, "systemctl show -p ActiveState,ExecMainStatus sparkctl-engine").stdout

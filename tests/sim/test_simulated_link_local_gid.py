@@ -14,10 +14,10 @@ import re
 
 import pytest
 
+from tests.sim.helpers import RING, WAIVE
+
 pytestmark = [pytest.mark.e2e, pytest.mark.needs_root]
 
-WAIVE = ("--waive", "page_size", "--reason", "stock 4 KiB kernel, as in the field report")
-NODES = ("spark-a", "spark-b", "spark-c", "spark-d")
 TWINS = ("enp1s0f0np0", "enp1s0f1np1", "enP2p1s0f0np0", "enP2p1s0f1np1")
 GID_LINE = re.compile(r"NET/IB: (\S+):1 GID index (\d+) type RoCE v2 GID \S+ IPv4 (\S+)")
 
@@ -25,7 +25,7 @@ GID_LINE = re.compile(r"NET/IB: (\S+):1 GID index (\d+) type RoCE v2 GID \S+ IPv
 def test_extra_link_local_gid_does_not_win_over_the_fabric_gid(sim_ring) -> None:
     from sparkctl.model.inventory import load_inventory
 
-    for k, node in enumerate(NODES):
+    for k, node in enumerate(RING):
         sets = [f"links.{nd}.link_local_ipv4=169.254.{10 + k}.{1 + j}" for j, nd in enumerate(TWINS)]
         sim_ring.sparkctl("sim", "set", node, *sets, check=True)
     gids = sim_ring.ssh("spark-a", "show_gids rocep1s0f0").stdout
@@ -36,7 +36,7 @@ def test_extra_link_local_gid_does_not_win_over_the_fabric_gid(sim_ring) -> None
     r = sim_ring.sparkctl("-i", inv, "up", "ds41f-tp4-ring", *WAIVE, "--json", timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     fabric = {(e.node, e.rdma): e.address for lk in load_inventory(sim_ring.inventory).links for e in (lk.a, lk.b)}
-    for node in NODES:
+    for node in RING:
         log = sim_ring.ssh(node, "cat /var/log/sparkctl/engine.log").stdout
         assert "sparkctl: NCCL_IB_GID_INDEX=5 for" in log, (node, log[-2000:])
         assert "NCCL_IB_GID_INDEX set by environment to 5." in log, node

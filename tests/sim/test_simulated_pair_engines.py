@@ -14,16 +14,14 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.sim.conftest import Sim, _make_sim
+from tests.sim.helpers import WAIVE, Sim, make_sim
 
 pytestmark = [pytest.mark.e2e, pytest.mark.needs_root]
-
-WAIVE = ("--waive", "page_size", "--reason", "stock 4 KiB kernel, as in the field report")
 
 
 @pytest.fixture(scope="module")
 def sim_pair(tmp_path_factory: pytest.TempPathFactory, host_lock: None) -> Iterator[Sim]:
-    yield from _make_sim(tmp_path_factory.mktemp("simpair"), 2)
+    yield from make_sim(tmp_path_factory.mktemp("simpair"), 2)
 
 
 @pytest.mark.parametrize("profile,metric", [("sglang-tp2", "sglang:generation_tokens_total"),

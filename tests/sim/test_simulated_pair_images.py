@@ -101,7 +101,8 @@ def test_simulated_node_key_runs_only_the_load_expires_and_is_revoked(sim_pair_b
     assert 'expiry-time="' in line[0] and line[0].startswith('restrict,from="10.20.'), line
     for cmd in ("id", "sh -c 'touch /tmp/sparkctl-gate-pwned'", f"docker run --rm {IMAGE} id", "docker images",
                 f"docker load >&2 && docker image inspect --format '{{{{.Id}}}}' {IMAGE}",
-                f"sparkctl-image-load {IMAGE}; touch /tmp/sparkctl-gate-pwned", "sparkctl-image-load $(touch /tmp/sparkctl-gate-pwned)"):
+                f"sparkctl-image-load {IMAGE}; touch /tmp/sparkctl-gate-pwned",
+                "sparkctl-image-load $(touch /tmp/sparkctl-gate-pwned)"):
         assert _accepted(_node_to_node(sim, cmd)), cmd
     assert sim.ssh("spark-b", "test ! -e /tmp/sparkctl-gate-pwned").returncode == 0
     bad = sim.sparkctl(*inv, "image", "sync", PROFILE, "--key-hours", "0")

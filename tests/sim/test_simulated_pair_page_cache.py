@@ -9,17 +9,16 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.sim.conftest import Sim, _make_sim
+from tests.sim.helpers import WAIVE, Sim, make_sim
 
 pytestmark = [pytest.mark.e2e, pytest.mark.needs_root]
 
-WAIVE = ("--waive", "page_size", "--reason", "stock 4 KiB kernel, as in the field report")
 PROFILE = "vllm-tp2-fallback"
 
 
 @pytest.fixture(scope="module")
 def sim_pair(tmp_path_factory: pytest.TempPathFactory, host_lock: None) -> Iterator[Sim]:
-    yield from _make_sim(tmp_path_factory.mktemp("simpc"), 2)
+    yield from make_sim(tmp_path_factory.mktemp("simpc"), 2)
 
 
 def test_page_cache_refuses_vllm_until_up_drops_it(sim_pair: Sim) -> None:

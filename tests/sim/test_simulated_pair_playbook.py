@@ -17,12 +17,11 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.sim.conftest import Sim, _make_sim
+from tests.sim.helpers import WAIVE, Sim, make_sim
 
 pytestmark = [pytest.mark.e2e, pytest.mark.needs_root]
 
 PROFILE = "tensorfold-tp2"
-WAIVE = ("--waive", "page_size", "--reason", "stock 4 KiB kernel, as in the field report")
 NODES = ("spark-a", "spark-b")
 FILES = "cd /etc/netplan && for f in *.yaml; do stat -c '%n %a' \"$f\"; sha256sum \"$f\"; done"
 PLAYBOOK = "/etc/netplan/40-cx7.yaml"
@@ -30,12 +29,12 @@ PLAYBOOK = "/etc/netplan/40-cx7.yaml"
 
 @pytest.fixture  # one cluster at a time: each is down before the next comes up
 def pair_link_local(tmp_path_factory: pytest.TempPathFactory, host_lock: None) -> Iterator[Sim]:
-    yield from _make_sim(tmp_path_factory.mktemp("pbll"), 2, ready=False, up_args=("--playbook", "link-local"))
+    yield from make_sim(tmp_path_factory.mktemp("pbll"), 2, ready=False, up_args=("--playbook", "link-local"))
 
 
 @pytest.fixture  # one cluster at a time: each is down before the next comes up
 def pair_static_nm(tmp_path_factory: pytest.TempPathFactory, host_lock: None) -> Iterator[Sim]:
-    yield from _make_sim(tmp_path_factory.mktemp("pbnm"), 2, ready=False,
+    yield from make_sim(tmp_path_factory.mktemp("pbnm"), 2, ready=False,
                          up_args=("--playbook", "static", "--network-manager"))
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.sim.conftest import Sim, _make_sim
+from tests.sim.helpers import Sim, make_sim
 
 pytestmark = [pytest.mark.e2e, pytest.mark.needs_root]
 
@@ -26,7 +26,7 @@ WAIVE = ("--waive", "page_size", "--reason", "stock 4 KiB kernel, as in the fiel
 
 @pytest.fixture(scope="module")
 def sim_pair(tmp_path_factory: pytest.TempPathFactory, host_lock: None) -> Iterator[Sim]:
-    yield from _make_sim(tmp_path_factory.mktemp("srvmetrics"), 2)
+    yield from make_sim(tmp_path_factory.mktemp("srvmetrics"), 2)
 
 
 @pytest.mark.parametrize("profile,ttft,itl", [

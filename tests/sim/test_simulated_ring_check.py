@@ -14,10 +14,9 @@ import subprocess
 import pytest
 
 from sparkctl.model.inventory import load_inventory
+from tests.sim.helpers import WAIVE
 
 pytestmark = [pytest.mark.e2e, pytest.mark.needs_root]
-
-WAIVE = ("--waive", "page_size", "--reason", "stock 4 KiB kernel, as in the field report")
 
 
 def verdicts(sim, *args: str) -> tuple[int, list[dict]]:

@@ -15,11 +15,12 @@ from pathlib import Path
 
 import pytest
 
+from tests.sim.helpers import WAIVE
+
 pytestmark = [pytest.mark.e2e, pytest.mark.needs_root]
 
 KEY = "sk-sim-h16-5e0c9a"
 VAR = "SIM_H16_KEY"
-WAIVE = ("--waive", "page_size", "--reason", "SIMULATED stock kernel")
 PROFILE = "keyed-fabric"
 
 

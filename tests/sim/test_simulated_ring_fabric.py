@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import pytest
 
+from tests.sim.helpers import RING, WAIVE
+
 pytestmark = pytest.mark.e2e
 
 PROFILE = "ds41f-tp4-ring"
-WAIVE = ("--waive", "page_size", "--reason", "stock 4 KiB kernel")
-NODES = ("spark-a", "spark-b", "spark-c", "spark-d")
 RULE = "-j SPARKCTL-FABRIC"  # the relay's own chain, from DOCKER-USER (fabricplan.forward_rules)
 SNAPSHOT = ("find /etc/netplan /etc/sysctl.d -type f 2>/dev/null | sort | xargs -r sha256sum; "
             "sysctl net.ipv4.ip_forward net.ipv4.conf.all.rp_filter net.ipv4.conf.default.rp_filter; "
@@ -21,7 +21,7 @@ SNAPSHOT = ("find /etc/netplan /etc/sysctl.d -type f 2>/dev/null | sort | xargs 
 
 def _snapshot(sim) -> dict[str, str]:
     out = {}
-    for n in NODES:
+    for n in RING:
         r = sim.ssh(n, SNAPSHOT)
         assert r.returncode == 0, r.stderr
         out[n] = r.stdout
@@ -50,7 +50,7 @@ def test_fresh_ring_needs_fabric_apply_then_serves_and_restores(fresh_ring) -> N
     assert sim.ssh("spark-a", "systemctl is-enabled sparkctl-clock-cap.service").stdout.strip() == "enabled"
 
     # Docker's FORWARD DROP with sparkctl's chain unhooked: the node across cannot be reached, check says why.
-    for n in NODES:
+    for n in RING:
         sim.ssh(n, f"iptables -D DOCKER-USER {RULE}")
     r = sim.sparkctl("-i", inv, "check", PROFILE, *WAIVE, timeout=300)
     assert r.returncode != 0
@@ -62,7 +62,7 @@ def test_fresh_ring_needs_fabric_apply_then_serves_and_restores(fresh_ring) -> N
     sim.sparkctl("-i", inv, "down", check=True, timeout=300)
 
     # A ring reboot: netplan, forwarding, the DOCKER-USER rule and the clock cap come back at boot.
-    sim.sparkctl("sim", "reboot", *NODES, check=True, timeout=300)
+    sim.sparkctl("sim", "reboot", *RING, check=True, timeout=300)
     assert RULE in sim.ssh("spark-c", "iptables -S DOCKER-USER").stdout
     cap = sim.ssh("spark-a", "cat /var/lib/sparkctl/clock-lock; cat /proc/sys/kernel/random/boot_id")
     lock, boot = cap.stdout.split("\n")[:2]

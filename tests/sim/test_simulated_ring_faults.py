@@ -33,11 +33,11 @@ from sparkctl_sim.faultmatrix import (
     record_integrity,
     run_cell,
 )
+from tests.sim.helpers import RING
 
 RECORD = {"profile": NEW, "sets": [], "digest": "d", "engine": "tensorfold", "engine_version": "1",
           "served_name": SERVED[NEW], "port": 8000, "heads": ["spark-a"], "nodes": {}, "state": "serving",
           "started_at": "t", "updated_at": "t", "schema": 1}
-NODES = ("spark-a", "spark-b", "spark-c", "spark-d")
 
 
 def engine_line(profile: str) -> str:
@@ -45,7 +45,7 @@ def engine_line(profile: str) -> str:
 
 
 def serving_snapshot(profile: str = NEW, **kw) -> Snapshot:
-    base = dict(served=(SERVED[profile],), procs={n: (engine_line(profile),) for n in NODES},
+    base = dict(served=(SERVED[profile],), procs={n: (engine_line(profile),) for n in RING},
                 record_text=json.dumps({**RECORD, "profile": profile, "served_name": SERVED[profile]}),
                 state_dir=("record.json",), lock_held=False)
     return Snapshot(**{**base, **kw})
@@ -75,11 +75,11 @@ def test_the_reduced_set_has_one_cell_per_fault_over_several_phases() -> None:
 def test_judgement_finds_orphans_corrupt_records_and_a_lying_record() -> None:
     assert classify(serving_snapshot()) == (f"serving {NEW}", 0, [])
     # a rank of the old stack beside the new one is an orphan
-    procs = {n: (engine_line(NEW),) for n in NODES} | {"spark-c": (engine_line(NEW), engine_line(OLD))}
+    procs = {n: (engine_line(NEW),) for n in RING} | {"spark-c": (engine_line(NEW), engine_line(OLD))}
     state, orphans, _ = classify(serving_snapshot(procs=procs))
     assert state == f"serving {NEW}" and orphans == 1
     # nothing answers but a wrapper is left: not stopped
-    left = {n: () for n in NODES} | {"spark-b": ("9 python -m sparkctl_sim.procshims docker run x",)}
+    left = {n: () for n in RING} | {"spark-b": ("9 python -m sparkctl_sim.procshims docker run x",)}
     state, orphans, _ = classify(serving_snapshot(served=None, procs=left))
     assert state.startswith("mixed") and orphans == 1
     assert record_integrity('{"profile": ', ("record.json",))[0] is False
@@ -88,11 +88,11 @@ def test_judgement_finds_orphans_corrupt_records_and_a_lying_record() -> None:
     # the record says serving, the ring is stopped: the cell fails however sparkctl exited
     cell = Cell("down", "while_serving", "unreachable")
     out = Outcome(cell.id, "", exit_code=5, message="error: node spark-c: down failed in phase stop: ...")
-    snap = serving_snapshot(served=None, procs={n: () for n in NODES})
+    snap = serving_snapshot(served=None, procs={n: () for n in RING})
     judged = judge(cell, plan_for(cell), out, snap)
     assert judged.status == "FAIL" and any("record says" in p for p in judged.problems)
     ok = judge(cell, plan_for(cell), Outcome(cell.id, "", exit_code=5, message=out.message),
-               serving_snapshot(served=None, procs={n: () for n in NODES}, record_text=None))
+               serving_snapshot(served=None, procs={n: () for n in RING}, record_text=None))
     assert ok.status == "ok" and ok.names_node and ok.names_phase
 
 

@@ -25,15 +25,13 @@ from pathlib import Path
 import pytest
 
 from sparkctl.model.inventory import load_inventory
-from tests.sim.conftest import wait_until
+from tests.sim.helpers import RING, WAIVE, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.needs_root]
 
 PROFILE = "fabric-bound"  # ds41f-tp4-ring, the head's endpoint on its own fabric address
 HEAD = "spark-a"
 ENGINE_PORT = 8000
-WAIVE = ("--waive", "page_size", "--reason", "stock 4 KiB kernel")
-NODES = ("spark-a", "spark-b", "spark-c", "spark-d")
 RELAY, TARGET = "spark-b", "spark-c"
 CONNECT_S = 3.0  # a bound on the negative answer only: a dropped SYN never answers
 
@@ -91,7 +89,7 @@ def test_simulated_ring_reboot_relays_forward_fabric_to_fabric_only(fresh_ring, 
     st = json.loads(sim.sparkctl(*base, "status", "--json", check=True, timeout=120).stdout)
     head_fabric, head_mgmt = st["record"]["listen"][HEAD], inv.node(HEAD).host
     assert head_fabric != head_mgmt and head_fabric.startswith("10.20."), st["record"]["listen"]
-    sim.sparkctl("sim", "reboot", *NODES, check=True, timeout=300)
+    sim.sparkctl("sim", "reboot", *RING, check=True, timeout=300)
 
     # as on a real relay after a reboot: forwarding was on before dockerd, the policy stayed ACCEPT
     fwd = sim.ssh(RELAY, "sysctl -n net.ipv4.ip_forward; iptables -w -S FORWARD").stdout.splitlines()
@@ -113,7 +111,7 @@ def test_simulated_ring_reboot_relays_forward_fabric_to_fabric_only(fresh_ring, 
         assert _reaches(head_fabric, ENGINE_PORT), "the probe cannot tell: the engine is not reachable unguarded"
         sim.ssh(HEAD, "systemctl start sparkctl-fabric-forward.service", timeout=60)
         assert not _reaches(head_fabric, ENGINE_PORT)
-        for n in NODES:  # a Docker restart leaves INPUT chains it did not create alone
+        for n in RING:  # a Docker restart leaves INPUT chains it did not create alone
             r = sim.ssh(n, "python3 -m sparkctl_sim.clusterinit dockerd", timeout=60)
             assert r.returncode == 0, r.stderr
         assert not _reaches(head_fabric, ENGINE_PORT)
@@ -130,7 +128,7 @@ def test_simulated_ring_reboot_relays_forward_fabric_to_fabric_only(fresh_ring, 
         assert not _reaches(target, port)
 
         # a Docker restart: dockerd re-inserts its jumps at the top of FORWARD and keeps DOCKER-USER
-        for n in NODES:
+        for n in RING:
             r = sim.ssh(n, "python3 -m sparkctl_sim.clusterinit dockerd", timeout=60)
             assert r.returncode == 0, r.stderr
         assert not _reaches(target, port)
@@ -140,6 +138,6 @@ def test_simulated_ring_reboot_relays_forward_fabric_to_fabric_only(fresh_ring, 
 
     sim.sparkctl(*base, "down", check=True, timeout=300)
     sim.sparkctl(*base, "fabric", "restore", check=True, timeout=300)
-    for n in NODES:
+    for n in RING:
         rules = sim.ssh(n, "iptables -w -S").stdout
         assert "SPARKCTL-FABRIC" not in rules and "-s 10.20.0.0/16" not in rules, (n, rules)

@@ -27,12 +27,12 @@ import pytest
 
 from sparkctl_sim.hub import LocalHub, http_date, make_repo, tiny_repo
 from sparkctl_sim.spec import ClusterSpec
+from tests.sim.helpers import RING
 
 pytestmark = [pytest.mark.e2e, pytest.mark.needs_root]
 
 PROFILE = "tiny-llamacpp"
 LOCAL_DIR = "/srv/models/tiny-llama"  # the profile's model.local_dir
-NODES = ("spark-a", "spark-b", "spark-c", "spark-d")
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +64,7 @@ def test_simulated_ring_model_by_hub_id_fetch_resume_sync_check_up(sim_ring, hub
     import shutil
 
     tiny = hub.repos["sparkctl/tiny-llama"]
-    for n in NODES:  # `sim up` placed the model everywhere; start from nothing
+    for n in RING:  # `sim up` placed the model everywhere; start from nothing
         shutil.rmtree(_on(sim_ring, n), ignore_errors=True)
 
     dry = _run(sim_ring, hub, "weights", "fetch", PROFILE, "--dry-run")
@@ -91,7 +91,7 @@ def test_simulated_ring_model_by_hub_id_fetch_resume_sync_check_up(sim_ring, hub
     n_chunks = -(-len(gguf.data) // (64 * 1024))
     assert len(hub.storage_gets(gguf.sha256)) - n_before <= n_chunks  # resumed: not every chunk again
     assert _on(sim_ring, "spark-a", "tiny-llama.gguf").read_bytes() == gguf.data
-    for n in NODES[1:]:  # the download law: one node faces the internet
+    for n in RING[1:]:  # the download law: one node faces the internet
         assert not _on(sim_ring, n).exists()
 
     # a rerun fetches nothing; a corrupted file is named, deleted and fetched again
@@ -105,17 +105,17 @@ def test_simulated_ring_model_by_hub_id_fetch_resume_sync_check_up(sim_ring, hub
     assert fixed["corrupt"] == ["tiny-llama.gguf"] and fixed["fetched"] == 1
     assert p.read_bytes() == gguf.data
 
-    to = [a for n in NODES for a in ("--to", n)]
+    to = [a for n in RING for a in ("--to", n)]
     sync = json.loads(_run(sim_ring, hub, "weights", "sync", PROFILE, "--from", "spark-a", *to, "--json").stdout)
-    assert set(sync["nodes"]) == set(NODES[1:])
+    assert set(sync["nodes"]) == set(RING[1:])
     assert all(ns["verified"] for ns in sync["nodes"].values())
-    for n in NODES:
+    for n in RING:
         assert _on(sim_ring, n, "tiny-llama.gguf").read_bytes() == gguf.data
         assert json.loads(_on(sim_ring, n, ".sparkctl/hub-manifest.json").read_text())["commit"] == tiny.commit
 
     # what check's probe reads on each node (the tiny profile's check covers its one node)
     summaries = {}
-    for n in NODES:
+    for n in RING:
         s = sim_ring.ssh(n, f"python3 -S /opt/sparkctl/weights_agent.py summary --dir {LOCAL_DIR} "
                             "--hash-cache /opt/sparkctl/weights/hash-cache.json")
         summaries[n] = json.loads(s.stdout.splitlines()[-1])

@@ -18,26 +18,13 @@ import httpx
 import pytest
 
 from sparkctl.model.inventory import load_inventory
+from tests.sim.helpers import ENGINE_PS, WAIVE, WAIVE_REASON, served, status
 
 pytestmark = [pytest.mark.e2e, pytest.mark.needs_root]
-
-WAIVE = ("--waive", "page_size", "--reason", "stock 4 KiB kernel, as in the field report")
-ENGINE_PS = "ps -eo pid,args | grep -E '[d]s41f serve|[t]ensorfold serve|[l]lama_cpp.server' || true"
 
 
 def engines_on(sim, node: str) -> str:
     return sim.ssh(node, ENGINE_PS).stdout.strip()
-
-
-def status(sim) -> dict:
-    r = sim.sparkctl("-i", str(sim.inventory), "status", "--json")
-    assert r.returncode == 0, r.stderr
-    return json.loads(r.stdout)
-
-
-def served(sim, port: int = 8000) -> list[str]:
-    inv = load_inventory(sim.inventory)
-    return [m["id"] for m in httpx.get(f"http://{inv.node('spark-a').host}:{port}/v1/models", timeout=5).json()["data"]]
 
 
 def test_simulated_tp4_world_with_three_ranks_never_serves_then_four_do(sim_ring) -> None:
@@ -75,7 +62,7 @@ def test_simulated_up_status_switch_rollback_down(sim_ring, tmp_path) -> None:
     st = status(sim_ring)
     assert [(n["node"], n["rank"], n["alive"]) for n in st["nodes"]] == [
         ("spark-a", 0, True), ("spark-b", 1, True), ("spark-c", 2, True), ("spark-d", 3, True)]
-    assert st["record"]["waivers"] == {"page_size": "stock 4 KiB kernel, as in the field report"}
+    assert st["record"]["waivers"] == {"page_size": WAIVE_REASON}
     assert st["drift"] == []
     r = sim_ring.sparkctl("-i", inv, "up", "ds41f-tp4-ring", *WAIVE, "--json")  # same files: a no-op
     assert json.loads(r.stdout)["action"] == "noop"

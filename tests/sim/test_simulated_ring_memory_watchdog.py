@@ -17,14 +17,11 @@ import re
 
 import pytest
 
-from tests.sim.conftest import wait_until
+from tests.sim.helpers import RING, WAIVE, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.needs_root]
 
 PROFILE = "ds41f-tp4-ring"
-WAIVE = ("--waive", "page_size", "--reason", "stock 4 KiB kernel")
-NODES = ("spark-a", "spark-b", "spark-c", "spark-d")
-
 
 
 def _verdict(sim, node: str) -> dict | None:  # type: ignore[no-untyped-def]
@@ -45,7 +42,7 @@ def test_simulated_ring_earlyoom_kills_the_overcommitting_engine_and_the_box_sur
     assert set(_watchdog_rows(sim, inv).values()) == {"warn"}
     up = sim.sparkctl("-i", inv, "up", PROFILE, *WAIVE, check=True, timeout=300)
     assert "watchdog" in up.stdout + up.stderr
-    assert _watchdog_rows(sim, inv) == {n: "ok" for n in NODES}
+    assert _watchdog_rows(sim, inv) == {n: "ok" for n in RING}
     args = sim.ssh("spark-c", "grep ^EARLYOOM_ARGS= /etc/default/earlyoom; systemctl is-active earlyoom").stdout
     assert "-M 6291456,3145728" in args and args.strip().endswith("active"), args
 
@@ -53,7 +50,10 @@ def test_simulated_ring_earlyoom_kills_the_overcommitting_engine_and_the_box_sur
     pid = int(re.search(r"'pid': (\d+)", r.stdout).group(1))
     # SIMULATED: the node's journal of earlyoom.service, as its systemctl shim keeps it
     log = sim.root / "nodes" / "spark-c" / "run" / "systemd" / "earlyoom.service.journal.log"
-    journal = lambda: log.read_text() if log.exists() else ""
+
+    def journal() -> str:
+        return log.read_text() if log.exists() else ""
+
     # the fault leaves 1 % available: below sparkctl's SIGKILL limit too, so earlyoom 1.7 kills
     # outright (main.c lowmem_sig checks the kill limit first)
     assert wait_until(lambda: re.search(rf"sending SIG(TERM|KILL) to process {pid} ", journal())), journal()

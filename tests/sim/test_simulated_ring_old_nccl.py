@@ -24,13 +24,13 @@ import re
 import pytest
 
 from sparkctl.model.paths import NCCL_CACHE_DIR
+from tests.sim.helpers import WAIVE
 
 pytestmark = [pytest.mark.e2e, pytest.mark.needs_root]
 
 PROFILE = "ds41f-tp4-ring"
 IMAGE = "ghcr.io/ds41f/ds41f-spark:1029"
 OLD = "spark-c"
-PAGE = ("--waive", "page_size", "--reason", "stock 4 KiB kernel, as in the field report")
 
 
 def check(sim, *args: str) -> tuple[int, list[dict]]:
@@ -56,13 +56,13 @@ def cache(sim, node: str) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def ring(sim_ring):
-    r = sim_ring.sparkctl("-i", str(sim_ring.inventory), "check", PROFILE, "--fix", "--bandwidth", "0", *PAGE)
+    r = sim_ring.sparkctl("-i", str(sim_ring.inventory), "check", PROFILE, "--fix", "--bandwidth", "0", *WAIVE)
     assert r.returncode == 0, r.stdout + r.stderr  # the clock lock applied; everything else green
     return sim_ring
 
 
 def test_simulated_old_nccl_image_fails_check_and_the_cache_does_not_hide_it(ring) -> None:
-    code, vs = check(ring, *PAGE)
+    code, vs = check(ring, *WAIVE)
     assert code == 0 and {v["status"] for v in vs} == {"ok"} and len(vs) == 4, vs
     assert all(v["observed"].startswith("NCCL 2.30.7 (loaded /") for v in vs), vs
     good = image_id(ring, OLD)
@@ -73,7 +73,7 @@ def test_simulated_old_nccl_image_fails_check_and_the_cache_does_not_hide_it(rin
     old = image_id(ring, OLD)
     assert old != good  # a different build: a different image ID under the same tag
 
-    code, vs = check(ring, *PAGE)
+    code, vs = check(ring, *WAIVE)
     assert code == 4
     assert {v["node"] for v in vs if v["status"] == "fail"} == {"spark-a", "spark-b", "spark-c", "spark-d"}, vs
     v = next(v for v in vs if v["node"] == OLD)
@@ -84,7 +84,7 @@ def test_simulated_old_nccl_image_fails_check_and_the_cache_does_not_hide_it(rin
 
 
 def test_simulated_up_refuses_the_old_nccl_in_phase_check(ring) -> None:
-    r = ring.sparkctl("-i", str(ring.inventory), "up", PROFILE, *PAGE, timeout=300)
+    r = ring.sparkctl("-i", str(ring.inventory), "up", PROFILE, *WAIVE, timeout=300)
     assert r.returncode == 4, r.stdout + r.stderr
     assert "failed in phase check" in r.stderr and "first: nccl_version on spark-a: NCCL 2.28.9" in r.stderr, r.stderr
     assert "2.30.7" in r.stderr, r.stderr
@@ -113,7 +113,7 @@ def test_simulated_a_good_build_synced_from_one_node_makes_nccl_version_green(ri
     assert r.returncode == 0, r.stdout + r.stderr
     assert "spark-b" in r.stdout and OLD in r.stdout and "spark-d" in r.stdout, r.stdout
     assert {image_id(ring, n) for n in ("spark-b", OLD, "spark-d")} == {good}
-    code, vs = check(ring, *PAGE)
+    code, vs = check(ring, *WAIVE)
     assert code == 0 and {v["status"] for v in vs} == {"ok"}, vs
     assert {v["observed"].split(" (")[0] for v in vs} == {"NCCL 2.30.7"}
     assert cache(ring, OLD)[good.removeprefix("sha256:")] == "2.30.7"  # a third ID, read afresh
@@ -151,12 +151,12 @@ def test_simulated_community_image_loading_a_newer_nccl_than_torch_was_built_aga
     the reverse (torch built against 2.30.7 loading 2.27.5) fails."""
     r = ring.sparkctl("sim", "image", "load", "all", IMAGE, "--nccl", "2.30.7", "--torch-nccl", "2.27.5")
     assert r.returncode == 0 and r.stdout.count("torch built against 2.27.5") == 4, r.stdout + r.stderr
-    code, vs = check(ring, *PAGE)
+    code, vs = check(ring, *WAIVE)
     assert code == 0 and {v["status"] for v in vs} == {"ok"}, vs
     for v in vs:
         assert v["observed"].startswith("NCCL 2.30.7 (loaded /") and "torch built against 2.27.5" in v["observed"], v
         assert "/usr/lib/aarch64-linux-gnu/libnccl.so.2.30.7" in v["observed"], v
-    r = ring.sparkctl("-i", str(ring.inventory), "up", PROFILE, *PAGE, timeout=400)
+    r = ring.sparkctl("-i", str(ring.inventory), "up", PROFILE, *WAIVE, timeout=400)
     try:
         assert r.returncode == 0, r.stdout + r.stderr  # the engines run the 2.30.7 they load
     finally:
@@ -164,7 +164,7 @@ def test_simulated_community_image_loading_a_newer_nccl_than_torch_was_built_aga
 
     r = ring.sparkctl("sim", "image", "load", OLD, IMAGE, "--nccl", "2.27.5", "--torch-nccl", "2.30.7")
     assert r.returncode == 0, r.stdout + r.stderr
-    code, vs = check(ring, *PAGE)
+    code, vs = check(ring, *WAIVE)
     assert code == 4, vs
     v = next(v for v in vs if v["node"] == OLD)
     assert v["status"] == "fail" and v["observed"].startswith("NCCL 2.27.5 (loaded /"), v

@@ -12,13 +12,11 @@ import json
 
 import pytest
 
-from tests.sim.conftest import wait_until
+from tests.sim.helpers import RING, WAIVE, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.needs_root]
 
 PROFILE = "ds41f-tp4-ring"
-WAIVE = ("--waive", "page_size", "--reason", "stock 4 KiB kernel")
-NODES = ("spark-a", "spark-b", "spark-c", "spark-d")
 # a short pause so the test sees the limit trip quickly; burst 3 (the default); a fabric wait
 # that fits the window (3 x (1 + 120) < 600: sparkctl.plan.render._check_fabric_wait)
 FAST = ("--set", "serve.restart_delay_s=1", "--set", "serve.restart_interval_s=600",
@@ -29,7 +27,6 @@ SHOW = "systemctl show -p ActiveState,Result,NRestarts,UnitFileState sparkctl-en
 def _unit(sim, node: str) -> dict[str, str]:
     out = sim.ssh(node, SHOW).stdout
     return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
-
 
 
 def _wait(predicate, deadline_s: float = 240.0, every_s: float = 1.0) -> bool:  # type: ignore[no-untyped-def]
@@ -44,16 +41,16 @@ def _serves(sim) -> bool:
 def test_a_persisted_ring_comes_back_after_a_reboot_and_a_failing_rank_stays_down(sim_ring) -> None:
     sim, inv = sim_ring, str(sim_ring.inventory)
     sim.sparkctl("-i", inv, "up", PROFILE, "--persist", *FAST, *WAIVE, check=True, timeout=300)
-    for n in NODES:
+    for n in RING:
         assert _unit(sim, n)["UnitFileState"] == "enabled", n
         assert sim.ssh(n, "systemctl is-enabled sparkctl-clock-cap.service").stdout.strip() == "enabled"
 
-    sim.sparkctl("sim", "reboot", *NODES, check=True, timeout=300)
+    sim.sparkctl("sim", "reboot", *RING, check=True, timeout=300)
     assert _wait(lambda: _serves(sim)), "the persisted stack did not come back after the reboot"
     cap = sim.ssh("spark-c", "cat /var/lib/sparkctl/clock-lock; cat /proc/sys/kernel/random/boot_id").stdout
     lock, boot = cap.split("\n")[:2]
     assert lock.split()[0] == boot.strip(), cap  # the cap was applied in THIS boot
-    for n in NODES:  # nothing looped: one start each, still running
+    for n in RING:  # nothing looped: one start each, still running
         u = _unit(sim, n)
         assert (u["ActiveState"], u["Result"], u["NRestarts"]) == ("active", "success", "0"), (n, u)
     st = json.loads(sim.sparkctl("-i", inv, "status", "--json", check=True).stdout)
@@ -62,7 +59,7 @@ def test_a_persisted_ring_comes_back_after_a_reboot_and_a_failing_rank_stays_dow
     # spark-d boots with an extra link-local IPv4 on ONE twin: its RoCE v2 GID indexes
     # differ between devices and launch.sh refuses (exit 78) at every start.
     sim.sparkctl("sim", "set", "spark-d", "links.enp1s0f0np0.link_local_ipv4=169.254.99.1", check=True)
-    sim.sparkctl("sim", "reboot", *NODES, check=True, timeout=300)
+    sim.sparkctl("sim", "reboot", *RING, check=True, timeout=300)
     assert _wait(lambda: _unit(sim, "spark-d")["Result"] == "start-limit-hit", 120), _unit(sim, "spark-d")
     u = _unit(sim, "spark-d")
     assert u["ActiveState"] == "failed" and u["NRestarts"] == "2", u  # 3 starts (restart_burst), then no more
@@ -76,7 +73,7 @@ def test_a_persisted_ring_comes_back_after_a_reboot_and_a_failing_rank_stays_dow
     assert "start-limit-hit" in human, human
 
     sim.sparkctl("-i", inv, "down", check=True, timeout=300)
-    for n in NODES:
+    for n in RING:
         assert _unit(sim, n)["UnitFileState"] == "disabled", n
     sim.sparkctl("sim", "set", "spark-d", "links.enp1s0f0np0.link_local_ipv4=null", check=True)
 
@@ -86,9 +83,9 @@ def test_simulated_ring_a_plain_up_after_a_persisted_one_leaves_nothing_enabled(
     and the engine unit is disabled again, so a reboot brings back nothing this run did not ask for."""
     sim, inv = sim_ring, str(sim_ring.inventory)
     sim.sparkctl("-i", inv, "up", PROFILE, "--persist", *FAST, *WAIVE, check=True, timeout=300)
-    assert all(_unit(sim, n)["UnitFileState"] == "enabled" for n in NODES)
+    assert all(_unit(sim, n)["UnitFileState"] == "enabled" for n in RING)
     sim.sparkctl("-i", inv, "up", PROFILE, *WAIVE, check=True, timeout=300)
-    for n in NODES:
+    for n in RING:
         assert _unit(sim, n)["UnitFileState"] == "disabled", n
     assert _serves(sim)
     sim.sparkctl("-i", inv, "down", check=True, timeout=300)
@@ -101,10 +98,10 @@ def test_simulated_ring_a_neighbour_booting_3_minutes_late_is_waited_for_no_star
     serves once spark-b is up, every unit on its first start."""
     sim, inv = sim_ring, str(sim_ring.inventory)
     sim.sparkctl("-i", inv, "up", PROFILE, "--persist", *FAST, *WAIVE, check=True, timeout=300)
-    r = sim.sparkctl("sim", "reboot", *NODES, "--late", "spark-b=180", check=True, timeout=300)
+    r = sim.sparkctl("sim", "reboot", *RING, "--late", "spark-b=180", check=True, timeout=300)
     assert "late" in r.stdout, r.stdout
     assert _wait(lambda: _serves(sim)), "the persisted stack did not come back after the late boot"
-    for n in NODES:
+    for n in RING:
         u = _unit(sim, n)
         assert (u["ActiveState"], u["Result"], u["NRestarts"]) == ("active", "success", "0"), (n, u)
     for n in ("spark-a", "spark-c"):  # spark-b's neighbours waited for it, and said so
@@ -160,7 +157,7 @@ def test_simulated_ring_a_container_that_outlived_its_cli_is_cleared_and_the_ran
     assert _wait(recovered, 240), (_unit(sim, "spark-b"), sim.ssh("spark-b", "docker ps -a").stdout)
     log = sim.ssh("spark-b", "cat /var/log/sparkctl/engine.log").stdout
     assert "Conflict" not in log, log[-1500:]
-    for n in NODES:
+    for n in RING:
         assert _unit(sim, n)["Result"] != "start-limit-hit", (n, _unit(sim, n))
     names = sim.ssh("spark-b", "docker ps -a --format '{{.Names}}'").stdout.split()
     assert names == ["sparkctl-engine"], names  # the leftover is gone, one container runs

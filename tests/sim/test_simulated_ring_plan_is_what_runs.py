@@ -24,10 +24,9 @@ from sparkctl.model.resources import Roots
 from sparkctl.ops import executor
 from sparkctl.plan.laws import Waiver
 from sparkctl.transport import SSHTransport, TransportSettings
+from tests.sim.helpers import WAIVE, WAIVE_REASON
 
 pytestmark = [pytest.mark.e2e, pytest.mark.needs_root]
-
-WAIVE = ("--waive", "page_size", "--reason", "stock 4 KiB kernel, as in the field report")
 
 
 class Recorder:
@@ -96,7 +95,7 @@ def inproc(sim_ring: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
 def _run(sim: Any, op: str, profile: str | None = None) -> Recorder:
     inv = load_inventory(sim.inventory)
     roots = Roots.make(env={})
-    waivers = {"page_size": Waiver("page_size", "stock 4 KiB kernel, as in the field report")}
+    waivers = {"page_size": Waiver("page_size", WAIVE_REASON)}
     with SSHTransport(inv.nodes, TransportSettings(5, 60, 120)) as tr:
         rec = Recorder(tr)
         if op == "down":

@@ -22,6 +22,7 @@ import httpx
 import pytest
 
 from sparkctl.model.inventory import load_inventory
+from tests.sim.helpers import served, status
 
 pytestmark = [pytest.mark.e2e, pytest.mark.needs_root]
 
@@ -30,18 +31,7 @@ LEFT = ("--set", "topology.nodes=[spark-a, spark-b]", "--set", "topology.stack=l
 RIGHT = ("--set", "topology.nodes=[spark-c, spark-d]", "--set", "topology.stack=right",
          "--set", "model.served_name=dsv41-right")
 NAMES = {"left": ("spark-a", "dsv41-flash"), "right": ("spark-c", "dsv41-right")}
-ENGINE_PS = "ps -eo pid,args | grep -E '[t]ensorfold serve' || true"
-
-
-def _status(sim, *args: str) -> dict:
-    r = sim.sparkctl("-i", str(sim.inventory), "status", "--json", *args)
-    assert r.returncode == 0, r.stderr
-    return json.loads(r.stdout)
-
-
-def _served(sim, head: str) -> list[str]:
-    host = load_inventory(sim.inventory).node(head).host
-    return [m["id"] for m in httpx.get(f"http://{host}:8000/v1/models", timeout=5).json()["data"]]
+TF_PS = "ps -eo pid,args | grep -E '[t]ensorfold serve' || true"
 
 
 def _completes(sim, head: str, name: str) -> bool:
@@ -67,9 +57,9 @@ def two_stacks(sim_ring):
 
 def test_simulated_two_stacks_each_serve_their_own_name(two_stacks) -> None:
     for head, name in NAMES.values():
-        assert _served(two_stacks, head) == [name]
+        assert served(two_stacks, head=head) == [name]
         assert _completes(two_stacks, head, name)
-    st = _status(two_stacks)
+    st = status(two_stacks)
     stacks = {s["stack"]: s for s in st["stacks"]}
     assert set(stacks) == {"left", "right"}
     for stack, (head, name) in NAMES.items():
@@ -80,7 +70,7 @@ def test_simulated_two_stacks_each_serve_their_own_name(two_stacks) -> None:
     assert {n["node"]: n["stack"] for n in st["nodes"]} == {"spark-a": "left", "spark-b": "left",
                                                            "spark-c": "right", "spark-d": "right"}
     assert st["drift"] == []
-    one = _status(two_stacks, "--stack", "right")
+    one = status(two_stacks, "--stack", "right")
     assert [s["stack"] for s in one["stacks"]] == ["right"] and [n["node"] for n in one["nodes"]] == ["spark-c",
                                                                                                        "spark-d"]
     assert one["record"]["served_name"] == "dsv41-right"
@@ -100,8 +90,8 @@ def test_simulated_overlapping_up_is_refused_naming_the_stack_and_changes_nothin
     locks = two_stacks.ssh("spark-a", "ls -A /var/lib/sparkctl/locks").stdout.split()
     assert locks == [], locks  # refused before any lock was taken, and none left
     for head, name in NAMES.values():
-        assert _served(two_stacks, head) == [name]
-    assert {s["stack"] for s in _status(two_stacks)["stacks"]} == {"left", "right"}  # no record for "mid"
+        assert served(two_stacks, head=head) == [name]
+    assert {s["stack"] for s in status(two_stacks)["stacks"]} == {"left", "right"}  # no record for "mid"
 
 
 def test_simulated_down_of_one_stack_leaves_the_other_serving(two_stacks) -> None:
@@ -110,11 +100,11 @@ def test_simulated_down_of_one_stack_leaves_the_other_serving(two_stacks) -> Non
     assert r.returncode == 0, r.stdout + r.stderr
     assert json.loads(r.stdout)["stopped"] == ["spark-c", "spark-d"]
     for n in ("spark-c", "spark-d"):
-        assert two_stacks.ssh(n, ENGINE_PS).stdout.strip() == ""
+        assert two_stacks.ssh(n, TF_PS).stdout.strip() == ""
     for n in ("spark-a", "spark-b"):
-        assert "tensorfold serve" in two_stacks.ssh(n, ENGINE_PS).stdout
-    assert _served(two_stacks, "spark-a") == ["dsv41-flash"] and _completes(two_stacks, "spark-a", "dsv41-flash")
-    st = _status(two_stacks)
+        assert "tensorfold serve" in two_stacks.ssh(n, TF_PS).stdout
+    assert served(two_stacks, head="spark-a") == ["dsv41-flash"] and _completes(two_stacks, "spark-a", "dsv41-flash")
+    st = status(two_stacks)
     states = {s["stack"]: s["record"]["state"] for s in st["stacks"]}
     assert states == {"left": "serving", "right": "stopped"}
     assert st["drift"] == []
@@ -123,4 +113,4 @@ def test_simulated_down_of_one_stack_leaves_the_other_serving(two_stacks) -> Non
                             "--set", "topology.stack=right")
     assert r.returncode == 2 and "live stack 'left'" in r.stderr and "already serves 'dsv41-flash'" in r.stderr, \
         r.stderr
-    assert two_stacks.ssh("spark-c", ENGINE_PS).stdout.strip() == ""
+    assert two_stacks.ssh("spark-c", TF_PS).stdout.strip() == ""

@@ -28,6 +28,7 @@ from sparkctl.model.inventory import load_inventory
 from sparkctl.remote import weights_agent as agent
 from sparkctl_sim.cluster import MGMT_IFNAME
 from sparkctl_sim.spec import ClusterSpec
+from tests.sim.helpers import RING, WAIVE
 
 pytestmark = [pytest.mark.e2e, pytest.mark.needs_root]
 
@@ -35,7 +36,6 @@ PROFILE = "tensorfold-tp4-ring"
 WEIGHTS = "/srv/models/DeepSeek-V4.1-Flash-1017"  # the profile's model.weights_path
 MIB = 1 << 20
 SIZE = 8 * MIB + 12345  # nine 1 MiB chunks, the last one short
-NODES = ("spark-a", "spark-b", "spark-c", "spark-d")
 
 
 def _blob(size: int) -> bytes:
@@ -88,8 +88,7 @@ def _sync(sim, *extra: str) -> dict:
 
 def _files_verdicts(sim) -> tuple[set[str], dict[str, dict]]:
     """(laws that fail, the weights law's per-node verdicts on the files: what each node's hash cache vouches for)."""
-    r = sim.sparkctl("-i", str(sim.inventory), "check", PROFILE, "--json", "--bandwidth", "0",
-                     "--waive", "page_size", "--reason", "stock 4 KiB kernel, as in the field report")
+    r = sim.sparkctl("-i", str(sim.inventory), "check", PROFILE, "--json", "--bandwidth", "0", *WAIVE)
     assert r.stdout, r.stderr
     vs = json.loads(r.stdout)["verdicts"]
     return ({v["law"] for v in vs if v["status"] == "fail"},
@@ -114,15 +113,15 @@ def test_simulated_ring_weights_fetch_on_one_node_then_sync_over_the_fabric(sim_
     got = json.loads(r.stdout)
     assert got["node"] == "spark-a" and got["dest"] == f"{WEIGHTS}/config.json"
     assert _on_node(sim_ring, "spark-a", f"{WEIGHTS}/model.safetensors").read_bytes() == _blob(SIZE)
-    for n in NODES[1:]:  # the download law: only the one node touched the internet
+    for n in RING[1:]:  # the download law: only the one node touched the internet
         assert not _on_node(sim_ring, n, WEIGHTS).exists()
 
-    before = {n: _rx_bytes(sim_ring, n) for n in NODES[1:]}
+    before = {n: _rx_bytes(sim_ring, n) for n in RING[1:]}
     rep = _sync(sim_ring)
-    after = {n: _rx_bytes(sim_ring, n) for n in NODES[1:]}
-    assert rep["files"] == 2 and set(rep["nodes"]) == set(NODES[1:])
+    after = {n: _rx_bytes(sim_ring, n) for n in RING[1:]}
+    assert rep["files"] == 2 and set(rep["nodes"]) == set(RING[1:])
     total = rep["total_bytes"]
-    fabric = {ep.address for n in NODES for ep in inv.endpoints(n)}
+    fabric = {ep.address for n in RING for ep in inv.endpoints(n)}
     mgmt = {node.host for node in inv.nodes}
     for n, ns in rep["nodes"].items():
         assert ns["verified"] and ns["bytes"] == total, ns
@@ -135,12 +134,12 @@ def test_simulated_ring_weights_fetch_on_one_node_then_sync_over_the_fabric(sim_
         assert rx[MGMT_IFNAME] < total // 4, rx  # SSH only: the agent, the manifest, the polls
     assert rep["nodes"]["spark-c"]["sender"] in ("spark-b", "spark-d")  # across the ring: via a neighbour
 
-    manifests = {n: _manifest(sim_ring, n) for n in NODES}
+    manifests = {n: _manifest(sim_ring, n) for n in RING}
     assert manifests["spark-a"]["files"]["model.safetensors"]["sha256"] == want
     assert all(m == manifests["spark-a"] for m in manifests.values())
     # and the check's weights law sees the same files on all four, from the hash caches alone
     failed, files = _files_verdicts(sim_ring)
-    assert "weights" not in failed and set(files) == set(NODES), files
+    assert "weights" not in failed and set(files) == set(RING), files
     assert all(v["status"] == "ok" and "as on 3 other nodes" in v["observed"] for v in files.values()), files
 
 
@@ -170,7 +169,7 @@ def test_simulated_ring_weights_corrupted_copy_is_detected_and_repaired(sim_ring
     assert d["verified"] and d["bytes"] == MIB, d  # only the bad chunk travelled
     assert all(ns["bytes"] == 0 for n, ns in rep["nodes"].items() if n != "spark-d")
     assert victim.read_bytes() == _blob(SIZE)
-    manifests = {n: _manifest(sim_ring, n) for n in NODES}
+    manifests = {n: _manifest(sim_ring, n) for n in RING}
     assert all(m == manifests["spark-a"] for m in manifests.values())
     failed, files = _files_verdicts(sim_ring)
     assert "weights" not in failed and all(v["status"] == "ok" for v in files.values()), files

@@ -16,18 +16,17 @@ from pathlib import Path
 import pytest
 
 from sparkctl.bench.results import load_run
-from tests.sim.conftest import Sim, _make_sim
+from tests.sim.helpers import WAIVE, Sim, make_sim
 
 pytestmark = [pytest.mark.e2e, pytest.mark.needs_root]
 
-WAIVE = ("--waive", "page_size", "--reason", "stock 4 KiB kernel, as in the field report")
 PROFILE = "llamacpp-1box"
 WEIGHTS = "DeepSeek-V4-Flash-0731-Q2_K.gguf"   # profiles/llamacpp-1box.yaml model.weights_path
 
 
 @pytest.fixture(scope="module")
 def sim_one(tmp_path_factory: pytest.TempPathFactory, host_lock: None) -> Iterator[Sim]:
-    yield from _make_sim(tmp_path_factory.mktemp("simone"), 1)
+    yield from make_sim(tmp_path_factory.mktemp("simone"), 1)
 
 
 def test_llamacpp_1box_up_passes_readiness_and_the_bench_flags_what_does_not_fit(sim_one: Sim, tmp_path: Path

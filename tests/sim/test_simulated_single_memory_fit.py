@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.sim.conftest import Sim, _make_sim
+from tests.sim.helpers import Sim, make_sim
 
 pytestmark = [pytest.mark.e2e, pytest.mark.needs_root]
 
@@ -29,7 +29,7 @@ BIG_SETS = ("--set", f"model.weights_path={BIG}", "--set", "model.local_dir=/srv
 
 @pytest.fixture(scope="module")
 def sim_one(tmp_path_factory: pytest.TempPathFactory, host_lock: None) -> Iterator[Sim]:
-    yield from _make_sim(tmp_path_factory.mktemp("simfit"), 1)
+    yield from make_sim(tmp_path_factory.mktemp("simfit"), 1)
 
 
 def write_big_gguf(path: Path) -> int:

@@ -13,27 +13,14 @@ from __future__ import annotations
 import json
 import time
 
-import httpx
 import pytest
 
 from sparkctl.model.inventory import load_inventory
+from tests.sim.helpers import ENGINE_PS, WAIVE, served, status
 
 pytestmark = [pytest.mark.e2e, pytest.mark.needs_root]
 
-WAIVE = ("--waive", "page_size", "--reason", "stock 4 KiB kernel, as in the field report")
-ENGINE_PS = "ps -eo pid,args | grep -E '[d]s41f serve|[t]ensorfold serve|[l]lama_cpp.server' || true"
 FINAL = ("done", "rolled-back", "failed", "aborted")
-
-
-def status(sim) -> dict:
-    r = sim.sparkctl("-i", str(sim.inventory), "status", "--json")
-    assert r.returncode == 0, r.stderr
-    return json.loads(r.stdout)
-
-
-def served(sim, port: int = 8000) -> list[str]:
-    inv = load_inventory(sim.inventory)
-    return [m["id"] for m in httpx.get(f"http://{inv.node('spark-a').host}:{port}/v1/models", timeout=5).json()["data"]]
 
 
 def follow(sim, timeout_s: float = 240) -> tuple[dict, list[str]]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.sim.test_procshims import Sim, _wait_for, sim  # noqa: F401 - the fixture
+from tests.sim.helpers import ShimHost, wait_until
 
 FAILING = """\
     [Unit]
@@ -19,7 +19,7 @@ FAILING = """\
 """
 
 
-def _show(sim: Sim, name: str) -> dict[str, str]:
+def _show(sim: ShimHost, name: str) -> dict[str, str]:
     out = sim.run("systemctl", "show", "-p", "ActiveState,Result,NRestarts", name).stdout
     return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
 
@@ -28,11 +28,11 @@ def _starts(log: Path) -> int:
     return len(log.read_text().splitlines()) if log.exists() else 0
 
 
-def test_a_failing_unit_stops_after_its_burst_and_stays_failed(sim: Sim) -> None:
+def test_a_failing_unit_stops_after_its_burst_and_stays_failed(sim: ShimHost) -> None:
     log = sim.root / "starts.log"
     sim.unit("flaky.service", FAILING.format(limits="StartLimitIntervalSec=120\nStartLimitBurst=3", log=log))
     assert sim.run("systemctl", "start", "flaky").returncode == 0
-    assert _wait_for(lambda: _show(sim, "flaky")["Result"] == "start-limit-hit", 15)
+    assert wait_until(lambda: _show(sim, "flaky")["Result"] == "start-limit-hit", 15, 0.05)
     props = _show(sim, "flaky")
     assert props["ActiveState"] == "failed"
     assert _starts(log) == 3, "3 starts within the interval: the first and 2 restarts"
@@ -44,21 +44,21 @@ def test_a_failing_unit_stops_after_its_burst_and_stays_failed(sim: Sim) -> None
     # reset-failed resets the counter: one more round of 3
     assert sim.run("systemctl", "reset-failed", "flaky").returncode == 0
     assert sim.run("systemctl", "start", "flaky").returncode == 0
-    assert _wait_for(lambda: _starts(log) == 6 and _show(sim, "flaky")["Result"] == "start-limit-hit", 15)
+    assert wait_until(lambda: _starts(log) == 6 and _show(sim, "flaky")["Result"] == "start-limit-hit", 15, 0.05)
 
 
-def test_without_limits_the_defaults_allow_five_starts(sim: Sim) -> None:
+def test_without_limits_the_defaults_allow_five_starts(sim: ShimHost) -> None:
     log = sim.root / "starts.log"
     sim.unit("flaky.service", FAILING.format(limits="", log=log))
     assert sim.run("systemctl", "start", "flaky").returncode == 0
-    assert _wait_for(lambda: _show(sim, "flaky")["Result"] == "start-limit-hit", 15)
+    assert wait_until(lambda: _show(sim, "flaky")["Result"] == "start-limit-hit", 15, 0.05)
     assert _starts(log) == 5 and _show(sim, "flaky")["NRestarts"] == "4"
 
 
-def test_a_zero_interval_disables_the_limit(sim: Sim) -> None:
+def test_a_zero_interval_disables_the_limit(sim: ShimHost) -> None:
     log = sim.root / "starts.log"
     sim.unit("flaky.service", FAILING.format(limits="StartLimitIntervalSec=0", log=log))
     assert sim.run("systemctl", "start", "flaky").returncode == 0
-    assert _wait_for(lambda: _starts(log) >= 8, 15), "no limit: it keeps restarting"
+    assert wait_until(lambda: _starts(log) >= 8, 15, 0.05), "no limit: it keeps restarting"
     assert sim.run("systemctl", "stop", "flaky").returncode == 0
     assert _show(sim, "flaky")["Result"] != "start-limit-hit"

@@ -6,7 +6,6 @@ import hashlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,6 +18,7 @@ from typing import Any
 import pytest
 
 from sparkctl_sim import tinymodel
+from tests.sim.helpers import free_port
 
 pytest.importorskip("gguf")
 
@@ -54,12 +54,6 @@ def test_ensure_writes_once(tmp_path: Path) -> None:
     assert _sha256(path) == _sha256(tinymodel.write_tiny_gguf(tmp_path / "ref.gguf"))
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _request(url: str, body: dict[str, Any] | None = None, timeout_s: float = 30.0) -> Any:
     data = json.dumps(body).encode() if body is not None else None
     req = urllib.request.Request(url, data=data, headers={"content-type": "application/json"})
@@ -71,7 +65,7 @@ def _request(url: str, body: dict[str, Any] | None = None, timeout_s: float = 30
 def tiny_server(tmp_path: Path) -> Iterator[str]:
     pytest.importorskip("llama_cpp")
     model = tinymodel.ensure_tiny_model(tmp_path)
-    port = _free_port()
+    port = free_port()
     log = open(tmp_path / "server.log", "wb")
     proc = subprocess.Popen(
         [sys.executable, "-m", "llama_cpp.server", "--model", str(model),

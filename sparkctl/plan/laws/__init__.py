@@ -38,7 +38,6 @@ from sparkctl.plan.laws.host import (
     check_kernel,
     check_memory,
     check_page_size,
-    clock_lock_commands,
     remedy_clock,
     remedy_kernel,
 )
@@ -49,6 +48,6 @@ __all__ = [
     "AC_CYCLE_FIX", "BANDWIDTH_FLOOR_GBPS", "CLOCK_LOCK_SLACK_MHZ", "FAIL", "LAWS", "LEAK_THRESHOLD_GIB",
     "NOMINAL_SPEED_MBPS", "OK", "SKIP", "WAIVED", "WARN", "Context", "HwChange", "Law", "LinkProbe", "Remedy",
     "Verdict", "Waiver", "by_id", "check_ac_cycle", "check_clock", "check_fabric", "check_kernel", "check_memory",
-    "check_page_size", "check_served_model", "check_weights", "clock_lock_commands", "judge", "remedy_clock",
+    "check_page_size", "check_served_model", "check_weights", "judge", "remedy_clock",
     "remedy_kernel", "stale_links",
 ]

@@ -59,7 +59,7 @@ def slot_share(ctx: Context, node: str, netdev: str) -> float:
     if p is None or not p.cap_gts or not p.cap_width:
         return 1.0
     gts, width, _ = _slot_limit(p)
-    return min(1.0, (gts * width) / (p.cap_gts * p.cap_width))
+    return float(min(1.0, (gts * width) / (p.cap_gts * p.cap_width)))
 
 
 def check_pcie_link(ctx: Context) -> list[Verdict]:

@@ -147,7 +147,7 @@ def check_clock(ctx: Context) -> list[Verdict]:
     for node, f in each(ctx, "clock_cap", "gpu", out):
         rec = getattr(f, "clock_lock_record", None)
         in_force = rec is not None and rec[0] == f.boot_id
-        locked_cap = rec[1] if in_force else None
+        locked_cap = rec[1] if rec is not None and in_force else None
         sm = f.gpu.sm_mhz if f.gpu else None
         if cap is None:
             out.append(Verdict("clock_cap", node, WARN if locked_cap else OK,
@@ -175,12 +175,9 @@ def remedy_clock(ctx: Context, verdicts: list[Verdict]) -> Remedy | None:
     bad = [v for v in verdicts if v.failed]
     if cap is None or not bad:
         return None
-    return Remedy("clock_cap", True, {v.node: clock_lock_commands(cap, ctx.inventory.node(v.node).prefix, ctx.inventory.node(v.node).proc_root) for v in bad},
+    inv = ctx.inventory
+    cmds = {v.node: clocklock.lock_commands(cap, inv.node(v.node).prefix, inv.node(v.node).proc_root) for v in bad}
+    return Remedy("clock_cap", True, cmds,
                   readback="nvidia-smi --query-gpu=clocks.sm,clocks_event_reasons.active --format=csv,noheader",
                   text=f"lock the GPU clock at 0,{cap} MHz, record it for this boot, read it back")
-
-
-def clock_lock_commands(cap: int, prefix: str = "/", proc_root: str = "/proc") -> tuple[str, ...]:
-    """The remedy of the clock law: :func:`sparkctl.model.clocklock.lock_commands`."""
-    return clocklock.lock_commands(cap, prefix, proc_root)
 

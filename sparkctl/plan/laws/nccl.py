@@ -63,7 +63,8 @@ def check_nccl_version(ctx: Context) -> list[Verdict]:
         elif tuple(v) < MIN_RING_NCCL:
             out.append(Verdict(
                 LAW, node, FAIL, _seen(f, v), want,
-                f"NCCL {_v(v)}{' (' + f.nccl_library + ')' if getattr(f, 'nccl_library', None) else ''} ignores NCCL_IB_SUBNET_AWARE_ROUTING silently and the ring's collectives time out: "
+                f"NCCL {_v(v)}{' (' + f.nccl_library + ')' if getattr(f, 'nccl_library', None) else ''} ignores "
+                "NCCL_IB_SUBNET_AWARE_ROUTING silently and the ring's collectives time out: "
                 f"use an image (or environment) whose NCCL is {want}, e.g. `pip install 'nvidia-nccl-cu13>={_v(MIN_RING_NCCL)}'` "
                 "in the image, then `sparkctl image sync`"))
         else:

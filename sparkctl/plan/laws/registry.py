@@ -10,7 +10,6 @@ from __future__ import annotations
 from sparkctl.plan.laws.base import FAIL, Context, Law, Verdict
 from sparkctl.plan.laws.fabric import check_ac_cycle, check_fabric
 from sparkctl.plan.laws.hardware import check_pcie_link
-from sparkctl.plan.laws.images import check_engine_present, check_image_identity
 from sparkctl.plan.laws.host import (
     check_clock,
     check_kernel,
@@ -19,11 +18,12 @@ from sparkctl.plan.laws.host import (
     remedy_clock,
     remedy_kernel,
 )
-from sparkctl.plan.laws.nccl import check_nccl_version
-from sparkctl.plan.laws.watchdog import check_memory_watchdog
+from sparkctl.plan.laws.images import check_engine_present, check_image_identity
 from sparkctl.plan.laws.memory import check_page_cache, remedy_page_cache
 from sparkctl.plan.laws.memoryfit import check_memory_fit
+from sparkctl.plan.laws.nccl import check_nccl_version
 from sparkctl.plan.laws.serving import check_served_model, check_weights
+from sparkctl.plan.laws.watchdog import check_memory_watchdog
 
 LAWS: tuple[Law, ...] = (
     Law("kernel_pin", "Kernel pin", check_kernel, remedy_kernel),

@@ -7,8 +7,8 @@ against :func:`sparkctl.model.watchdog.earlyoom_args` of the profile's limits.
 from __future__ import annotations
 
 from sparkctl.model import paths
-from sparkctl.plan.laws.base import FAIL, OK, WARN, Context, Verdict, each
 from sparkctl.model.watchdog import earlyoom_args
+from sparkctl.plan.laws.base import FAIL, OK, WARN, Context, Verdict, each
 
 LAW = "memory_watchdog"
 
