@@ -39,12 +39,23 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from aiohttp import web
+from sparkctl_sim.engines.cli import EngineConfig
 
-if TYPE_CHECKING:
-    from sparkctl_sim.engines.server import Engine
+
+class Engine(Protocol):
+    """What the exposition reads of a simulated engine (sparkctl_sim.engines.server.Engine)."""
+
+    cfg: EngineConfig
+    generation_tokens: int
+    prompt_tokens: int
+    decoding: int
+    finished: dict[str, int]
+    speedup: float
+    http: dict[tuple[str, int], int]
+    cached_tokens: int
+    latency: LatencyHistograms
 
 COUNTER_NAMES = {  # docs/engines.md: the generated-token counter per engine
     "ds41f": "ds41f_generation_tokens_total",
@@ -202,11 +213,3 @@ def exposition(engine: Engine) -> str:
     metric("sparkctl_sim_cached_prompt_tokens_total", "counter",
            "SIMULATION: prompt tokens read from the prefix cache.", [("", engine.cached_tokens)])
     return "\n".join(lines) + "\n" + engine.latency.exposition()
-
-
-async def metrics(request: web.Request) -> web.Response:
-    from sparkctl_sim.engines.server import ENGINE_KEY
-
-    engine = request.app[ENGINE_KEY]
-    return web.Response(text=exposition(engine), content_type="text/plain", charset="utf-8",
-                        headers={"X-Content-Type": "text/plain; version=0.0.4"})

@@ -42,7 +42,7 @@ from sparkctl_sim import perfmodel
 from sparkctl_sim.engines import tokens as tk
 from sparkctl_sim.engines.cli import EngineConfig, contract
 from sparkctl_sim.engines.logs import EngineLog
-from sparkctl_sim.engines.promexport import LatencyHistograms, metrics
+from sparkctl_sim.engines.promexport import LatencyHistograms, exposition
 
 REASONING_EFFORTS = ("low", "medium", "high")
 
@@ -282,6 +282,12 @@ def parse_request(engine: Engine, body: Any, chat: bool) -> Request:
 # ---------------------------------------------------------------------------
 
 ENGINE_KEY = web.AppKey("engine", Engine)
+
+
+async def metrics(request: web.Request) -> web.Response:
+    engine = request.app[ENGINE_KEY]
+    return web.Response(text=exposition(engine), content_type="text/plain", charset="utf-8",
+                        headers={"X-Content-Type": "text/plain; version=0.0.4"})
 
 
 def _dumps(obj: Any) -> str:
