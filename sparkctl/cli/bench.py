@@ -245,7 +245,9 @@ def _server_record(out_dir: str) -> dict[str, Any] | None:
     import json
 
     try:
-        return json.loads((Path(out_dir) / "run.json").read_text()).get("server_metrics")
+        # run.json is the runner's own record: server_metrics is an object, or absent
+        record: dict[str, Any] | None = json.loads((Path(out_dir) / "run.json").read_text()).get("server_metrics")
+        return record
     except (OSError, ValueError):
         return None
 

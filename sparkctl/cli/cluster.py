@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict
-from typing import Any
+from typing import Any, TypeVar
 
 import click
 from rich.table import Table
@@ -139,7 +140,10 @@ def trust_cmd(c: Ctx, nodes: tuple[str, ...], fingerprint: str | None, yes: bool
 # --------------------------------------------------------------------------- up / down / switch / status / logs
 
 
-def _stack_option(what: str) -> Any:
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def _stack_option(what: str) -> Callable[[_F], _F]:
     return click.option("--stack", "stack", default=None, metavar="NAME",
                         help=f"{what} (a profile's topology.stack; `default` when unset)")
 

@@ -22,7 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:  # facts.watchdog imports the registry; the values stay a leaf at run time
+if TYPE_CHECKING:  # facts.watchdog and facts.modelfiles import the registry; the values stay a leaf at run time
+    from sparkctl.facts.modelfiles import ModelFiles
     from sparkctl.facts.watchdog import WatchdogFacts
 
 
@@ -150,7 +151,7 @@ class NodeFacts:
     netplan_files: tuple[object, ...] | None = None  # sparkctl.facts.netplanfiles.NetplanFile, in read order
     clock_lock_record: tuple[str, int] | None = None  # (boot_id, cap MHz) written when sparkctl locked the clock
     weights: WeightsSummary | None = None
-    model_files: object | None = None  # sparkctl.facts.modelfiles.ModelFiles: the model's headers; None: not there
+    model_files: ModelFiles | None = None  # the model's headers; None: not there
     engine_unit: EngineUnit | None = None  # None: no engine unit file on the node
     unreadable: dict[str, str] = field(default_factory=dict)
     not_available: dict[str, str] = field(default_factory=dict)

@@ -185,7 +185,8 @@ def shape_from_doc(doc: Mapping[str, Any]) -> ModelShape:
 
 def _shape_from_config(config: Mapping[str, Any], tensors: tuple[TensorGroup, ...]) -> ModelShape:
     # multimodal checkpoints keep the language model's keys under text_config (vLLM hf_text_config)
-    cfg = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    text_config = config.get("text_config")
+    cfg: Mapping[str, Any] = text_config if isinstance(text_config, dict) else config
     layers = _need_int(cfg, "layer count", "num_hidden_layers", "n_layer", "num_layers")
     heads = _need_int(cfg, "attention heads", "num_attention_heads", "n_head")
     if cfg.get("multi_query"):

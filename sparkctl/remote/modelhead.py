@@ -23,11 +23,25 @@ characters and numeric arrays up to 512 items (a tokenizer's arrays become
 Exit codes (``main``): 0 read; 3 nothing at the path; 4 not a format this reads.
 """
 
+from __future__ import annotations  # the annotations are never evaluated: valid on a node's Python 3.8
+
 import json
 import os
 import re
 import struct
 import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # names for the checker only: the node's python3 -S never imports typing's aliases
+    from collections.abc import Callable, Iterable
+    from typing import Any, Union
+
+    Read = Callable[[int, int], bytes]  # read(offset, n): up to n bytes at offset (fewer at the end of the file)
+    Tensor = tuple[str, str, list[int]]  # (name, dtype, shape)
+    Group = list[Union[str, int, list[int]]]  # [pattern, dtype, shape, count]
+    Scalar = Union[int, float, bool]
+    # a GGUF metadata value: a scalar, a string, an array of values, or what stands for one left out
+    Value = Union[Scalar, str, list["Value"], dict[str, Union[int, str]], None]
 
 GGUF_MAGIC = b"GGUF"
 SAFETENSORS_MAX_HEADER = 100_000_000  # huggingface_hub refuses more than 25 MB; a guard against garbage
@@ -43,13 +57,13 @@ class NotAModel(Exception):
     """The bytes are not a header this module reads."""
 
 
-def pattern_of(name):
+def pattern_of(name: str) -> str:
     return re.sub("[0-9]+", "#", name)
 
 
-def group(tensors):
+def group(tensors: Iterable[Tensor]) -> list[Group]:
     """[(name, dtype, shape)] -> [[pattern, dtype, shape, count]] in first-seen order."""
-    out = {}
+    out: dict[tuple[str, str, tuple[int, ...]], int] = {}
     for name, dtype, shape in tensors:
         key = (pattern_of(name), dtype, tuple(shape))
         out[key] = out.get(key, 0) + 1
@@ -59,16 +73,16 @@ def group(tensors):
 # ------------------------------------------------------------------ safetensors
 
 
-def safetensors_header_len(first8):
+def safetensors_header_len(first8: bytes) -> int:
     if len(first8) < 8:
         raise NeedMore()
-    (n,) = struct.unpack("<Q", first8[:8])
+    n: int = struct.unpack("<Q", first8[:8])[0]
     if n < 2 or SAFETENSORS_MAX_HEADER < n:
         raise NotAModel("safetensors header length %d is not plausible" % n)
     return n
 
 
-def parse_safetensors_header(raw):
+def parse_safetensors_header(raw: bytes) -> list[Tensor]:
     """The JSON header's bytes -> [(name, dtype, shape)]."""
     try:
         doc = json.loads(raw.decode("utf-8"))
@@ -76,7 +90,7 @@ def parse_safetensors_header(raw):
         raise NotAModel("safetensors header is not JSON: %s" % exc)
     if not isinstance(doc, dict):
         raise NotAModel("safetensors header is not a JSON object")
-    out = []
+    out: list[Tensor] = []
     for name, t in doc.items():
         if name == "__metadata__":
             continue
@@ -86,7 +100,7 @@ def parse_safetensors_header(raw):
     return out
 
 
-def read_safetensors(read):
+def read_safetensors(read: Read) -> list[Tensor]:
     """``read(offset, n) -> bytes`` (may return fewer at the end of the file)."""
     n = safetensors_header_len(read(0, 8))
     raw = read(8, n)
@@ -104,10 +118,10 @@ KEEP_ARRAY = 512  # per-layer arrays (heads per layer) fit; a tokenizer's do not
 
 
 class _Cursor:
-    def __init__(self, read):
+    def __init__(self, read: Read) -> None:
         self.read, self.pos, self.buf, self.buf_at = read, 0, b"", 0
 
-    def take(self, n):
+    def take(self, n: int) -> bytes:
         end = self.pos + n
         if self.pos < self.buf_at or self.buf_at + len(self.buf) < end:
             want = max(n, 1 << 20, len(self.buf) * 2)
@@ -118,37 +132,43 @@ class _Cursor:
         self.pos = end
         return self.buf[i:i + n]
 
-    def u(self, fmt):
-        return struct.unpack(fmt, self.take(struct.calcsize(fmt)))[0]
+    def scalar(self, fmt: str) -> Scalar:
+        v: Scalar = struct.unpack(fmt, self.take(struct.calcsize(fmt)))[0]
+        return v
 
-    def string(self):
+    def u(self, fmt: str) -> int:
+        """An unsigned integer (fmt one of the u32 / u64 formats)."""
+        return int(self.scalar(fmt))
+
+    def string(self) -> str:
         n = self.u("<Q")
         if (1 << 30) < n:
             raise NotAModel("a GGUF string of %d bytes" % n)
         return self.take(n).decode("utf-8", "replace")
 
-    def value(self, vtype):
+    def value(self, vtype: int) -> Value:
         if vtype in _SCALAR:
-            return self.u(_SCALAR[vtype])
+            return self.scalar(_SCALAR[vtype])
         if vtype == STRING:
             return self.string()
         if vtype == ARRAY:
             itype, count = self.u("<I"), self.u("<Q")
             keep = itype in _SCALAR and count <= KEEP_ARRAY
-            items = [self.value(itype) for _ in range(count)] if keep else self._skip(itype, count)
-            return items if keep else {"array": itype, "len": count}
+            if keep:
+                return [self.value(itype) for _ in range(count)]
+            self._skip(itype, count)
+            return {"array": itype, "len": count}
         raise NotAModel("unknown GGUF value type %d" % vtype)
 
-    def _skip(self, itype, count):
+    def _skip(self, itype: int, count: int) -> None:
         if itype in _SCALAR:
             self.take(struct.calcsize(_SCALAR[itype]) * count)
         else:
             for _ in range(count):
                 self.value(itype)
-        return None
 
 
-def read_gguf(read):
+def read_gguf(read: Read) -> tuple[dict[str, Value], list[Tensor]]:
     """-> (metadata, [(name, "gguf:TYPE", dims)]) reading only up to the end of the tensor infos."""
     c = _Cursor(read)
     if c.take(4) != GGUF_MAGIC:
@@ -159,7 +179,7 @@ def read_gguf(read):
     n_tensors, n_kv = c.u("<Q"), c.u("<Q")
     if 10_000_000 < max(n_tensors, n_kv):
         raise NotAModel("implausible GGUF counts")
-    meta = {}
+    meta: dict[str, Value] = {}
     for _ in range(n_kv):
         key = c.string()
         v = c.value(c.u("<I"))
@@ -168,7 +188,7 @@ def read_gguf(read):
         elif isinstance(v, list) and key.startswith("tokenizer."):
             v = {"array": "kept", "len": len(v)}
         meta[key] = v
-    tensors = []
+    tensors: list[Tensor] = []
     for _ in range(n_tensors):
         name = c.string()
         dims = [c.u("<Q") for _ in range(c.u("<I"))]
@@ -182,20 +202,20 @@ def read_gguf(read):
 # ------------------------------------------------------------------ files on a disk
 
 
-def _file_reader(path):
-    def read(offset, n):
+def _file_reader(path: str) -> Read:
+    def read(offset: int, n: int) -> bytes:
         with open(path, "rb") as f:
             f.seek(offset)
             return f.read(n)
     return read
 
 
-def _is_gguf(path):
+def _is_gguf(path: str) -> bool:
     with open(path, "rb") as f:
         return f.read(4) == GGUF_MAGIC
 
 
-def read_path(path):
+def read_path(path: str) -> dict[str, Any] | None:
     """The document for a GGUF file, a safetensors file, or a directory of shards (+ config.json)."""
     if os.path.isfile(path):
         files = [path]
@@ -211,7 +231,9 @@ def read_path(path):
     if not files:
         raise NotAModel("no *.safetensors or *.gguf file in %s" % path)
     kind = "gguf" if _is_gguf(files[0]) else "safetensors"
-    tensors, meta, config = [], None, None
+    tensors: list[Tensor] = []
+    meta: dict[str, Value] | None = None
+    config: Any = None  # config.json as it is: the reader keeps whatever JSON the file holds
     for f in files:
         if kind == "gguf":
             m, t = read_gguf(_file_reader(f))
@@ -230,7 +252,7 @@ def read_path(path):
             "config": config, "meta": meta, "tensors": group(tensors)}
 
 
-def main(argv):
+def main(argv: list[str]) -> int:
     try:
         doc = read_path(argv[0])
     except NotAModel as exc:
