@@ -60,6 +60,10 @@ class RunRecord:
     # 0.0.0.0, the management host, or the head's fabric address). Empty in records
     # written before sparkctl recorded it: such an endpoint listened on 0.0.0.0.
     listen: dict[str, str] = field(default_factory=dict)
+    # serve.gateway: where the gateway runs and what it routes to this stack (node, url as its
+    # node asks it, backends: url as the gateway reaches each head + served name, the engine's
+    # in-flight gauge, drain_timeout_s; sparkctl.plan.gatewayplan.record_entry). Empty: no gateway.
+    gateway: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -80,6 +84,7 @@ class RunRecord:
             steps=tuple(dict(s) for s in d.get("steps", ()) if isinstance(s, dict)),
             api_key_env=d.get("api_key_env") or None,
             listen={str(k): str(v) for k, v in (d.get("listen") or {}).items()},
+            gateway=dict(d.get("gateway") or {}),
         )
 
     def with_state(self, state: str, updated_at: str, note: str = "") -> "RunRecord":

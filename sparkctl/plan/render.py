@@ -118,6 +118,9 @@ class Rendering:
     # what the contract says the real release would refuse (render, plan and check print them).
     warnings: tuple[str, ...] = ()
     argv: dict[str, tuple[str, ...]] = field(default_factory=dict)  # node -> engine arguments
+    # Files pushed beside the stack's but outside its node hashes (a change restarts no engine):
+    # the gateway's (sparkctl.plan.gatewayplan). node -> path -> file.
+    aux: dict[str, NodeFiles] = field(default_factory=dict)
 
     def node_hash(self, node: str) -> str:
         """Stable hash of what a node receives (path, mode and text of every file)."""

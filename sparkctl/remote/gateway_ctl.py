@@ -22,6 +22,7 @@ a settle time, 5 s by default, without waiting for streams in flight,
 * ``rebuild``: when the gateway (re)starts: wait for it to answer, read the
   run record(s) (:func:`read_records`, the one reader) and register the
   backends of every stack recorded ``serving``.
+* ``wait``: until the gateway answers ``GET /workers``.
 * ``list``: the workers as JSON.
 
 The gateway's key (serve.api_key_env) is read from the 0600 env file rendered
@@ -267,7 +268,7 @@ def rebuild(cfg: dict[str, Any], key: str | None, timeout_s: float) -> str:
 
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="gateway_ctl.py")
-    ap.add_argument("command", choices=("register", "deregister", "drain", "rebuild", "list"))
+    ap.add_argument("command", choices=("register", "deregister", "drain", "rebuild", "list", "wait"))
     ap.add_argument("--config", required=True)
     ap.add_argument("--backend", default="")
     ap.add_argument("--model", default="")
@@ -285,6 +286,9 @@ def main(argv: list[str]) -> int:
             msg = f"{a.backend}: removed {deregister(gw, key, a.backend)} worker(s)"
         elif a.command == "drain":
             msg = drain(gw, key, a.backend, a.metric, a.slots, a.timeout)
+        elif a.command == "wait":
+            wait_gateway(gw, key, a.timeout)
+            msg = f"the gateway at {gw} answers"
         elif a.command == "rebuild":
             msg = rebuild(cfg, key, a.timeout)
         else:
