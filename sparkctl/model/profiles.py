@@ -229,7 +229,12 @@ class Resolved:
         return p.model_dump(mode="json")
 
     def digest(self) -> str:
-        return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()[:16]
+        """What the engines are run from. serve.gateway is left out: the gateway's files are not the
+        engines' (sparkctl.plan.gatewayplan), and changing its port must restart no engine."""
+        d = self.to_dict()
+        if isinstance(d.get("serve"), dict):
+            d["serve"] = {k: v for k, v in d["serve"].items() if k != "gateway"}
+        return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def _validate(name: str, layers: list[Flat], main_file: str) -> Profile:
