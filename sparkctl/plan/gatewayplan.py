@@ -353,21 +353,20 @@ def drain_step(gw: Mapping[str, Any], inv: Inventory, sid: str, phase: str, on_f
     metrics, slots = gw.get("gauge", {}).get("metrics", []), gw.get("gauge", {}).get("slots", False)
     timeout_s = int(gw.get("drain_timeout_s", 600))
     gauge = "".join(f" --metric {shlex.quote(m)}" for m in metrics) + (" --slots" if slots else "")
+    urls = "".join(f" --backend {shlex.quote(b['url'])}" for b in chosen)
     if wait:
-        cmd = " && ".join(f"{_ctl(prefix)}drain {_cfg(prefix)} --backend {shlex.quote(b['url'])}{gauge} "
-                          f"--timeout {timeout_s}" for b in chosen)
+        cmd = f"{_ctl(prefix)}drain {_cfg(prefix)}{urls}{gauge} --timeout {timeout_s}"
         summary = ("drain " + ", ".join(b["url"] for b in chosen) + ": remove from the gateway, then wait until "
                    f"the engine reports nothing in flight twice (up to {timeout_s} s)")
     else:
-        cmd = " && ".join(f"{_ctl(prefix)}deregister {_cfg(prefix)} --backend {shlex.quote(b['url'])}"
-                          for b in chosen)
+        cmd = f"{_ctl(prefix)}deregister {_cfg(prefix)}{urls}"
         summary = "remove " + ", ".join(b["url"] for b in chosen) + " from the gateway"
     # guarded: a node where the gateway was never installed has nothing to drain
     ctl = shlex.quote(under(prefix, GATEWAY_CTL))
     cmd = f"if [ -e {ctl} ]; then {cmd}; fi"
     return [Step(sid, phase, "run", (node,), summary, changes="the gateway no longer routes to them",
                  commands={node: cmd}, sudo={node: inv.node(node).sudo},
-                 timeout_s=(timeout_s + 30) * len(chosen) if wait else 60, on_fail=on_fail)]
+                 timeout_s=timeout_s + 60 if wait else 60, on_fail=on_fail)]
 
 
 def record_entry(res: Resolved, inv: Inventory, rendering: Rendering, setup: GatewaySetup) -> dict[str, Any]:

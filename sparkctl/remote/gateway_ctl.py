@@ -191,22 +191,29 @@ def in_flight(backend: str, key: str | None, metrics: list[str], slots: bool) ->
         raise Failed(f"{backend}: {type(exc).__name__}: {exc}") from None
 
 
-def drain(gw: str, key: str | None, backend: str, metrics: list[str], slots: bool, timeout_s: float) -> str:
-    try:
-        removed = deregister(gw, key, backend)
-    except (OSError, http.client.HTTPException) as exc:
-        removed = 0  # the gateway is down: it routes nothing to anyone; the engine's gauges still decide
-        print(f"gateway not answering ({type(exc).__name__}); waiting on the engine alone", file=sys.stderr)
+def drain(gw: str, key: str | None, backends: list[str], metrics: list[str], slots: bool, timeout_s: float) -> str:
+    """Remove every backend first (none takes new requests while another still drains), then wait for each."""
+    removed = 0
+    for backend in backends:
+        try:
+            removed += deregister(gw, key, backend)
+        except (OSError, http.client.HTTPException) as exc:
+            # the gateway is down: it routes nothing to anyone; the engine's gauges still decide
+            print(f"gateway not answering ({type(exc).__name__}); waiting on the engines alone", file=sys.stderr)
     t0 = time.monotonic()
-    idle_reads = 0
-    last = -1.0
+    idle = {b: 0 for b in backends}
+    last: dict[str, float] = {}
     while True:
-        last = in_flight(backend, key, metrics, slots)
-        idle_reads = idle_reads + 1 if last == 0 else 0
-        if idle_reads >= 2:
-            return f"{backend}: removed {removed} worker(s), idle after {time.monotonic() - t0:.1f} s"
+        for b in backends:
+            if idle[b] < 2:
+                last[b] = in_flight(b, key, metrics, slots)
+                idle[b] = idle[b] + 1 if last[b] == 0 else 0
+        if all(n >= 2 for n in idle.values()):
+            return (f"{', '.join(backends)}: removed {removed} worker(s), nothing in flight after "
+                    f"{time.monotonic() - t0:.1f} s")
         if time.monotonic() - t0 > timeout_s:
-            raise Failed(f"{backend}: {last:g} request(s) still in flight after {timeout_s:.0f} s")
+            busy = ", ".join(f"{b}: {last[b]:g}" for b in backends if idle[b] < 2)
+            raise Failed(f"still in flight after {timeout_s:.0f} s ({busy})")
         time.sleep(POLL_S)
 
 
@@ -270,7 +277,7 @@ def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="gateway_ctl.py")
     ap.add_argument("command", choices=("register", "deregister", "drain", "rebuild", "list", "wait"))
     ap.add_argument("--config", required=True)
-    ap.add_argument("--backend", default="")
+    ap.add_argument("--backend", action="append", default=[])
     ap.add_argument("--model", default="")
     ap.add_argument("--metric", action="append", default=[])
     ap.add_argument("--slots", action="store_true")
@@ -281,9 +288,9 @@ def main(argv: list[str]) -> int:
         key = api_key(cfg)
         gw = cfg["url"]
         if a.command == "register":
-            msg = register(gw, key, a.backend, a.model, a.timeout)
+            msg = "; ".join(register(gw, key, b, a.model, a.timeout) for b in a.backend)
         elif a.command == "deregister":
-            msg = f"{a.backend}: removed {deregister(gw, key, a.backend)} worker(s)"
+            msg = f"removed {sum(deregister(gw, key, b) for b in a.backend)} worker(s)"
         elif a.command == "drain":
             msg = drain(gw, key, a.backend, a.metric, a.slots, a.timeout)
         elif a.command == "wait":
