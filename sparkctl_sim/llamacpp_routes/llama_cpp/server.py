@@ -1,7 +1,7 @@
 """llama-cpp-python's server with two routes llama-server has and it lacks: ``/health``, ``/slots``.
 
 SIMULATION ONLY, and only a route: inference stays the real llama-cpp-python
-(``python3 -m sparkctl_sim.llamacpp_health ARGS`` takes exactly the arguments
+(``python3 -m sparkctl_sim.llamacpp_routes.llama_cpp.server ARGS`` takes exactly the arguments
 of ``python3 -m llama_cpp.server``). Why: the tiny real engine stands in for
 llama-server, and llama-server answers ``GET /health`` without a key
 (llama.cpp ``tools/server/server.cpp``: ``ctx_http.get("/health", ...) //
