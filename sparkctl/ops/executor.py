@@ -201,7 +201,8 @@ def gather_gateway(res: Resolved, inv: Inventory, transport: Transport | None, r
     if transport is None:  # --assume-fresh: a DGX Spark's interpreter, nothing installed
         setup = gatewayplan.render_gateway(res, inv, roots, secrets, None, reveal_secrets=True)
         return setup, gatewayplan.GatewayFacts(setup.platform, None, {}, {}, False)
-    r = transport.run(node, gatewayplan.facts_command(inv, node), timeout_s=30)
+    # sudo: the env file is 0600 root; its hash decides whether the gateway restarts
+    r = transport.run(node, gatewayplan.facts_command(inv, node), sudo=inv.node(node).sudo, timeout_s=30)
     if not r.ok:
         raise LifecycleError(f"cannot read the gateway's node {node}: {r.error or r.stderr.strip()[-200:]}",
                              Ref(node=node))

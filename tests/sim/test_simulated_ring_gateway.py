@@ -1,7 +1,7 @@
 """End-to-end on the SIMULATED ring: the REAL gateway (smg 1.13.0, from its pinned wheels) in front of
 the REAL llama.cpp engine (llama-cpp-python serving the tiny GGUF), two replicas on spark-a and spark-b.
 
-`up` installs the gateway from wheels the operator's side fetched (the node has no index), starts
+The stack is keyed (serve.api_key_env): the gateway requires the engines' key. `up` installs the gateway from wheels the operator's side fetched (the node has no index), starts
 its unit, and registers each replica only after the ready step; /v1/models and a streamed chat
 completion go through the gateway; an unknown model gets the gateway's 404; the gateway killed is
 restarted by its unit and rebuilds its backends from the run record; `down` drains (removes, then
@@ -39,9 +39,12 @@ topology:
   nodes: [spark-a, spark-b]
   replicas: 2
 serve:
+  api_key_env: SPARKCTL_GW_TEST_KEY
   gateway:
     enabled: true
 """
+KEY = "gw-test-key"
+AUTH = {"Authorization": f"Bearer {KEY}"}
 GW_PORT = 30000
 
 
@@ -50,6 +53,7 @@ def ring(tmp_path_factory: pytest.TempPathFactory, host_lock: None) -> Iterator[
     for sim in _make_sim(tmp_path_factory.mktemp("gwring"), 4, load_images=False):
         (sim.inventory.parent / "profiles").mkdir(exist_ok=True)
         (sim.inventory.parent / "profiles" / f"{PROFILE}.yaml").write_text(PROFILE_TEXT)
+        sim.env["SPARKCTL_GW_TEST_KEY"] = KEY
         yield sim
 
 
@@ -59,12 +63,12 @@ def _hosts(sim: Sim) -> tuple[str, str]:
 
 
 def _models(url: str) -> tuple[int, list[str]]:
-    r = httpx.get(f"{url}/v1/models", timeout=5)
+    r = httpx.get(f"{url}/v1/models", headers=AUTH, timeout=5)
     return r.status_code, [m["id"] for m in r.json().get("data", [])] if r.status_code == 200 else []
 
 
 def _workers(url: str) -> list[dict]:
-    return httpx.get(f"{url}/workers", timeout=5).json()["workers"]
+    return httpx.get(f"{url}/workers", headers=AUTH, timeout=5).json()["workers"]
 
 
 def test_simulated_gateway_serves_the_ready_replicas_rebuilds_and_drains(ring: Sim, tmp_path: Path) -> None:
@@ -113,12 +117,14 @@ def test_simulated_gateway_serves_the_ready_replicas_rebuilds_and_drains(ring: S
     assert {w["model_id"] for w in _workers(gw)} == {"tiny-llama"}
     body = {"model": "tiny-llama", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 12,
             "stream": True, "temperature": 0}
-    with httpx.stream("POST", f"{gw}/v1/chat/completions", json=body, timeout=60) as s:
+    # keyed like the engines (smg's /v1/models is one of its public routes: server.rs, public_routes)
+    assert httpx.post(f"{gw}/v1/chat/completions", json=body, timeout=30).status_code == 401
+    with httpx.stream("POST", f"{gw}/v1/chat/completions", json=body, headers=AUTH, timeout=60) as s:
         assert s.status_code == 200
         frames = [ln for ln in s.iter_lines() if ln.startswith("data:")]
     assert frames[-1] == "data: [DONE]" and len(frames) >= 3, frames[-3:]
     unknown = httpx.post(f"{gw}/v1/chat/completions", json={**body, "model": "no-such-model", "stream": False},
-                         timeout=30)
+                         headers=AUTH, timeout=30)
     assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "model_not_found", unknown.text
 
     # The bench through the gateway (the cluster's endpoint) records where it went.
@@ -140,6 +146,7 @@ def test_simulated_gateway_serves_the_ready_replicas_rebuilds_and_drains(ring: S
     assert new_pid != pid
     log = ring.ssh("spark-a", "cat /var/log/sparkctl/gateway.log").stdout
     assert "rebuilt 2 backend(s) from the record" in log, log[-2000:]
+    assert KEY not in log and KEY not in ring.ssh("spark-a", "cat /etc/sparkctl/gateway.json").stdout
 
     # down drains before it stops: removed from the gateway, the engines idle, then the stop;
     # the gateway stays up and answers (no refused connection), serving nothing.
