@@ -4,8 +4,9 @@ the REAL llama.cpp engine (llama-cpp-python serving the tiny GGUF), two replicas
 The stack is keyed (serve.api_key_env): the gateway requires the engines' key. `up` installs the gateway from wheels the operator's side fetched (the node has no index), starts
 its unit, and registers each replica only after the ready step; /v1/models and a streamed chat
 completion go through the gateway; an unknown model gets the gateway's 404; the gateway killed is
-restarted by its unit and rebuilds its backends from the run record; `down` drains (removes, then
-waits for the engine to report idle) before it stops anything. One cluster for the module.
+restarted by its unit and rebuilds its backends from the run record; a change to one replica's files
+restarts that replica alone, drained first while the other serves every request; `down` drains
+(removes, then waits for the engine to report idle) before it stops anything. One cluster for the module.
 
 Simulated: the GB10 tools, systemd (the systemctl shim runs the rendered unit, ExecStartPost
 included). Real: smg, llama-cpp-python (with llama-server's /health and /slots added,
@@ -134,6 +135,38 @@ def test_simulated_gateway_serves_the_ready_replicas_rebuilds_and_drains(ring: S
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     meta = json.loads((out / "run.json").read_text())
     assert meta["config"]["endpoint"]["through"] == "gateway" and meta["config"]["endpoint"]["url"] == gw
+
+    # One replica's files change (a node overlay for spark-b): `up` restarts that replica alone.
+    # It is drained first, the other keeps serving every request through the gateway, and the
+    # restarted one gets none of the gateway's requests before its ready step passed.
+    profile = ring.inventory.parent / "profiles" / f"{PROFILE}.yaml"
+    profile.write_text(PROFILE_TEXT + "nodes:\n  spark-b:\n    engine:\n      env: {SPARKCTL_TEST_ROLL: '1'}\n")
+    results: list[int] = []
+    stop = threading.Event()
+
+    def load() -> None:
+        plain = {**body, "stream": False, "max_tokens": 4}
+        while not stop.is_set():
+            try:
+                results.append(httpx.post(f"{gw}/v1/chat/completions", json=plain, headers=AUTH,
+                                          timeout=30).status_code)
+            except httpx.HTTPError:
+                results.append(-1)
+    client = threading.Thread(target=load, daemon=True)
+    client.start()
+    r = ring.sparkctl("-i", inv, "up", PROFILE, "--json", timeout=300)
+    stop.set()
+    client.join()
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    done = json.loads(r.stdout)
+    ids = [s["id"] for s in done["steps"]]
+    assert done["action"] == "restarted" and ids.index("gateway-drain") < ids.index("stop-stale"), ids
+    assert results and set(results) == {200}, sorted(set(results))
+    log_b = ring.ssh("spark-b", "cat /var/log/sparkctl/engine.log").stdout
+    first_ready = log_b.find("POST /v1/completions")  # the ready step's 1-token completion
+    first_chat = log_b.find("POST /v1/chat/completions")  # the gateway's traffic
+    assert first_ready >= 0 and (first_chat < 0 or first_chat > first_ready), log_b[-2000:]
+    assert wait_until(lambda: len(_safe(lambda: _workers(gw)) or []) == 2, 30)
 
     # The gateway killed: its unit restarts it and the ExecStartPost rebuild registers the
     # record's backends; /v1/models lists exactly the live stack again.
