@@ -36,12 +36,28 @@ def _inventory(rel: str) -> Any:
     return type(inv)(**{**inv.__dict__, "file": rel})  # stable text in the fixtures
 
 
+def _gateway(res: Any, inv: Any, roots: Roots, spec: dict[str, Any] | None) -> Any:
+    """serve.gateway's setup on a DGX Spark's interpreter and the facts of its node (case key ``gateway``)."""
+    if not res.profile.serve.gateway.enabled:
+        return None
+    from sparkctl.plan import gatewayplan
+
+    setup = gatewayplan.render_gateway(res, inv, roots, {}, gatewayplan.SPARK_PLATFORM)
+    spec = spec or {}
+    installed = {setup.site: setup.marker.replace("\n", " ").strip()} if spec.get("installed") else {}
+    files = setup.files_hash() if spec.get("same_files") else {}
+    return setup, gatewayplan.GatewayFacts(setup.platform, spec.get("free_kib"), installed, files,
+                                           bool(spec.get("active")))
+
+
 def _record(spec: dict[str, Any] | None, inv: Any, roots: Roots) -> Any:
     if not spec:
         return None
-    res = resolve(spec["profile"], roots)
+    res = resolve(spec["profile"], roots, spec.get("sets", ()))
     rendering = render(res, inv, roots, secrets={})
-    rec = planner.record_for(res, rendering, (), spec["state"], {}, STARTED)
+    gw = _gateway(res, inv, roots, {})
+    entry = planner.gatewayplan.record_entry(res, inv, rendering, gw[0]) if gw else None
+    rec = planner.record_for(res, rendering, (), spec["state"], {}, STARTED, gateway=entry)
     nodes = {}
     for n, r in rec.nodes.items():
         want = spec.get("hashes", {}).get(n, "@rendered")
@@ -73,15 +89,16 @@ def plan_case(name: str) -> dict[str, Any]:
         return planner.plan_down(inv, record, reset_clocks=bool(case.get("reset_clocks")), started_at=STARTED).to_dict()
     if case["op"] == "fabric-restore":
         return fabricplan.plan_fabric_restore(inv).to_dict()
-    res = resolve(case["profile"], roots)
+    res = resolve(case["profile"], roots, case.get("sets", ()))
     rendering = render(res, inv, roots, secrets={})
     f = case.get("facts", {})
     facts = planner.UpFacts(record, dict(f.get("alive", {})), bool(f.get("healthy", False)), others=others)
+    gateway = _gateway(res, inv, roots, case.get("gateway"))
     if case["op"] == "up":
-        return planner.plan_up(res, inv, rendering, facts, started_at=STARTED).to_dict()
-    prev_res = resolve(record.profile, roots)
+        return planner.plan_up(res, inv, rendering, facts, started_at=STARTED, gateway=gateway).to_dict()
+    prev_res = resolve(record.profile, roots, case["record"].get("sets", ()))
     previous = (prev_res, render(prev_res, inv, roots, secrets={}))
-    plan = planner.plan_switch(res, inv, rendering, facts, started_at=STARTED, previous=previous)
+    plan = planner.plan_switch(res, inv, rendering, facts, started_at=STARTED, previous=previous, gateway=gateway)
     if case["op"] == "switch":
         return plan.to_dict()
     mine, theirs = split_plan(plan)

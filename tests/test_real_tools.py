@@ -62,6 +62,22 @@ def _need(tool: str, package: str) -> str:
     return path
 
 
+# The gateway's files (serve.gateway), rendered for both platforms it is pinned for, keyed.
+GATEWAY_SETS = ("serve.gateway.enabled=true", "serve.api_key_env=SPARKCTL_TEST_KEY")
+
+
+def _gateway_rendered() -> Iterator[tuple[str, str, RenderedFile]]:
+    from sparkctl.model.wheels import NodePlatform
+    from sparkctl.plan.gatewayplan import render_gateway
+
+    roots = Roots.make(env={})
+    res = resolve("tiny-llamacpp", roots, GATEWAY_SETS)
+    for plat in (NodePlatform("aarch64", "3.12", "cpython", "2.39"), NodePlatform("x86_64", "3.11", "cpython", "2.36")):
+        setup = render_gateway(res, load_inventory(REPO / "inventory.yaml"), roots, {"SPARKCTL_TEST_KEY": "k"}, plat)
+        for _, f in sorted(setup.files.items()):
+            yield f"gateway-{plat.machine}", setup.node, f
+
+
 def _rendered() -> Iterator[tuple[str, str, RenderedFile]]:
     roots = Roots.make(env={})
     for profile in sorted(INVENTORY_FOR):
@@ -69,6 +85,7 @@ def _rendered() -> Iterator[tuple[str, str, RenderedFile]]:
         for node, files in sorted(rendering.files.items()):
             for _, f in sorted(files.items()):
                 yield profile, node, f
+    yield from _gateway_rendered()
 
 
 def _files(suffix: str) -> list[tuple[str, str, RenderedFile]]:

@@ -50,7 +50,7 @@ def config_from_profile(resolved: Any) -> dict[str, Any]:
     }
 
 
-def prepare(ctx_obj: Any, profile: str, force: bool, check_fn: CheckFn | None = None
+def prepare(ctx_obj: Any, profile: str, force: bool, check_fn: CheckFn | None = None, endpoint: str | None = None
             ) -> tuple[str, str, dict[str, Any], Telemetry | None]:
     """``(base_url, model, config, telemetry)`` for benchmarking PROFILE on the inventory's cluster.
 
@@ -61,6 +61,11 @@ def prepare(ctx_obj: Any, profile: str, force: bool, check_fn: CheckFn | None = 
     through); the model is
     ``model.served_name``. ``telemetry`` is None until a transport-backed
     sampler is wired in.
+
+    ``endpoint``: ``gateway`` benches through the gateway (serve.gateway: the cluster's one
+    endpoint, its node and port, bound like the engines), ``replica`` the first replica's head
+    directly; None = the gateway when serve.gateway is enabled. ``config["endpoint"]["through"]``
+    records which (run.json).
     """
     from sparkctl.model.layout import bind
 
@@ -76,9 +81,20 @@ def prepare(ctx_obj: Any, profile: str, force: bool, check_fn: CheckFn | None = 
     # fabric address): the caller opens an SSH forward through the head and benches that.
     h0 = layout.heads()[0]
     route = operator_route(head.name, head.host, bind_host(res.for_node(head.name), h0, head.host), p.serve.port)
+    through = endpoint or ("gateway" if p.serve.gateway.enabled else "replica")
+    if through == "gateway":
+        if not p.serve.gateway.enabled:
+            from sparkctl.errors import ConfigError, Ref
+
+            raise ConfigError(f"{profile} runs no gateway", Ref(key="serve.gateway.enabled"),
+                              hint="--endpoint replica, or set serve.gateway.enabled")
+        from sparkctl.plan import gatewayplan
+
+        gw = gatewayplan.gateway_node(res, inv)
+        route = operator_route(gw, inv.node(gw).host, gatewayplan.listen_address(res, inv, gw), p.serve.gateway.port)
     base_url = route.url
     config = config_from_profile(res)
-    config["endpoint"] = {"url": route.url, "via": route.via}
+    config["endpoint"] = {"url": route.url, "via": route.via, "through": through}
     config["inventory"] = inv.file
     config["nodes"] = list(layout.nodes)
     config["head"] = head.name

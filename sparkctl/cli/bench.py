@@ -72,6 +72,9 @@ def bench_group() -> None:
 @click.argument("profile", required=False)
 @click.option("--base-url", metavar="URL", help="benchmark this OpenAI-compatible endpoint (no cluster involved)")
 @click.option("--model", metavar="NAME", help="served model name (default: the profile's model.served_name)")
+@click.option("--endpoint", type=click.Choice(["gateway", "replica"]), default=None,
+              help="bench through the gateway (the cluster's one endpoint; default when serve.gateway is enabled) "
+              "or the first replica directly")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), help="run directory "
               "(default ./runs/<timestamp>-<profile or model>)")
 @click.option("--suite", "suites", multiple=True, metavar="SUITE",
@@ -105,14 +108,14 @@ def bench_run_cmd(c: Ctx, profile: str | None, base_url: str | None, model: str 
                   suites: tuple[str, ...], record: bool, force: bool, lengths: tuple[int, ...] | None,
                   concurrency: tuple[int, ...] | None, repeats: int | None, duration_s: float,
                   decode_tokens: int | None, warmup_s: float, measure_s: float, label: str | None,
-                  api_key_env: str | None, server_metrics: bool, as_json: bool) -> None:
+                  api_key_env: str | None, server_metrics: bool, as_json: bool, endpoint: str | None = None) -> None:
     """Run bench suites against PROFILE's cluster, or against --base-url URL --model NAME."""
     import contextlib
 
     with contextlib.ExitStack() as stack:
         _bench_run(c, profile, base_url, model, out_dir, suites, record, force, lengths, concurrency, repeats,
                    duration_s, decode_tokens, warmup_s, measure_s, label, as_json, stack, api_key_env,
-                   server_metrics)
+                   server_metrics, endpoint)
 
 
 def bench_check(res: Any, inv: Any, transport: Any, force: bool) -> dict[str, Any]:
@@ -152,7 +155,8 @@ def _bench_run(c: Ctx, profile: str | None, base_url: str | None, model: str | N
                suites: tuple[str, ...], record: bool, force: bool, lengths: tuple[int, ...] | None,
                concurrency: tuple[int, ...] | None, repeats: int | None, duration_s: float,
                decode_tokens: int | None, warmup_s: float, measure_s: float, label: str | None,
-               as_json: bool, stack: Any, api_key_env: str | None = None, server_metrics: bool = False) -> None:
+               as_json: bool, stack: Any, api_key_env: str | None = None, server_metrics: bool = False,
+               endpoint: str | None = None) -> None:
     import time as _time
 
     from sparkctl.bench import runner as bench_runner
@@ -185,7 +189,7 @@ def _bench_run(c: Ctx, profile: str | None, base_url: str | None, model: str | N
         def check_fn(res: Any, inv: Any, force: bool) -> dict[str, Any]:
             return bench_check(res, inv, transport, force)
 
-        base_url, served, config, _ = prepare(c, profile, force, check_fn=check_fn)
+        base_url, served, config, _ = prepare(c, profile, force, check_fn=check_fn, endpoint=endpoint)
         via = (config.get("endpoint") or {}).get("via")
         if via:  # serve.bind: fabric: only the head reaches its fabric address; bench through its SSH
             import httpx

@@ -262,7 +262,8 @@ def up_cmd(c: Ctx, profile: str, sets: tuple[str, ...], waive: tuple[str, ...], 
     if as_json:
         emit_json({"profile": result.profile, "action": result.action,
                    "phases": {p.phase: round(p.seconds, 3) for p in result.phases},
-                   "ready_s": round(result.ready_s, 3), "record": result.record.to_dict() if result.record else None})
+                   "ready_s": round(result.ready_s, 3), "record": result.record.to_dict() if result.record else None,
+                   "steps": [dict(s) for s in result.steps]})
     else:
         _up_summary(result)
 
@@ -284,7 +285,7 @@ def down_cmd(c: Ctx, reset_clocks: bool, stack: str | None, connect_timeout_s: f
         result = down(inv, tr, reset_clocks=reset_clocks, progress=NodeProgress(quiet=as_json), stack=stack)
     if as_json:
         emit_json({"stopped": list(result.stopped), "leftovers": dict(result.leftovers), "leaks_gib": dict(result.leaks),
-                   "clocks_reset": list(result.clocks_reset)})
+                   "clocks_reset": list(result.clocks_reset), "steps": [dict(s) for s in result.steps]})
     else:
         out.print(f"stopped sparkctl engines on {', '.join(result.stopped)}")
         for n, what in result.leftovers.items():

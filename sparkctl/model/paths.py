@@ -58,6 +58,15 @@ IMAGE_SYNC_GATE = f"{OPT_DIR}/image-sync-gate.sh"
 # facts kept per image ID (an image's NCCL never changes): sparkctl.facts.nccl
 NCCL_CACHE_DIR = f"{STATE_DIR}/nccl-by-image"
 
+# the gateway (sparkctl.model.gateway): smg unpacked per release, its files, the ctl beside them
+GATEWAY_DIR = f"{OPT_DIR}/gateway"  # <release>/site: the unpacked wheels; wheels/: the pushed files
+GATEWAY_ENV = f"{ETC_DIR}/gateway.env"
+GATEWAY_CONFIG = f"{ETC_DIR}/gateway.json"
+GATEWAY_LAUNCH = f"{OPT_DIR}/gateway-launch.sh"
+GATEWAY_CTL = f"{OPT_DIR}/gateway_ctl.py"
+GATEWAY_UNIT = f"{UNIT_DIR}/sparkctl-gateway.service"
+GATEWAY_LOG = f"{LOG_DIR}/gateway.log"
+
 # weights
 WEIGHTS_AGENT = f"{OPT_DIR}/weights_agent.py"
 WEIGHTS_JOBS = f"{OPT_DIR}/weights"

@@ -230,7 +230,16 @@ class Resolved:
         return p.model_dump(mode="json")
 
     def digest(self) -> str:
-        return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()[:16]
+        """What the engines are run from. serve.gateway is left out: the gateway's files are not the
+        engines' (sparkctl.plan.gatewayplan), and changing its port must restart no engine. So are
+        topology.stack and topology.shared_name: they name the stack (its record, its locks) and
+        change no engine's files, so a stack serving before they existed is not restarted by them."""
+        d = self.to_dict()
+        if isinstance(d.get("serve"), dict):
+            d["serve"] = {k: v for k, v in d["serve"].items() if k != "gateway"}
+        if isinstance(d.get("topology"), dict):
+            d["topology"] = {k: v for k, v in d["topology"].items() if k not in ("stack", "shared_name")}
+        return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def _validate(name: str, layers: list[Flat], main_file: str) -> Profile:

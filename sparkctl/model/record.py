@@ -76,6 +76,10 @@ class RunRecord:
     model: str = ""
     # topology.shared_name: this stack declared itself a replica of a name another serves.
     shared_name: bool = False
+    # serve.gateway: where the gateway runs and what it routes to this stack (node, url as its
+    # node asks it, backends: url as the gateway reaches each head + served name, the engine's
+    # in-flight gauge, drain_timeout_s; sparkctl.plan.gatewayplan.record_entry). Empty: no gateway.
+    gateway: dict[str, Any] = field(default_factory=dict)
 
     @property
     def live(self) -> bool:
@@ -102,6 +106,7 @@ class RunRecord:
             listen={str(k): str(v) for k, v in (d.get("listen") or {}).items()},
             stack=str(d.get("stack") or DEFAULT_STACK), model=str(d.get("model") or ""),
             shared_name=bool(d.get("shared_name", False)),
+            gateway=dict(d.get("gateway") or {}),
         )
 
     def with_state(self, state: str, updated_at: str, note: str = "") -> "RunRecord":

@@ -323,6 +323,29 @@ class LawsSpec(_Strict):
     ac_cycle: bool = Field(True, description="enforce the AC-cycle law after a recorded cable/PCIe change")
 
 
+class GatewaySpec(_Strict):
+    """The cluster's one OpenAI endpoint: smg (Shepherd Model Gateway) in front of the replicas (docs/gateway.md)."""
+
+    enabled: bool = Field(False, description="run the gateway and register every ready replica with it")
+    node: Name | None = Field(
+        None, description="inventory node the gateway runs on; the inventory's first node (where the run record is) "
+        "when unset")
+    port: int = Field(30000, ge=1024, le=65535, description="HTTP port of the gateway's OpenAI endpoint")
+    metrics_port: int = Field(29000, ge=1024, le=65535, description="the gateway's Prometheus port (bound like "
+                              "the endpoint, serve.bind)")
+    version: Literal["1.13.0"] = Field("1.13.0", description="smg release: the pinned wheels sparkctl installs "
+                                       "(sparkctl/model/wheels.py)")
+    drain_timeout_s: int = Field(
+        600, ge=1, le=7200, description="after a replica is removed from the gateway, how long to wait for its "
+        "engine to report nothing in flight (twice in a row) before it is stopped anyway")
+
+    @model_validator(mode="after")
+    def _ports(self) -> "GatewaySpec":
+        if self.port == self.metrics_port:
+            raise ValueError("port and metrics_port must differ")
+        return self
+
+
 class ServeSpec(_Strict):
     """Ports and readiness."""
 
@@ -363,6 +386,16 @@ class ServeSpec(_Strict):
         None, pattern=ENV_NAME_RE, description="name of the operator's environment variable holding the endpoint's "
         "API key: the engine requires it (Authorization: Bearer), readiness, status and bench send it; never printed"
     )
+    gateway: GatewaySpec = Field(default_factory=GatewaySpec, description="the gateway in front of the replicas")
+
+    @model_validator(mode="after")
+    def _gateway_ports(self) -> "ServeSpec":
+        g = self.gateway
+        if g.enabled and {g.port, g.metrics_port} & {self.port, self.master_port}:
+            raise ValueError(f"gateway.port ({g.port}) and gateway.metrics_port ({g.metrics_port}) must differ from "
+                             f"port ({self.port}) and master_port ({self.master_port}): the gateway may share a node "
+                             "with a head")
+        return self
 
     @model_validator(mode="after")
     def _restart_window(self) -> "ServeSpec":

@@ -15,7 +15,7 @@ import json
 import shlex
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from sparkctl.errors import CheckFailed, ConfigError, Interrupted, LifecycleError, LockHeld, Ref, SparkctlError
@@ -38,7 +38,7 @@ from sparkctl.ops.lock import (
     read_record,
     read_records,
 )
-from sparkctl.plan import laws, planner
+from sparkctl.plan import gatewayplan, laws, planner
 from sparkctl.plan.render import Rendering, render
 from sparkctl.plan.steps import Plan
 from sparkctl.remote import planrun
@@ -100,7 +100,7 @@ class TransportBackend:
         self.inv, self.transport, self.say, self._check = inv, transport, say, check
         self.blobs: dict[str, bytes] = {}  # by sha256: two renderings (new and previous) never collide
         for rd in [r for r in (rendering, *extra) if r is not None]:
-            for files in rd.files.values():
+            for files in (*rd.files.values(), *rd.aux.values()):
                 for f in files.values():
                     self.blobs[f.sha256] = f.text.encode()
         self.check_report: Any = None
@@ -232,6 +232,47 @@ def lock_scope(res: Resolved, inv: Inventory, records: Mapping[str, RunRecord]) 
     return [n for n in inv.names if n in nodes]
 
 
+def gather_gateway(res: Resolved, inv: Inventory, transport: Transport | None, roots: Roots,
+                   secrets: Mapping[str, str]) -> tuple[gatewayplan.GatewaySetup, gatewayplan.GatewayFacts] | None:
+    """serve.gateway: its setup for the node's platform and what its node holds now. Changes nothing.
+
+    Refuses, before any step, a node that cannot take it (no python3, no pinned wheel for its
+    interpreter, too little disk): one line, nothing changed."""
+    if not res.profile.serve.gateway.enabled:
+        return None
+    node = gatewayplan.gateway_node(res, inv)
+    if transport is None:  # --assume-fresh: a DGX Spark's interpreter, nothing installed
+        setup = gatewayplan.render_gateway(res, inv, roots, secrets, None, reveal_secrets=True)
+        return setup, gatewayplan.GatewayFacts(setup.platform, None, {}, {}, False)
+    # sudo: the env file is 0600 root; its hash decides whether the gateway restarts
+    r = transport.run(node, gatewayplan.facts_command(inv, node), sudo=inv.node(node).sudo, timeout_s=30)
+    if not r.ok:
+        raise LifecycleError(f"cannot read the gateway's node {node}: {r.error or r.stderr.strip()[-200:]}",
+                             Ref(node=node))
+    facts = gatewayplan.parse_facts(r.stdout)
+    if facts.platform is None:
+        raise ConfigError(f"the gateway cannot be installed on {node}: no python3 answers there",
+                          Ref(node=node, key="serve.gateway"), hint="smg runs under the node's python3 (3.9 or later)")
+    setup = gatewayplan.render_gateway(res, inv, roots, secrets, facts.platform, reveal_secrets=True)
+    why = gatewayplan.refusal(setup, facts)
+    if why:
+        raise ConfigError(why, Ref(node=node, key="serve.gateway"), hint="free space under /opt, or serve.gateway.node")
+    return setup, facts
+
+
+def add_wheel_blobs(plan: Plan, backend: TransportBackend, cache_dir: Any = None) -> None:
+    """The bytes of every pinned wheel a put step pushes: fetched into the local cache, verified."""
+    from sparkctl.model import wheels
+    from sparkctl.ops.wheelhouse import fetch_wheel
+
+    pins = {w.sha256: w for w in (*wheels.SMG, *wheels.SETPROCTITLE)}
+    for step in plan.all_steps():
+        for refs in step.files.values():
+            for f in refs:
+                if f.sha256 in pins and f.sha256 not in backend.blobs:
+                    backend.blobs[f.sha256] = fetch_wheel(pins[f.sha256], cache_dir).read_bytes()
+
+
 def plan_for(op: str, res: Resolved | None, inv: Inventory, transport: Transport | None, roots: Roots, *,
              sets: Sequence[str] = (), waivers: Mapping[str, laws.Waiver] | None = None,
              secrets: Mapping[str, str] | None = None, skip_check: bool = False, reset_clocks: bool = False,
@@ -258,12 +299,15 @@ def plan_for(op: str, res: Resolved | None, inv: Inventory, transport: Transport
         if outside:
             raise LockHeld(f"stack {stack_of(res)} changed while its nodes were locked: it now also runs on "
                            f"{', '.join(outside)}", hint="another sparkctl changed it; run the command again")
+    gateway = gather_gateway(res, inv, transport, roots, dict(secrets or {}))
+    if gateway:
+        rendering = replace(rendering, aux={gateway[0].node: dict(gateway[0].files)})
     if op == "up":
         return planner.plan_up(res, inv, rendering, facts, sets=sets, waivers=w, started_at=started,
-                               skip_check=skip_check), rendering, ()
+                               skip_check=skip_check, gateway=gateway), rendering, ()
     previous = _previous(facts.record, res, inv, roots, dict(secrets or {}))
     plan = planner.plan_switch(res, inv, rendering, facts, sets=sets, waivers=w, started_at=started,
-                               skip_check=skip_check, previous=previous)
+                               skip_check=skip_check, previous=previous, gateway=gateway)
     return plan, rendering, (previous[1],) if previous else ()
 
 
@@ -342,6 +386,7 @@ def up(res: Resolved, inv: Inventory, transport: Transport, roots: Roots, *,
         if plan.noop:
             return UpResult(res.name, "noop", read_record(inv, transport, stack_of(res)), (), None)
         backend = TransportBackend(inv, transport, say, rendering, check=_check_fn(res, inv, transport, waivers, say))
+        add_wheel_blobs(plan, backend)
         state = run_plan(plan, backend)
         if state.result != "done":
             _raise_failure(state, op)
@@ -435,6 +480,7 @@ def switch(res: Resolved, inv: Inventory, transport: Transport, roots: Roots, *,
                                 up=UpResult(res.name, "noop", read_record(inv, transport, stack), (), None))
         backend = TransportBackend(inv, transport, say, rendering, extra,
                                    check=_check_fn(res, inv, transport, waivers, say))
+        add_wheel_blobs(plan, backend)
         t0 = time.monotonic()
         state = run_plan(plan, backend)
         if state.result == "done":

@@ -37,6 +37,7 @@ from sparkctl.ops.executor import (
     Progress,
     TransportBackend,
     _check_fn,
+    add_wheel_blobs,
     lock_scope,
     plan_for,
     run_plan,
@@ -122,6 +123,7 @@ def switch_supervised(res: Resolved, inv: Inventory, transport: Transport, roots
         mine, theirs = split_plan(plan)
         backend = TransportBackend(inv, transport, say, rendering, extra,
                                    check=_check_fn(res, inv, transport, waivers, say))
+        add_wheel_blobs(plan, backend)  # serve.gateway: the head's runner pushes them from the blob store
         state = run_plan(mine, backend)
         if state.result != "done":
             f = state.failed

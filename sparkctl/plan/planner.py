@@ -21,6 +21,7 @@ import posixpath
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from sparkctl.model import clocklock, paths, watchdog
 from sparkctl.model.engines import ENGINE_REGEX
@@ -39,7 +40,7 @@ from sparkctl.model.paths import (
 from sparkctl.model.profiles import Resolved
 from sparkctl.model.record import NodeRecord, RunRecord, operator_route
 from sparkctl.model.stacks import model_identity, refusal, stack_of
-from sparkctl.plan import contracts
+from sparkctl.plan import contracts, gatewayplan
 from sparkctl.plan.laws.memory import FRACTION_ENGINES, drop_caches_if_short_command
 from sparkctl.plan.render import API_KEY_VAR, Rendering, bind_host
 from sparkctl.plan.steps import FileRef, Plan, Step
@@ -125,7 +126,8 @@ def head_listen(res: Resolved, rendering: Rendering, inv: Inventory) -> dict[str
 
 
 def record_for(res: Resolved, rendering: Rendering, sets: Sequence[str], state: str, waivers: Mapping[str, str],
-               started_at: str, note: str = "", listen: Mapping[str, str] | None = None) -> RunRecord:
+               started_at: str, note: str = "", listen: Mapping[str, str] | None = None,
+               gateway: Mapping[str, Any] | None = None) -> RunRecord:
     """``listen``: per head, the address its engine listens on (:func:`head_listen`)."""
     p = res.profile
     nodes = {r.node: NodeRecord(rank=r.rank, replica=r.replica, hash=rendering.node_hash(r.node),
@@ -136,7 +138,8 @@ def record_for(res: Resolved, rendering: Rendering, sets: Sequence[str], state: 
                      heads=tuple(h.node for h in rendering.layout.heads()), nodes=nodes, state=state,
                      started_at=started_at, updated_at=started_at, clock_cap_mhz=p.laws.clock_cap_mhz,
                      waivers=dict(waivers), note=note, api_key_env=p.serve.api_key_env, listen=dict(listen or {}),
-                     stack=stack_of(res), model=model_identity(res), shared_name=p.topology.shared_name)
+                     stack=stack_of(res), model=model_identity(res), shared_name=p.topology.shared_name,
+                     gateway=dict(gateway or {}))
 
 
 # --------------------------------------------------------------------------- steps
@@ -341,7 +344,9 @@ def _changed(res: Resolved, rendering: Rendering, facts: UpFacts) -> list[str]:
 
 def plan_up(res: Resolved, inv: Inventory, rendering: Rendering, facts: UpFacts, *, sets: Sequence[str] = (),
             waivers: Mapping[str, str] | None = None, started_at: str = "", skip_check: bool = False,
-            op: str = "up", failure_branch: str = "stop") -> Plan:
+            op: str = "up", failure_branch: str = "stop",
+            gateway: tuple[gatewayplan.GatewaySetup, gatewayplan.GatewayFacts] | None = None) -> Plan:
+    """``gateway``: serve.gateway's setup and what was read on its node (None: no gateway)."""
     p = res.profile
     lay = rendering.layout
     waivers = dict(waivers or {})
@@ -351,6 +356,10 @@ def plan_up(res: Resolved, inv: Inventory, rendering: Rendering, facts: UpFacts,
              "whether " + ", ".join(h.node for h in lay.heads()) + f" serve {p.model.served_name!r}")
     refuse_conflicts(res, rendering, facts.others)
     changed = _changed(res, rendering, facts)
+    if not changed and gateway:
+        gw_plan = _gateway_only(res, inv, rendering, facts, gateway, started_at, op, reads)
+        if gw_plan:
+            return gw_plan
     if not changed:
         return Plan(op, res.name, (), reads=reads,
                     note=f"{res.name} already serving with the same files on every node")
@@ -372,19 +381,28 @@ def plan_up(res: Resolved, inv: Inventory, rendering: Rendering, facts: UpFacts,
                                                         inv.node(n).proc_root)) for n in lay.nodes}
         steps.append(Step("clock", "clock", "run", lay.nodes, f"lock the GPU clock at {p.laws.clock_cap_mhz} MHz and "
                           "record it for this boot", changes="GPU clock lock", commands=cmds, sudo=_fan(inv, cmds)))
+    gw_entry = gatewayplan.record_entry(res, inv, rendering, gateway[0]) if gateway else {}
     starting = record_for(res, rendering, sets, "starting", waivers, started_at,
                           f"replacing {prev.profile}" if prev and prev.profile != res.name else "",
-                          listen=head_listen(res, rendering, inv))
+                          listen=head_listen(res, rendering, inv), gateway=gw_entry)
     # The record changes before the cluster does: if the head cannot take it (a full
     # disk), nothing has been touched yet and the previous record still tells the truth.
     steps.append(_record_step(inv.node(head).prefix, "record-start", "record-start", head, starting,
                               "record that this run starts"))
+    # serve.gateway: what stops is drained first (removed from the gateway, then idle at the engine).
+    if prev and prev.gateway:
+        partial = bool(prev) and prev.profile == res.name and not whole  # only some replicas restart
+        old_heads = [h for h in prev.heads if h in restart] if partial else None
+        steps.extend(gatewayplan.drain_step(prev.gateway, inv, "gateway-drain", "stop-stale", heads=old_heads))
     steps.append(_stop_step(inv, "stop-stale", "stop-stale", stale, ports, p.serve.stop_timeout_s,
                             "stop every sparkctl engine still running (a new rank must never join an old head's "
                             "rendezvous)", failure_branch))
     steps.extend(_page_cache_step(res, inv, restart))
     steps.extend(_watchdog_step(res, inv, restart, failure_branch))
     steps.extend(_bring_up(res, inv, rendering, restart, "", failure_branch))
+    if gateway:  # registered only after the ready step: a replica still loading gets no request
+        steps.extend(gatewayplan.ensure_steps(gateway[0], gateway[1], inv, p.serve.persist, failure_branch))
+        steps.extend(gatewayplan.register_step(gw_entry, inv, "gateway-register", "gateway", failure_branch))
     steps.extend(_persist_step(res, inv, restart, "", failure_branch))
     serving = replace(starting, state="serving", note="")
     steps.append(_record_step(inv.node(head).prefix, "record", "record", head, serving, f"record {res.name} serving",
@@ -393,6 +411,7 @@ def plan_up(res: Resolved, inv: Inventory, rendering: Rendering, facts: UpFacts,
     stop_nodes = list(dict.fromkeys([*lay.nodes, *stale]))
     persisted = [n for n in stop_nodes if n in lay.nodes and res.for_node(n).serve.persist]
     stop_branch = (
+        *gatewayplan.drain_step(gw_entry, inv, "gateway-deregister", "rollback", wait=False),
         *([_disable_step(inv, "disable-started", "rollback", persisted)] if persisted else []),
         _stop_step(inv, "stop-started", "rollback", stop_nodes, ports, p.serve.stop_timeout_s,
                    "stop what this run started", "continue"),
@@ -401,6 +420,26 @@ def plan_up(res: Resolved, inv: Inventory, rendering: Rendering, facts: UpFacts,
     )
     return Plan(op, res.name, tuple(steps), {"stop": stop_branch}, reads=reads,
                 note="" if whole else f"restart only {', '.join(restart)} (files changed on {', '.join(changed)})")
+
+
+def _gateway_only(res: Resolved, inv: Inventory, rendering: Rendering, facts: UpFacts,
+                  gateway: tuple[gatewayplan.GatewaySetup, gatewayplan.GatewayFacts], started_at: str, op: str,
+                  reads: tuple[str, ...]) -> Plan | None:
+    """The stack serves with the same files, but the gateway is missing, stopped or changed: only the gateway."""
+    setup, gfacts = gateway
+    prev = facts.record
+    assert prev is not None
+    entry = gatewayplan.record_entry(res, inv, rendering, setup)
+    ensure = gatewayplan.ensure_steps(setup, gfacts, inv, res.profile.serve.persist, "abort")
+    if prev.gateway == entry and [s.id for s in ensure] == ["gateway-push", "gateway-start"] \
+            and "no-op" in ensure[-1].summary:
+        return None
+    head = inv.nodes[0].name
+    rec = replace(prev, gateway=entry, updated_at=started_at)
+    steps = [*ensure, *gatewayplan.register_step(entry, inv, "gateway-register", "gateway", "abort"),
+             _record_step(inv.node(head).prefix, "record", "record", head, rec, f"record {res.name}'s gateway")]
+    return Plan(op, res.name, tuple(steps), reads=(*reads, f"the gateway on {setup.node}"),
+                note=f"{res.name} already serving with the same files: only the gateway")
 
 
 def plan_down(inv: Inventory, records: RunRecord | Sequence[RunRecord] | None, *, nodes: Sequence[str] | None = None,
@@ -430,6 +469,10 @@ def plan_down(inv: Inventory, records: RunRecord | Sequence[RunRecord] | None, *
             steps.append(_record_step(inv.node(head).prefix, sid("record-stopping", r), "stop", head,
                                       r.with_state("stopping", started_at, "down in progress"),
                                       f"record that {_stack_words(r)} is stopping", on_fail="continue"))
+    for r in recs:
+        if r.gateway and r.state not in ("stopped", "failed"):
+            # serve.gateway: removed from the gateway and idle at the engine before it stops
+            steps.extend(gatewayplan.drain_step(r.gateway, inv, sid("gateway-drain", r), "stop"))
     # Disabled before the stop: a reboot in between must not bring the stack back.
     steps.append(_disable_step(inv, "disable", "stop", nodes))
     steps.append(_stop_step(inv, "stop", "stop", nodes, ports, timeout_s, "stop every sparkctl engine and verify: "
@@ -461,21 +504,25 @@ def _stack_suffix(r: RunRecord) -> str:
 
 def plan_switch(res: Resolved, inv: Inventory, rendering: Rendering, facts: UpFacts, *, sets: Sequence[str] = (),
                 waivers: Mapping[str, str] | None = None, started_at: str = "", skip_check: bool = False,
-                previous: tuple[Resolved, Rendering] | None = None, op: str = "switch") -> Plan:
+                previous: tuple[Resolved, Rendering] | None = None, op: str = "switch",
+                gateway: tuple[gatewayplan.GatewaySetup, gatewayplan.GatewayFacts] | None = None) -> Plan:
     """``up`` of the new profile whose failure, once the old stack is stopped, brings the old one back."""
     prev = facts.record
     if previous is None or prev is None or prev.state != "serving" or prev.profile == res.name:
         return replace(plan_up(res, inv, rendering, facts, sets=sets, waivers=waivers, started_at=started_at,
-                               skip_check=skip_check, op=op))
+                               skip_check=skip_check, op=op, gateway=gateway))
     base = plan_up(res, inv, rendering, facts, sets=sets, waivers=waivers, started_at=started_at,
-                   skip_check=skip_check, op=op, failure_branch="rollback")
+                   skip_check=skip_check, op=op, failure_branch="rollback", gateway=gateway)
     prev_res, prev_rendering = previous
     head = inv.nodes[0].name
     ports = sorted({res.profile.serve.port, res.profile.serve.master_port, prev.port})
-    back = [_stop_step(inv, "rollback-stop", "rollback", own_nodes(rendering, prev), ports,
+    new_gw = gatewayplan.record_entry(res, inv, rendering, gateway[0]) if gateway else {}
+    back = [*gatewayplan.drain_step(new_gw, inv, "rollback-gateway-deregister", "rollback", wait=False),
+            _stop_step(inv, "rollback-stop", "rollback", own_nodes(rendering, prev), ports,
                        res.profile.serve.stop_timeout_s, f"stop what {res.name} started", "stop")]
     back += [replace(s, phase="rollback", on_fail="continue" if s.on_fail == "continue" else "stop")
              for s in _bring_up(prev_res, inv, prev_rendering, list(prev_rendering.layout.nodes), "rollback-", "stop")]
+    back += gatewayplan.register_step(prev.gateway, inv, "rollback-gateway-register", "rollback", "stop")
     restored = replace(prev, state="serving", updated_at=started_at, note="rolled back")
     back.append(_record_step(inv.node(head).prefix, "rollback-record", "rollback", head, restored,
                              f"record {prev_res.name} serving again", on_fail="stop"))

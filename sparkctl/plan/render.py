@@ -118,6 +118,9 @@ class Rendering:
     # what the contract says the real release would refuse (render, plan and check print them).
     warnings: tuple[str, ...] = ()
     argv: dict[str, tuple[str, ...]] = field(default_factory=dict)  # node -> engine arguments
+    # Files pushed beside the stack's but outside its node hashes (a change restarts no engine):
+    # the gateway's (sparkctl.plan.gatewayplan). node -> path -> file.
+    aux: dict[str, NodeFiles] = field(default_factory=dict)
 
     def node_hash(self, node: str) -> str:
         """Stable hash of what a node receives (path, mode and text of every file)."""
@@ -222,7 +225,7 @@ def engine_warnings(res: Resolved, inv: Inventory) -> tuple[str, ...]:
     return contracts.warnings(head.name, head.version, argvs)
 
 
-def _ref(res: Resolved, key: str, node: str | None) -> Ref:
+def profile_node_ref(res: Resolved, key: str, node: str | None) -> Ref:
     chain = res.explain(key, node)
     s = chain[-1].source if chain else None
     return Ref(file=s.file if s else res.files[0], line=s.line if s else None, key=key)
@@ -241,7 +244,7 @@ def _check_fabric_wait(res: Resolved, p: Profile, node: str) -> None:
             f"restart_interval_s ({s.restart_interval_s}) must exceed restart_burst x (restart_delay_s + "
             f"fabric_wait_s) ({s.restart_burst} x ({s.restart_delay_s} + {s.fabric_wait_s})): a rank whose "
             "fabric GIDs never appear would restart forever instead of stopping at its start limit",
-            _ref(res, "serve.fabric_wait_s", node),
+            profile_node_ref(res, "serve.fabric_wait_s", node),
             hint="lower serve.fabric_wait_s or raise serve.restart_interval_s")
 
 
@@ -263,12 +266,13 @@ def render(
         node = inv.node(r.node)
         for k, v in p.engine.env.items():
             if not env_value_ok(v):
-                raise ProfileError("environment values cannot contain newlines or NUL", _ref(res, f"engine.env.{k}", r.node))
+                raise ProfileError("environment values cannot contain newlines or NUL",
+                                   profile_node_ref(res, f"engine.env.{k}", r.node))
         secret_values = {}
         for name in p.engine.secret_env:
             if name not in secrets:
                 raise RenderError(
-                    f"secret {name} is not set in your environment", _ref(res, "engine.secret_env", r.node),
+                    f"secret {name} is not set in your environment", profile_node_ref(res, "engine.secret_env", r.node),
                     hint=f"export {name}=... before running (it is never printed)",
                 )
             if not env_value_ok(secrets[name]):
@@ -279,7 +283,7 @@ def render(
             key = secrets.get(key_env)
             if not key:
                 raise RenderError(f"the endpoint's API key variable {key_env} is not set in your environment",
-                                  _ref(res, "serve.api_key_env", r.node),
+                                  profile_node_ref(res, "serve.api_key_env", r.node),
                                   hint=f"export {key_env}=... before running (it is never printed)")
             if not env_value_ok(key):
                 raise RenderError(f"secret {key_env} contains a newline", Ref(key=key_env))
