@@ -119,11 +119,31 @@ def _write(p: Path, state: dict[str, Any]) -> None:
     """
     derived = (("meminfo", render_meminfo(state)), ("boot_id", render_boot_id(state)),
                ("drop_caches", ""))
-    _atomic_text(p, json.dumps(state, indent=2, sort_keys=True) + "\n")
+    text = json.dumps(state, indent=2, sort_keys=True) + "\n"
+    _atomic_text(p, text)
     # Write in place (not rename): a bind mount pins the inode it was mounted on.
-    for name, text in derived:
+    for name, view in derived:
         with open(p.with_name(name), "w") as fh:
-            fh.write(text)
+            fh.write(view)
+    _write_tool_views(p, state, text)
+
+
+VIEWS_DIR = "rendered"  # the node-state-only tool outputs, beside the state (sparkctl_sim.shims.rendered)
+
+
+def _write_tool_views(p: Path, state: dict[str, Any], text: str) -> None:
+    """Re-render the tools' views when the state differs from the one they were rendered from."""
+    mark = p.with_name(VIEWS_DIR) / ".state"
+    try:
+        if mark.read_text() == text:
+            return
+    except OSError:
+        pass
+    # imported here: the views' formatters are the shims, which read this module's files
+    from sparkctl_sim.shims.rendered import write_views
+
+    write_views(p, state)
+    mark.write_text(text)
 
 
 def create(path: str | os.PathLike[str], state: dict[str, Any]) -> None:

@@ -94,7 +94,9 @@ def install_shims(
     state_path: str | os.PathLike[str] | None = None,
     package_root: str | os.PathLike[str] | None = None,
 ) -> list[Path]:
-    """Write one ``#!/bin/sh`` wrapper per tool into ``bin_dir``.
+    """Write one ``#!/bin/sh`` wrapper per tool into ``bin_dir``: the tool's rendered view
+    when it has one (:mod:`.rendered`), else ``python3 -S`` (no ``site``: the shims use
+    the standard library only) on this package.
 
     ``state_path`` bakes in a default ``SPARKCTL_SIM_STATE`` (sshd drops the
     caller's environment); ``package_root`` (default: the directory holding
@@ -108,12 +110,12 @@ def install_shims(
     if state_path is not None:
         sp = shlex.quote(str(Path(state_path).resolve()))
         pre += f"{STATE_ENV}=${{{STATE_ENV}:-{sp}}}\nexport {STATE_ENV}\n"
+    from sparkctl_sim.shims.rendered import wrapper
+
     written = []
     for tool in TOOLS:
         p = d / tool
-        p.write_text(
-            f"#!/bin/sh\n{pre}exec {shlex.quote(str(Path(python).absolute()))} -m sparkctl_sim.shims {shlex.quote(tool)} \"$@\"\n"
-        )
+        p.write_text(wrapper(tool, str(Path(python).absolute()), pre))
         p.chmod(0o755)
         written.append(p)
     return written
