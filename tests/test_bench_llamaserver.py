@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,7 +14,11 @@ from sparkctl.bench.results import load_run
 from sparkctl.bench.runner import RunOptions, run
 from sparkctl.plan import contracts
 from sparkctl_sim.engines import llamaserver as ls
-from sparkctl_sim.engines.local import start_llama_server, stop
+
+
+# a test driver, not part of the simulator: tools/localengine.py
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+from localengine import start_llama_server, stop  # noqa: E402
 
 SPEEDUP = 50.0
 

@@ -6,6 +6,7 @@ Budget: about 40 s on 2 cores. Prompt lengths and repeats are small on purpose.
 
 from __future__ import annotations
 
+import sys
 import csv
 import json
 import math
@@ -25,7 +26,10 @@ from sparkctl.bench.results import (
     load_run,
 )
 from sparkctl.bench.runner import RunOptions, run, summarize_rows, telemetry_summary
-from sparkctl_sim.engines.local import prefill_rate, start_local, stop
+
+# a test driver, not part of the simulator: tools/localengine.py
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+from localengine import prefill_rate, start_local, stop  # noqa: E402
 
 SPEEDUP = 10.0
 RECOVERY_BOUND_PCT = 10.0  # see test_runner_recovers_the_engines_configured_rates

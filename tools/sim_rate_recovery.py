@@ -39,7 +39,7 @@ import httpx
 
 from sparkctl.bench.pressure import cpu_pressure_total_s
 from sparkctl.bench.runner import RunOptions, run
-from sparkctl_sim.engines.local import prefill_rate, start_local, stop
+from localengine import prefill_rate, start_local, stop  # tools/localengine.py, beside this script
 
 # name served, decode tokens. TensorFold ignores ignore_eos: 100 tokens stay under
 # its shortest natural answer (120), as in tests/test_bench_suites.py.

@@ -10,12 +10,17 @@ The first tests are pure (the matrix and its judgement) and need no cluster.
 from __future__ import annotations
 
 import json
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
 from sparkctl_sim import cluster
-from sparkctl_sim.faultmatrix import (
+
+# the matrix's driver is a test driver, not part of the simulator: tools/faultmatrix.py
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
+from faultmatrix import (  # noqa: E402
     FAULTS,
     NEW,
     OLD,
