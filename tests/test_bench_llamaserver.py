@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,9 +15,7 @@ from sparkctl.plan import contracts
 from sparkctl_sim.engines import llamaserver as ls
 
 
-# a test driver, not part of the simulator: tools/localengine.py
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
-from localengine import start_llama_server, stop  # noqa: E402
+from localengine import start_llama_server, stop  # tests/localengine.py: a test driver, not part of the simulator
 
 SPEEDUP = 50.0
 

@@ -6,7 +6,6 @@ Budget: about 40 s on 2 cores. Prompt lengths and repeats are small on purpose.
 
 from __future__ import annotations
 
-import sys
 import csv
 import json
 import math
@@ -27,9 +26,7 @@ from sparkctl.bench.results import (
 )
 from sparkctl.bench.runner import RunOptions, run, summarize_rows, telemetry_summary
 
-# a test driver, not part of the simulator: tools/localengine.py
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
-from localengine import prefill_rate, start_local, stop  # noqa: E402
+from localengine import prefill_rate, start_local, stop  # tests/localengine.py: a test driver, not part of the simulator
 
 SPEEDUP = 10.0
 RECOVERY_BOUND_PCT = 10.0  # see test_runner_recovers_the_engines_configured_rates

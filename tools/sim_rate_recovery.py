@@ -39,7 +39,8 @@ import httpx
 
 from sparkctl.bench.pressure import cpu_pressure_total_s
 from sparkctl.bench.runner import RunOptions, run
-from localengine import prefill_rate, start_local, stop  # tools/localengine.py, beside this script
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from localengine import prefill_rate, start_local, stop  # noqa: E402 - tests/localengine.py, a test driver
 
 # name served, decode tokens. TensorFold ignores ignore_eos: 100 tokens stay under
 # its shortest natural answer (120), as in tests/test_bench_suites.py.

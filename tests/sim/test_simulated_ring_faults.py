@@ -10,17 +10,11 @@ The first tests are pure (the matrix and its judgement) and need no cluster.
 from __future__ import annotations
 
 import json
-import sys
 import time
-from pathlib import Path
 
 import pytest
 
-from sparkctl_sim import cluster
-
-# the matrix's driver is a test driver, not part of the simulator: tools/faultmatrix.py
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
-from faultmatrix import (  # noqa: E402
+from faultmatrix import (  # tests/faultmatrix.py: a test driver, not part of the simulator
     FAULTS,
     NEW,
     OLD,
@@ -38,6 +32,7 @@ from faultmatrix import (  # noqa: E402
     record_integrity,
     run_cell,
 )
+from sparkctl_sim import cluster
 
 RECORD = {"profile": NEW, "sets": [], "digest": "d", "engine": "tensorfold", "engine_version": "1",
           "served_name": SERVED[NEW], "port": 8000, "heads": ["spark-a"], "nodes": {}, "state": "serving",
