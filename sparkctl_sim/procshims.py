@@ -126,7 +126,7 @@ def install_procshims(bin_dir: Path, python: str = sys.executable) -> list[Path]
             "# sparkctl SIMULATION shim: see sparkctl_sim/procshims.py\n"
             f"PYTHONPATH={shlex.quote(package_root)}${{PYTHONPATH:+:$PYTHONPATH}}\n"
             "export PYTHONPATH\n"
-            f"exec {shlex.quote(python)} -m sparkctl_sim.procshims {tool} \"$@\"\n"
+            f"exec {shlex.quote(python)} -S -m sparkctl_sim.procshims {tool} \"$@\"\n"
         )
         tmp = path.with_name(f".{tool}.tmp")
         tmp.write_text(body, encoding="utf-8")
