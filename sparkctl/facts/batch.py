@@ -35,7 +35,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sparkctl.facts import engine as engine_fact
 from sparkctl.facts import nccl as nccl_fact
@@ -52,7 +52,8 @@ from sparkctl.facts.registry import (
     WeightsPaths,
     q,
 )
-from sparkctl.model.inventory import Node
+if TYPE_CHECKING:  # no pydantic on a node (sparkctl.node.bundle)
+    from sparkctl.model.inventory import Node
 
 MARKER_PREFIX = services.MARKER_PREFIX
 
@@ -304,6 +305,7 @@ def _assemble(node: str, r: _Reader, due: list[tuple[Fact[Any], str]]) -> NodeFa
         mem_total_kib=mem.total_kib if mem else None,
         mem_available_kib=mem.available_kib if mem else None,
         mem_free_kib=mem.free_kib if mem else None,
+        mem_cached_kib=mem.cached_kib if mem else None,
         disk_free_gib=round(disk.free_gib, 3) if disk else None,
         gpu=_gpu(r),
         links=_links(r, [item for fact, item in due if fact is net.NET_OPERSTATE]),
