@@ -108,6 +108,20 @@ def build_script(node: Node, weights_path: str | None = None, endpoint_port: int
     return frame([(section, fact.command(ctx, item)) for fact in REGISTRY for item, section in fact.sections(ctx)])
 
 
+# What the node's exporter reads at every scrape (sparkctl.node.exporter): the facts of a
+# status row and of the fabric ports, in registry order (a netdev's `gone` fact first).
+EXPORTER_FACTS = (system.BOOT_ID, system.MEMINFO, gpu.GPU, gpu.GPU_CLOCKS, system.CLOCK_LOCK, net.IBDEV2NETDEV,
+                  net.NET_OPERSTATE, net.NET_MTU, net.NET_IPV4, net.NET_ETHTOOL, net.GIDS, services.ENGINES,
+                  services.ENGINE_UNIT, watchdog_fact.WATCHDOG, watchdog_fact.KILLS)
+
+
+def fact_script(node: Node, facts: tuple[Fact[Any], ...] = EXPORTER_FACTS) -> str:
+    """A probe script of ``facts`` only, framed as the batch (``parse_batch`` reads the registered ones;
+    a fact outside the registry, such as earlyoom's kills, is read from ``split_batch``'s sections)."""
+    ctx = ScriptContext(node)
+    return frame([(section, fact.command(ctx, item)) for fact in facts for item, section in fact.sections(ctx)])
+
+
 def remote_command(script: str) -> str:
     """The command line to hand to a transport: ``sh -c '<script>'`` (no login shell)."""
     return f"sh -c {q(script)}"

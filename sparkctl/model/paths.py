@@ -36,6 +36,8 @@ RECORD = f"{STATE_DIR}/record.json"
 LOCK_DIR = f"{STATE_DIR}/lock.d"
 CLOCK_LOCK = f"{STATE_DIR}/clock-lock"  # "<boot id> <MHz>": see sparkctl.model.clocklock
 ENGINE_LOG = f"{LOG_DIR}/engine.log"
+# the last verdict of every law, kept by the check step of `up`/`switch` (status and the exporter read it)
+LAWS_VERDICTS = f"{STATE_DIR}/laws.json"
 FABRIC_BACKUP = f"{STATE_DIR}/fabric-backup"  # what `fabric apply` replaced; `fabric restore` puts it back
 
 # the supervised switch (runs on the head)
@@ -55,6 +57,11 @@ IMAGE_SYNC_GATE = f"{OPT_DIR}/image-sync-gate.sh"
 
 # facts kept per image ID (an image's NCCL never changes): sparkctl.facts.nccl
 NCCL_CACHE_DIR = f"{STATE_DIR}/nccl-by-image"
+
+# the node's exporter (sparkctl.node.exporter): its code, the pinned wheels, its configuration, its unit
+EXPORTER_DIR = f"{OPT_DIR}/exporter"
+EXPORTER_CONFIG = f"{ETC_DIR}/exporter.json"
+EXPORTER_UNIT = f"{UNIT_DIR}/sparkctl-exporter.service"
 
 # weights
 WEIGHTS_AGENT = f"{OPT_DIR}/weights_agent.py"
