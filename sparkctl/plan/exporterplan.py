@@ -208,3 +208,30 @@ def scrape_config(inv: Inventory, engines: Mapping[str, tuple[str, str, str | No
             "# where its rendered flags serve /metrics. Put these jobs under scrape_configs: of your prometheus.yml",
             "# (docs/observability.md).", *notes]
     return "\n".join(head) + "\n" + yaml.safe_dump({"scrape_configs": jobs}, sort_keys=False)
+
+
+# Where an engine's release serves /metrics (the engine contracts, docs/engines.md): vLLM always; SGLang
+# only with --enable-metrics; llama-server only with --metrics; ds41f and TensorFold always.
+METRICS_FLAG = {"sglang": "--enable-metrics", "llamacpp": "--metrics"}
+
+
+def engine_targets(res: Any, inv: Inventory, rendering: Any) -> dict[str, tuple[str, str, str | None]]:
+    """head -> (engine, "host:port" of its /metrics, why it is not scraped or None), from the rendered flags."""
+    from sparkctl.plan.planner import head_listen
+
+    eng = res.profile.engine.name
+    port = res.profile.serve.port
+    out: dict[str, tuple[str, str, str | None]] = {}
+    for h, listen in head_listen(res, rendering, inv).items():
+        host = inv.node(h).host if listen == "0.0.0.0" else listen
+        addr = f"{host}:{port}"
+        text = "\n".join(f.text for f in rendering.files.get(h, {}).values())
+        flag = METRICS_FLAG.get(eng)
+        why = None
+        if flag and flag not in text.split():
+            why = f"its rendered flags have no {flag} (the release serves no /metrics without it)"
+        elif listen != "0.0.0.0" and listen != inv.node(h).host:
+            why = (f"serve.bind: fabric listens on {listen}, the head's fabric address, which Prometheus on the "
+                   "management network cannot reach (bind: management serves it there)")
+        out[h] = (eng, addr, why)
+    return out
