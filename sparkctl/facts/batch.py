@@ -115,11 +115,29 @@ EXPORTER_FACTS = (system.BOOT_ID, system.MEMINFO, gpu.GPU, gpu.GPU_CLOCKS, syste
                   services.ENGINE_UNIT, watchdog_fact.WATCHDOG, watchdog_fact.KILLS)
 
 
+def frame_parallel(steps: list[tuple[str, str]]) -> str:
+    """The batch's output format, every section's command run at once (each into its own file
+    of a private temp dir), then printed in order: a scrape waits for the slowest tool, not
+    for the sum of them. The same markers, so :func:`parse_batch` reads it unchanged."""
+    for name, _ in steps:
+        if not SECTION_NAME.fullmatch(name):
+            raise ValueError(f"unsafe probe section name {name!r}")
+    names = " ".join(n for n, _ in steps)
+    out = [PRELUDE, 'd=$(mktemp -d) || exit 1', "trap 'rm -rf \"$d\"' EXIT"]
+    out += [f'( ( {body} ) > "$d/{i}"; echo $? > "$d/{i}.rc" ) &' for i, (_, body) in enumerate(steps)]
+    out += ["wait", f"echo {q(f'{MARKER_PREFIX}manifest:{names}@@')}"]
+    out += [f'sec {name}; cat "$d/{i}"; end {name} "$(cat "$d/{i}.rc")"' for i, (name, _) in enumerate(steps)]
+    out.append(f"echo {q(MARKER_PREFIX + 'done@@')}")
+    return "\n".join(out) + "\n"
+
+
 def fact_script(node: Node, facts: tuple[Fact[Any], ...] = EXPORTER_FACTS) -> str:
-    """A probe script of ``facts`` only, framed as the batch (``parse_batch`` reads the registered ones;
-    a fact outside the registry, such as earlyoom's kills, is read from ``split_batch``'s sections)."""
+    """A probe script of ``facts`` only, in the batch's format (``parse_batch`` reads the registered
+    ones; a fact outside the registry, such as earlyoom's kills, is read from ``split_batch``'s
+    sections), its commands run in parallel (:func:`frame_parallel`)."""
     ctx = ScriptContext(node)
-    return frame([(section, fact.command(ctx, item)) for fact in facts for item, section in fact.sections(ctx)])
+    return frame_parallel([(section, fact.command(ctx, item)) for fact in facts
+                           for item, section in fact.sections(ctx)])
 
 
 def remote_command(script: str) -> str:

@@ -2,7 +2,7 @@
 
 A value the node does not report (``N/A`` on GB10, a netdev that is gone, a fact that
 could not be read) is left out: never NaN, never 0. Units are Prometheus base units
-(bytes, hertz, watts, celsius, bits per second); the node is the target's ``node`` label
+(bytes, hertz, watts, celsius; a link's speed in bytes per second); the node is the target's ``node`` label
 (set by the rendered scrape configuration, ``sparkctl.plan.exporterplan.scrape_config``).
 """
 
@@ -85,7 +85,7 @@ def _links(f: NodeFacts) -> Iterator[Metric]:
     fams = {k: GaugeMetricFamily(f"sparkctl_fabric_{k}", doc, labels=labels) for k, doc in (
         ("link_up", "1 when the fabric port's operstate is up (sysfs)"),
         ("carrier", "1 when ethtool reports Link detected: yes"),
-        ("speed_bits_per_second", "the port's link speed (ethtool Speed)"),
+        ("speed_bytes_per_second", "the port's link speed (ethtool Speed, in bytes per second: Mb/s x 125000)"),
         ("mtu_bytes", "the port's MTU (sysfs)"),
         ("address_present", "1 when the port carries an IPv4 address"),
         ("rocev2_gid_present", "1 when the port has a RoCE v2 IPv4 GID of its own address"),
@@ -97,7 +97,7 @@ def _links(f: NodeFacts) -> Iterator[Metric]:
         if lk.link_detected is not None:
             fams["carrier"].add_metric(lv, 1.0 if lk.link_detected else 0.0)
         if lk.speed_mbps is not None:
-            fams["speed_bits_per_second"].add_metric(lv, float(lk.speed_mbps) * 1e6)
+            fams["speed_bytes_per_second"].add_metric(lv, float(lk.speed_mbps) * 125_000)
         if lk.mtu is not None:
             fams["mtu_bytes"].add_metric(lv, float(lk.mtu))
         fams["address_present"].add_metric(lv, 1.0 if lk.ipv4 else 0.0)

@@ -37,6 +37,7 @@ from sparkctl.facts.statusrow import rank_drift
 from sparkctl.node.metrics import head_families
 from sparkctl.node.pagehtml import PAGE  # noqa: F401 - re-exported
 
+PEER_TIMEOUT_S = 20.0  # a peer's /node.json runs its probe: seconds on a loaded box
 WILDCARD, LOOPBACK = "0.0.0.0", "127.0.0.1"  # sparkctl.model.record (not imported: no pydantic on a node)
 
 
@@ -120,7 +121,7 @@ class Head:
 
         if name == self.exporter.node:
             return node_document(name, self.exporter.reader.read(REUSE_S))
-        return json.loads(self._fetch(f"http://{self.cfg['peers'][name]}/node.json", timeout=self.interval_s))
+        return json.loads(self._fetch(f"http://{self.cfg['peers'][name]}/node.json", timeout=PEER_TIMEOUT_S))
 
     def _endpoint(self, rec: Mapping[str, Any], head: str) -> dict[str, Any]:
         """The head's endpoint asked on the head (the bound address), as status's endpoint entry."""
@@ -143,14 +144,31 @@ class Head:
                     "requests_finished": metric_sum(text, rm) if rm else None})
         return out
 
+    def _all_nodes(self) -> dict[str, Any]:
+        """Every node's /node.json at once (each runs its own probe); an exception where one failed."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        def one(name: str) -> Any:
+            try:
+                return self._node(name)
+            except Exception as exc:  # noqa: BLE001 - kept as the node's value
+                return exc
+
+        names = list(self.cfg["nodes"])
+        with ThreadPoolExecutor(max_workers=max(1, len(names))) as pool:
+            return dict(zip(names, pool.map(one, names)))
+
     def sample(self) -> dict[str, Any]:
         rec = self.record()
         t = time.time()
         rows, drift = [], []
+        got = self._all_nodes()
         for name in self.cfg["nodes"]:
             nr = (rec or {}).get("nodes", {}).get(name)
             try:
-                d = self._node(name)
+                d = got[name]
+                if isinstance(d, Exception):
+                    raise d
                 row: dict[str, Any] = {"node": name, "reachable": True, "error": None, **d["row"]}
             except Exception as exc:  # noqa: BLE001 - an exporter that does not answer is a row, not a crash
                 rows.append({"node": name, "reachable": False, "error": f"exporter: {type(exc).__name__}"})

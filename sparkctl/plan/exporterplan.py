@@ -43,7 +43,7 @@ REQUESTS_METRIC = {"vllm": "vllm:request_success_total", "sglang": "sglang:num_r
 # sparkctl's packages the exporter needs on a node: pure, no pydantic at import (tests/test_exporter.py)
 BUNDLED = ("__init__.py", "errors.py", "facts", "model", "node")
 _EPOCH = (2020, 1, 1, 0, 0, 0)
-START_WAIT_S = 20
+START_WAIT_S = 60  # the first scrape runs every probe: seconds on a loaded box
 q = shlex.quote
 
 
@@ -147,7 +147,7 @@ def _start(inv: Inventory, node: str, files: tuple[ExporterFile, ...]) -> str:
     d = q(under(n.prefix, EXPORTER_DIR))
     url = f"http://{target(inv, node)}/metrics"
     probe = ("import sys,urllib.request as u;"
-             "u.build_opener(u.ProxyHandler({})).open(sys.argv[1],timeout=2).read()")
+             "u.build_opener(u.ProxyHandler({})).open(sys.argv[1],timeout=30).read()")
     return "\n".join([
         "set -e",
         f"for f in {d}/*; do case \"${{f##*/}}\" in {'|'.join(keep.split())}) ;; *) rm -f \"$f\" ;; esac; done",

@@ -35,7 +35,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.needs_root]
 PROFILE = "ds41f-tp4-ring"
 WAIVE = ("--waive", "page_size", "--reason", "stock 4 KiB kernel")
 NODES = ("spark-a", "spark-b", "spark-c", "spark-d")
-SCRAPE_S = 2
+SCRAPE_S = 6  # a simulated node's probe runs a dozen Python shims: seconds on a shared 2-core box
 EXPORTER_PORT, PAGE_PORT = 9478, 9479
 CHROMIUM = "/usr/bin/chromium"
 GIB = 1024 ** 3
@@ -221,7 +221,7 @@ def test_simulated_ring_status_page_in_a_real_browser(ring: Sim, tmp_path: Path)
         return json.loads(_get(url + "status.json"))
 
     assert wait_until(lambda: {r["node"]: r.get("alive") for r in page_doc().get("nodes", [])}
-                      == {n: r["alive"] for n, r in want.items()}, deadline_s=30)
+                      == {n: r["alive"] for n, r in want.items()}, deadline_s=60), page_doc()
     requests: list[str] = []
     errors: list[str] = []
     with pw.sync_playwright() as p:
@@ -252,8 +252,10 @@ def test_simulated_ring_status_page_in_a_real_browser(ring: Sim, tmp_path: Path)
             shown = cells[(n, field)]
             exp = r.get(field)
             exp_text = "n/a" if exp is None else ("yes" if exp is True else "no" if exp is False else str(exp))
-            if field in ("mem_available_gib", "power_w") and exp is not None:
-                assert abs(float(shown) - float(exp)) <= 0.11 + 0.05 * abs(float(exp)), (n, field, shown, exp)
+            if field == "mem_available_gib" and exp is not None:
+                assert abs(float(shown) - float(exp)) <= 0.11, (n, field, shown, exp)
+            elif field == "power_w" and exp is not None:  # a reading of its own moment: the simulated draw moves
+                assert abs(float(shown) - float(exp)) <= 0.5 * float(exp) + 2, (n, field, shown, exp)
             else:
                 assert shown == exp_text, (n, field, shown, exp_text, doc)
 
