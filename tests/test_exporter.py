@@ -138,7 +138,9 @@ def test_the_pinned_wheel_is_verified(tmp_path: Path) -> None:
 
 def _files(node: str = "spark-a") -> dict[str, exporterplan.ExporterFile]:
     inv = load_inventory(REPO / "inventory.yaml")
-    files = exporterplan.render_exporters(inv, Roots.make(env={}))
+    from sparkctl.ops.fabric import exporters_of
+
+    files = exporters_of(inv, Roots.make(env={}))
     return {Path(f.path).name: f for f in files.files[node]}
 
 

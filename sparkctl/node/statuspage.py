@@ -35,6 +35,7 @@ from prometheus_client.core import Metric
 
 from sparkctl.facts.statusrow import rank_drift
 from sparkctl.node.metrics import head_families
+from sparkctl.node.reading import REUSE_S, node_document
 from sparkctl.node.pagehtml import PAGE  # noqa: F401 - re-exported
 
 PEER_TIMEOUT_S = 20.0  # a peer's /node.json runs its probe: seconds on a loaded box
@@ -117,8 +118,6 @@ class Head:
             return r.read()
 
     def _node(self, name: str) -> dict[str, Any]:
-        from sparkctl.node.exporter import REUSE_S, node_document
-
         if name == self.exporter.node:
             return node_document(name, self.exporter.reader.read(REUSE_S))
         return json.loads(self._fetch(f"http://{self.cfg['peers'][name]}/node.json", timeout=PEER_TIMEOUT_S))

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sparkctl.errors import LifecycleError
-from sparkctl.facts.batch import PRELUDE
+from sparkctl.facts.batch import PRELUDE, fact_script
 from sparkctl.facts.netplanfiles import NETPLAN_FILES
 from sparkctl.facts.registry import ScriptContext
 from sparkctl.model.inventory import Inventory
@@ -55,6 +55,11 @@ def read_netplan(inv: Inventory, transport: Transport) -> dict[str, tuple[Netpla
     return out
 
 
+def exporters_of(inv: Inventory, roots: Roots) -> exporterplan.ExporterFiles:
+    """Every node's exporter files, with the probe of the facts the exporter reads at each scrape."""
+    return exporterplan.render_exporters(inv, roots, {n.name: fact_script(n) for n in inv.nodes})
+
+
 def plan_apply(inv: Inventory, roots: Roots, res: Resolved | None = None,
                secrets: dict[str, str] | None = None,
                netplan: dict[str, tuple[NetplanFile, ...]] | None = None,
@@ -63,7 +68,7 @@ def plan_apply(inv: Inventory, roots: Roots, res: Resolved | None = None,
     (:func:`read_netplan`; None: as if no node had a foreign one)."""
     rendering = render(res, inv, roots, secrets or {}) if res is not None else None
     files = fabricplan.render_fabric(inv, roots, rendering)
-    exporters = exporterplan.render_exporters(inv, roots)
+    exporters = exporters_of(inv, roots)
     return (fabricplan.plan_fabric_apply(inv, files, res.name if res is not None else None,
                                          res.profile.laws if res is not None else None, netplan, exporters),
             files)
@@ -89,7 +94,7 @@ def _run(plan: Plan, inv: Inventory, transport: Transport, progress: Progress | 
 def apply(inv: Inventory, transport: Transport, roots: Roots, res: Resolved | None = None, *,
           secrets: dict[str, str] | None = None, progress: Progress | None = None) -> FabricResult:
     plan, files = plan_apply(inv, roots, res, secrets, read_netplan(inv, transport))
-    exporters = exporterplan.render_exporters(inv, roots)  # the same bytes the plan names (reproducible)
+    exporters = exporters_of(inv, roots)  # the same bytes the plan names (reproducible)
     # the pinned wheel, fetched here (the nodes may have no internet) and checked against its pin
     wheel = fetch_wheel(PROMETHEUS_CLIENT, default_cache_dir()).read_bytes()
     return _run(plan, inv, transport, progress, {**files.blobs(), **exporters.blobs(), PROMETHEUS_CLIENT.sha256: wheel})

@@ -27,7 +27,6 @@ from typing import Any
 import yaml
 
 from sparkctl import __version__
-from sparkctl.facts.batch import fact_script
 from sparkctl.model.inventory import Inventory
 from sparkctl.model.paths import ENV_FILE, EXPORTER_CONFIG, EXPORTER_DIR, EXPORTER_UNIT, LAWS_VERDICTS, RECORD, under
 from sparkctl.model.resources import Roots
@@ -103,12 +102,12 @@ def target(inv: Inventory, node: str, port: int = EXPORTER_PORT) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
-def config(inv: Inventory, node: str) -> dict[str, Any]:
+def config(inv: Inventory, node: str, script: str) -> dict[str, Any]:
     """The exporter's configuration on ``node`` (JSON): where it listens, the probe script it runs
     at each scrape; on the head, where the record, the verdicts and the env file are, and its peers."""
     n = inv.node(node)
     doc: dict[str, Any] = {"version": 1, "sparkctl": __version__, "node": node, "listen": n.host,
-                           "port": EXPORTER_PORT, "script": fact_script(n), "head": None}
+                           "port": EXPORTER_PORT, "script": script, "head": None}
     if node == head_of(inv):
         doc["head"] = {
             "record": under(n.prefix, RECORD), "laws": under(n.prefix, LAWS_VERDICTS),
@@ -119,8 +118,10 @@ def config(inv: Inventory, node: str) -> dict[str, Any]:
     return doc
 
 
-def render_exporters(inv: Inventory, roots: Roots, pin: PinnedWheel = PROMETHEUS_CLIENT) -> ExporterFiles:
-    """Every node's exporter files: the zip, the wheel (by its pinned hash), the configuration, the unit."""
+def render_exporters(inv: Inventory, roots: Roots, scripts: Mapping[str, str],
+                     pin: PinnedWheel = PROMETHEUS_CLIENT) -> ExporterFiles:
+    """Every node's exporter files: the zip, the wheel (by its pinned hash), the configuration (with
+    ``scripts[node]``, the probe the facts layer renders: ``sparkctl.facts.batch.fact_script``), the unit."""
     code = bundle()
     code_sha = hashlib.sha256(code).hexdigest()
     env = _env(roots)
@@ -134,7 +135,7 @@ def render_exporters(inv: Inventory, roots: Roots, pin: PinnedWheel = PROMETHEUS
             version=__version__, node=n.name, head=n.name == head_of(inv), listen=n.host, port=EXPORTER_PORT,
             bundle=zpath, wheel=pin, wheel_path=wpath, config=cpath)
         out[n.name] = (ExporterFile(zpath, 0o644, code_sha, code), ExporterFile(wpath, 0o644, pin.sha256, None),
-                       ExporterFile.of(cpath, 0o644, (json.dumps(config(inv, n.name), indent=1, sort_keys=True)
+                       ExporterFile.of(cpath, 0o644, (json.dumps(config(inv, n.name, scripts[n.name]), indent=1, sort_keys=True)
                                                       + "\n").encode()),
                        ExporterFile.of(under(n.prefix, EXPORTER_UNIT), 0o644, unit.encode()))
     return ExporterFiles(out, head_of(inv))
