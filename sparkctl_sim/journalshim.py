@@ -2,8 +2,10 @@
 
 SIMULATION ONLY. The simulated systemd (sparkctl_sim.systemctlshim) writes a unit's
 standard output and error, and its own lines about the unit (``TS systemd[1]: NAME: TEXT``),
-to ``RUN_DIR/systemd/NAME.journal.log``; the run dir is the node's /run, gone at each
-simulated boot, so the file holds this boot only (what ``-b`` selects). Only the options
+to ``RUN_DIR/systemd/NAME.journal.log``. Known difference: ``-b`` (this boot only) is
+accepted, but the shim prints the whole file, which may hold lines of earlier simulated boots
+(raw output lines carry no boot id to tell them apart): a count read from it can only be
+higher than the real one, never lower. Only the options
 sparkctl uses are simulated, every other one is refused (stricter than the real tool):
 ``-u/--unit UNIT`` (journalctl(1): a name without a suffix means ``.service``), ``-b``,
 ``-o cat`` (journalctl(1) "cat": the message alone, no timestamp or identifier),
