@@ -20,7 +20,7 @@ from sparkctl.facts.statusrow import node_row
 from sparkctl.facts.watchdog import KILLS
 
 PROBE_TIMEOUT_S = 20
-REUSE_S = 2.0  # a probe younger than this answers /node.json too (the page samples every few seconds)
+REUSE_S = 5.0  # a probe younger than this answers /node.json too (the page samples every 5 s)
 
 
 @dataclass(frozen=True)
