@@ -229,6 +229,7 @@ def test_status_json_never_holds_the_key(tmp_path: Path, server: _Server, monkey
     rec = _record(api_key_env="H16_KEY", port=port, listen={"spark-a": "0.0.0.0"})
     t = FakeTransport(nodes=["spark-a"])
     t.add("*", re.compile(r"cat .*record\.json.*", re.DOTALL), reply(json.dumps(rec.to_dict())))
+    t.add("*", re.compile(r"cat .*laws\.json.*", re.DOTALL), reply(""))  # no verdicts kept yet
     t.add("*", re.compile(r"\[ -e .*supervisor.*", re.DOTALL), reply(""))
     t.add("*", re.compile(r"sh -c .*", re.DOTALL), reply(""))
     monkeypatch.setenv("H16_KEY", KEY)
