@@ -29,6 +29,8 @@ def page_handler(head: Any) -> type[BaseHTTPRequestHandler]:
                 self._send(200, "application/json", json.dumps(doc, sort_keys=True).encode())
             elif path == "/":
                 self._send(200, "text/html; charset=utf-8", render(doc).encode())
+            elif path == "/favicon.ico":  # every browser asks; a 404 is a console error in Chromium
+                self._send(204, "image/x-icon", b"")
             else:
                 self._send(404, "text/plain; charset=utf-8", b"not found\n")
 
