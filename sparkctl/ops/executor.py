@@ -37,6 +37,7 @@ from sparkctl.ops.lock import (
     now_iso,
     read_record,
     read_records,
+    write_verdicts,
 )
 from sparkctl.plan import gatewayplan, laws, planner
 from sparkctl.plan.render import Rendering, render
@@ -321,6 +322,8 @@ def _check_fn(res: Resolved, inv: Inventory, transport: Transport, waivers: Mapp
 
         report = run_check(res, inv, transport, waivers=dict(waivers), fix=False, bandwidth_s=0,
                            progress=lambda m: say("*", "check", m))
+        # the step's summary says so: the verdicts are kept on the head (status, the exporter's page)
+        write_verdicts(inv, transport, res.name, now_iso(), [dict(v.__dict__) for v in report.verdicts])
         ignore = set(params.get("ignore", ()))
         failures = [v for v in report.verdicts if v.failed and v.law not in ignore]
         if failures:

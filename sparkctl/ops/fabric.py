@@ -13,16 +13,18 @@ from dataclasses import dataclass
 from typing import Any
 
 from sparkctl.errors import LifecycleError
-from sparkctl.facts.batch import PRELUDE
+from sparkctl.facts.batch import PRELUDE, fact_script
 from sparkctl.facts.netplanfiles import NETPLAN_FILES
 from sparkctl.facts.registry import ScriptContext
 from sparkctl.model.inventory import Inventory
 from sparkctl.model.netplanfile import NetplanFile
 from sparkctl.model.profiles import Resolved
 from sparkctl.model.resources import Roots
+from sparkctl.model.wheels import PROMETHEUS_CLIENT
 from sparkctl.ops.executor import Progress, TransportBackend, _raise_failure, run_plan
 from sparkctl.ops.lock import ClusterLock
-from sparkctl.plan import fabricplan
+from sparkctl.ops.wheelhouse import default_cache, fetch_wheel
+from sparkctl.plan import exporterplan, fabricplan
 from sparkctl.plan.render import render
 from sparkctl.plan.steps import Plan
 from sparkctl.transport import Transport
@@ -53,15 +55,23 @@ def read_netplan(inv: Inventory, transport: Transport) -> dict[str, tuple[Netpla
     return out
 
 
+def exporters_of(inv: Inventory, roots: Roots) -> exporterplan.ExporterFiles:
+    """Every node's exporter files, with the probe of the facts the exporter reads at each scrape."""
+    return exporterplan.render_exporters(inv, roots, {n.name: fact_script(n) for n in inv.nodes})
+
+
 def plan_apply(inv: Inventory, roots: Roots, res: Resolved | None = None,
                secrets: dict[str, str] | None = None,
-               netplan: dict[str, tuple[NetplanFile, ...]] | None = None) -> tuple[Plan, fabricplan.FabricFiles]:
+               netplan: dict[str, tuple[NetplanFile, ...]] | None = None,
+               ) -> tuple[Plan, fabricplan.FabricFiles]:
     """The plan and the files of ``fabric apply`` for the nodes' netplan files as read
     (:func:`read_netplan`; None: as if no node had a foreign one)."""
     rendering = render(res, inv, roots, secrets or {}) if res is not None else None
     files = fabricplan.render_fabric(inv, roots, rendering)
+    exporters = exporters_of(inv, roots)
     return (fabricplan.plan_fabric_apply(inv, files, res.name if res is not None else None,
-                                         res.profile.laws if res is not None else None, netplan), files)
+                                         res.profile.laws if res is not None else None, netplan, exporters),
+            files)
 
 
 def _run(plan: Plan, inv: Inventory, transport: Transport, progress: Progress | None,
@@ -84,7 +94,10 @@ def _run(plan: Plan, inv: Inventory, transport: Transport, progress: Progress | 
 def apply(inv: Inventory, transport: Transport, roots: Roots, res: Resolved | None = None, *,
           secrets: dict[str, str] | None = None, progress: Progress | None = None) -> FabricResult:
     plan, files = plan_apply(inv, roots, res, secrets, read_netplan(inv, transport))
-    return _run(plan, inv, transport, progress, files.blobs())
+    exporters = exporters_of(inv, roots)  # the same bytes the plan names (reproducible)
+    # the pinned wheel, fetched here (the nodes may have no internet) and checked against its pin
+    wheel = fetch_wheel(PROMETHEUS_CLIENT, default_cache()).read_bytes()
+    return _run(plan, inv, transport, progress, {**files.blobs(), **exporters.blobs(), PROMETHEUS_CLIENT.sha256: wheel})
 
 
 def restore(inv: Inventory, transport: Transport, *, progress: Progress | None = None) -> FabricResult:

@@ -26,6 +26,7 @@ from sparkctl.errors import LifecycleError, LockHeld, LockUnavailable, Ref
 from sparkctl.model.inventory import Inventory
 from sparkctl.model.paths import (
     DEFAULT_STACK,
+    LAWS_VERDICTS,
     LOCK_DIR,
     LOCKS_DIR,
     RECORD,
@@ -136,6 +137,25 @@ def read_record(inv: Inventory, transport: Transport, stack: str = DEFAULT_STACK
         data = read_json(local_record_path(inv, stack))
         rec = _parse_one(json.dumps(data), stack) if isinstance(data, dict) else None
     return rec
+
+
+def write_verdicts(inv: Inventory, transport: Transport, profile: str, at: str, verdicts: list[dict[str, Any]]) -> None:
+    """The last verdict of every law, on the head (what `status` and the head's exporter show)."""
+    head = head_node(inv)
+    data = json.dumps({"profile": profile, "at": at, "verdicts": verdicts}, indent=1, sort_keys=True).encode() + b"\n"
+    r = transport.put(head, node_path(inv, head, LAWS_VERDICTS), data, 0o644, sudo=node_sudo(inv, head))
+    if not r.ok:
+        raise LifecycleError(f"cannot write {LAWS_VERDICTS} on {head}: {r.error or r.stderr.strip()}", Ref(node=head))
+
+
+def read_verdicts(inv: Inventory, transport: Transport) -> dict[str, Any] | None:
+    head = head_node(inv)
+    r = transport.run(head, f"cat {shlex.quote(node_path(inv, head, LAWS_VERDICTS))} 2>/dev/null || true")
+    try:
+        data = json.loads(r.stdout) if r.ok and r.stdout.strip() else None
+    except ValueError:
+        return None
+    return data if isinstance(data, dict) else None
 
 
 def write_record(inv: Inventory, transport: Transport, rec: RunRecord) -> None:

@@ -33,6 +33,7 @@ from sparkctl.model.paths import (
     DETACHED,
     ENGINE_LOG,
     ENV_FILE,
+    LAWS_VERDICTS,
     UNIT,
     record_path,
     under,
@@ -374,8 +375,9 @@ def plan_up(res: Resolved, inv: Inventory, rendering: Rendering, facts: UpFacts,
     steps: list[Step] = []
     if not skip_check:
         steps.append(Step("check", "check", "check", lay.nodes, "probe every node in parallel and judge the laws "
-                          "(a failure stops here)", params={"profile": res.name, "waivers": waivers,
-                                                            "ignore": ["served_model", "clock_cap", "page_cache"]}))
+                          f"(a failure stops here); keep the verdicts in {LAWS_VERDICTS} on the head",
+                          params={"profile": res.name, "waivers": waivers,
+                                  "ignore": ["served_model", "clock_cap", "page_cache"]}))
     if p.laws.clock_cap_mhz is not None:
         cmds = {n: " && ".join(clocklock.lock_commands(p.laws.clock_cap_mhz, inv.node(n).prefix,
                                                         inv.node(n).proc_root)) for n in lay.nodes}
