@@ -45,18 +45,7 @@ def start_local(engine: str, name: str, log: Path, speedup: float, ctx: int = 10
     with log.open("w") as fh:
         proc = subprocess.Popen([sys.executable, "-m", "sparkctl_sim.engine", engine, *args], env=env,
                                 stdout=fh, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            if httpx.get(url + "/v1/models", timeout=1).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            stop(proc)
-            raise RuntimeError(f"{engine} did not start: {log.read_text()[-2000:]}")
-        time.sleep(0.1)
+    return _when_ready(proc, f"http://127.0.0.1:{port}", "/v1/models", engine, log, timeout_s)
 
 
 def start_llama_server(args: list[str], log: Path, speedup: float, timeout_s: float = 30.0
@@ -71,17 +60,22 @@ def start_llama_server(args: list[str], log: Path, speedup: float, timeout_s: fl
     with log.open("w") as fh:
         proc = subprocess.Popen([sys.executable, "-m", "sparkctl_sim.engines.llamaserver", *argv], env=env,
                                 stdout=fh, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
+    return _when_ready(proc, f"http://127.0.0.1:{port}", "/health", "llama-server", log, timeout_s)
+
+
+def _when_ready(proc: subprocess.Popen[bytes], url: str, path: str, name: str, log: Path, timeout_s: float
+                ) -> tuple[subprocess.Popen[bytes], str]:
+    """(process, URL) once ``url + path`` answers 200; the process stopped and its log's tail raised otherwise."""
     deadline = time.monotonic() + timeout_s
     while True:
         try:
-            if httpx.get(url + "/health", timeout=1).status_code == 200:
+            if httpx.get(url + path, timeout=1).status_code == 200:
                 return proc, url
         except httpx.HTTPError:
             pass
         if proc.poll() is not None or time.monotonic() > deadline:
             stop(proc)
-            raise RuntimeError(f"llama-server did not start: {log.read_text()[-2000:]}")
+            raise RuntimeError(f"{name} did not start: {log.read_text()[-2000:]}")
         time.sleep(0.1)
 
 
