@@ -164,7 +164,8 @@ def _operations(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *, fail_start: 
     calls += t.calls
     files.update(t.files)
     record = files[("spark-a", str(tmp_path / "nodes/a/var/lib/sparkctl/record.json"))][0].decode()
-    for op in (lambda t: run_check(res, inv, t, fix=True, bandwidth_s=0, progress=said.append),  # noqa: B023
+    for op in (lambda t: run_check(res, inv, t, fix=True, bandwidth_s=0, progress=said.append,  # noqa: B023
+                                   fix_runner=executor.plan_runner(inv, t, said.append)),
                lambda t: said.append(json.dumps(cluster_status(inv, t))),  # noqa: B023
                lambda t: executor.down(inv, t, reset_clocks=True, progress=progress),
                lambda t: supervise.switch_supervised(res, inv, t, roots, secrets=SECRETS, skip_check=True,
@@ -254,7 +255,7 @@ def test_the_put_writes_the_secret_file_0600_even_with_umask_000(tmp_path: Path)
         with LocalTransport(nodes=inv.names, sudo=False) as t:
             files = {"spark-a": [f.to_dict() for f in (FileRef(x.path, x.mode, x.sha256)
                                                          for x in rendering.files["spark-a"].values())]}
-            res = executor.TransportBackend(inv, t, lambda *a: None, rendering).put_all(files)
+            res = executor.TransportBackend(inv, t, lambda *a: None, rendering).put_all(files, {"spark-a": False})
             assert all(r["ok"] for r in res.values()), res
     finally:
         os.umask(old)
@@ -326,7 +327,7 @@ SUDO_KINDS = {
     "start": r"systemctl start sparkctl-engine|sh .*run-detached\.sh' start",
     "authorize-supervisor": r"f=.*/etc/sparkctl/authorized_keys.*",
     "start-supervisor": r"mkdir -p .*/var/log/sparkctl && : > .*supervisor\.jsonl.*",
-    "drop-caches": r"sync|echo 3 > .*drop_caches|set -- \$\(awk .*meminfo.*drop_caches.*",  # /proc/sys is root's
+    "drop-caches": r"sync( && echo 3 > .*drop_caches)?|echo 3 > .*drop_caches|set -- \$\(awk .*meminfo.*drop_caches.*",  # /proc/sys is root's
     "watchdog": r"set -e\n\[ \"\$\(dpkg-query .*earlyoom.*",  # /etc/default, systemctl enable/restart
     "weights-agent-job": r"python3 -S .*weights_agent\.py (fetch|manifest|serve|pull|stop) .*",
 }

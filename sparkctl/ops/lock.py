@@ -1,7 +1,9 @@
 """The cluster lock and the run record on the head: the two things every operation shares.
 
-The lock is one ``mkdir`` on the head (the inventory's first node); the record is
-written there atomically and cached on the operator's side.
+The lock is one ``mkdir`` on the head (the inventory's first node), taken and
+released by plan steps (:mod:`sparkctl.plan.lockplan`; :func:`take` runs the
+``lock`` step); the record is written there by the plans' ``record`` steps,
+atomically, and cached on the operator's side.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import getpass
 import json
 import os
+import secrets
 import shlex
 import socket
 from collections.abc import Mapping
@@ -21,6 +24,7 @@ from sparkctl.model.inventory import Inventory
 from sparkctl.model.paths import LOCK_DIR, RECORD, under
 from sparkctl.model.record import RunRecord
 from sparkctl.ops.localstate import cluster_dir, read_json, write_json
+from sparkctl.plan import lockplan
 from sparkctl.transport.ssh import Transport
 
 def now_iso() -> str:
@@ -56,73 +60,36 @@ def read_record(inv: Inventory, transport: Transport) -> RunRecord | None:
     return RunRecord.from_dict(data) if data else None
 
 
-def write_record(inv: Inventory, transport: Transport, rec: RunRecord) -> None:
-    """Atomic on the head (temp + rename by the transport) and in the local cache."""
-    head = head_node(inv)
-    data = json.dumps(rec.to_dict(), indent=2, sort_keys=True).encode() + b"\n"
-    write_json(cluster_dir(inv) / "record.json", rec.to_dict())
-    r = transport.put(head, node_path(inv, head, RECORD), data, 0o644, sudo=node_sudo(inv, head))
-    if not r.ok:
-        raise LifecycleError(f"cannot write the run record on {head}: {r.error or r.stderr.strip()}", Ref(node=head),
-                             hint="the local cache has it; check the disk on the head node")
-
-
 # --------------------------------------------------------------------------- the lock
 
 
-# The lock: one mkdir, then the holder file. A lock dir is only ever left
-# without a holder by a process killed between the two; a failed write of the
-# holder (a full disk) removes the dir again, so a full disk never leaves a lock.
-_ACQUIRE_SCRIPT = """\
-d={d}
-mkdir -p {parent} || exit 3
-if err=$(mkdir "$d" 2>&1); then
-  if out=$( {{ printf '%s\\n' {info} > "$d/holder"; }} 2>&1 ); then echo acquired; exit 0; fi
-  rm -rf "$d"; echo "cannot write $d/holder: ${{out:-write error}}" >&2; exit 3
-elif [ -d "$d" ]; then
-  echo held; cat "$d/holder" 2>/dev/null; exit 0
-fi
-echo "$err" >&2; exit 3
-"""
-
-# Whether a holder on the head (the supervisor of `switch --supervise`) still runs.
-_HEAD_HOLDER_ALIVE = ("p={pid}; if [ -d /proc/$p ] && tr '\\000' ' ' < /proc/$p/cmdline 2>/dev/null | "
-                      "grep -qE 'supervisor|planrun'; then echo alive; else echo gone; fi")
+def holder_info(operation: str, token: str | None = None) -> dict[str, Any]:
+    """This process as a lock holder: who, since when, doing what, and the run's token."""
+    pid = os.getpid()
+    since = now_iso()
+    return {"holder": f"{getpass.getuser()}@{socket.gethostname()} pid {pid}", "since": since,
+            "operation": operation, "host": socket.gethostname(), "pid": pid,
+            "run": token or f"{socket.gethostname()}:{pid}:{secrets.token_hex(6)}"}
 
 
-@dataclass
-class ClusterLock:
-    """mkdir-based lock on the head node; the holder's user@host, pid and time inside.
+def take(inv: Inventory, transport: Transport, step: Mapping[str, Any]) -> str:
+    """Run the plan's ``lock`` step (:func:`sparkctl.plan.lockplan.lock_step`): only its listed commands.
 
-    A lock whose holder is provably gone is broken by the next acquirer: a
-    holder on this machine whose pid is dead, or a switch supervisor on the head
-    (its ``host`` is the head's node name) whose pid no longer runs the
-    supervisor. A holder on another workstation cannot be checked from here.
+    A lock whose holder is provably gone is broken once: a holder on this machine
+    whose pid is dead, or a switch supervisor on the head (its ``host`` is the
+    head's node name) whose pid no longer runs the supervisor. A holder on
+    another workstation cannot be checked from here.
     """
-
-    inv: Inventory
-    transport: Transport
-    operation: str
-    holder: str = field(default_factory=lambda: f"{getpass.getuser()}@{socket.gethostname()} pid {os.getpid()}")
-
-    def _dir(self) -> str:
-        head = head_node(self.inv)
-        return node_path(self.inv, head, LOCK_DIR)
-
-    held: bool = False
-
-    def acquire(self, break_stale: bool = True) -> None:
-        head = head_node(self.inv)
-        d = self._dir()
-        info = json.dumps({"holder": self.holder, "since": now_iso(), "operation": self.operation,
-                           "host": socket.gethostname(), "pid": os.getpid()})
-        cmd = _ACQUIRE_SCRIPT.format(d=shlex.quote(d), parent=shlex.quote(d.rsplit("/", 1)[0] or "/"),
-                                     info=shlex.quote(info))
-        r = self.transport.run(head, cmd, sudo=node_sudo(self.inv, head))
+    head = step["nodes"][0]
+    sudo = bool(step.get("sudo", {}).get(head))
+    p = step["params"]
+    d = lockplan.lock_dir(inv)
+    for attempt in (1, 2):
+        r = transport.run(head, step["commands"][head], sudo=sudo, timeout_s=step.get("timeout_s"),
+                          stdin=p["stdin"][head])
         lines = r.stdout.strip().splitlines()
         if r.ok and lines[:1] == ["acquired"]:
-            self.held = True
-            return
+            return "acquired"
         if not r.ok or lines[:1] != ["held"]:
             raise (LockUnavailable if r.ok is False and not r.error else LifecycleError)(
                 f"cannot take the cluster lock on {head}: {r.error or r.stderr.strip() or f'exit {r.exit_code}'}",
@@ -132,37 +99,54 @@ class ClusterLock:
             other = json.loads(raw)
         except ValueError:
             other = {"holder": "unknown (no holder file)", "since": "unknown"}
-        if break_stale and raw and self._holder_gone(other):
-            q = shlex.quote
-            # Break only the lock we judged: the same holder line, renamed away in one step.
-            self.transport.run(head, f"d={q(d)}; grep -qxF {q(raw)} \"$d/holder\" 2>/dev/null && "
-                                     f"mv \"$d\" \"$d.stale.$$\" && rm -rf \"$d.stale.$$\"; true",
-                               sudo=node_sudo(self.inv, head))
-            return self.acquire(break_stale=False)
+        if attempt == 1 and raw and _holder_gone(transport, head, sudo, p, other):
+            transport.run(head, p["break_stale"][head], sudo=sudo, stdin=raw)
+            continue
         raise LockHeld(
             f"the cluster is locked by {other.get('holder')} since {other.get('since')} "
             f"({other.get('operation', '?')})", Ref(node=head),
             hint="wait for it to finish; if that process is gone, `sparkctl unlock` removes the lock",
         )
+    raise AssertionError("unreachable")
 
-    def _holder_gone(self, other: Mapping[str, Any]) -> bool:
-        pid = other.get("pid")
-        if not isinstance(pid, int) or pid <= 0:
-            return False
-        if other.get("host") == socket.gethostname():
-            return not _pid_alive(pid)
-        head = head_node(self.inv)
-        if other.get("host") == head:  # the supervisor writes the head's node name as its host
-            r = self.transport.run(head, _HEAD_HOLDER_ALIVE.format(pid=int(pid)))
-            return r.ok and r.stdout.strip() == "gone"
+
+def _holder_gone(transport: Transport, head: str, sudo: bool, params: Mapping[str, Any],
+                 other: Mapping[str, Any]) -> bool:
+    pid = other.get("pid")
+    if not isinstance(pid, int) or pid <= 0:
         return False
+    if other.get("host") == socket.gethostname():
+        return not _pid_alive(pid)
+    if other.get("host") == head:  # the supervisor writes the head's node name as its host
+        r = transport.run(head, params["holder_alive"][head], sudo=sudo)
+        return r.ok and r.stdout.strip() == "gone"
+    return False
+
+
+@dataclass
+class ClusterLock:
+    """The lock steps of :mod:`sparkctl.plan.lockplan`, run around an operation whose plan does
+    not carry them itself (image sync)."""
+
+    inv: Inventory
+    transport: Transport
+    operation: str
+    held: bool = False
+    info: dict[str, Any] = field(default_factory=dict)
+
+    def acquire(self) -> None:
+        self.info = holder_info(self.operation)
+        take(self.inv, self.transport, lockplan.lock_step(self.inv, self.info).to_dict())
+        self.held = True
 
     def release(self) -> None:
-        head = head_node(self.inv)
-        d = shlex.quote(self._dir())
-        holder = shlex.quote(self.holder)
-        self.transport.run(head, f"grep -qF {holder} {d}/holder 2>/dev/null && rm -rf {d}; true",
-                           sudo=node_sudo(self.inv, head))
+        if not self.held:
+            return
+        step = lockplan.unlock_step(self.inv, str(self.info["run"]))
+        head = step.nodes[0]
+        self.transport.run(head, step.commands[head], sudo=bool(step.sudo.get(head)),
+                           stdin=step.params["stdin"][head])
+        self.held = False
 
     def __enter__(self) -> "ClusterLock":
         self.acquire()

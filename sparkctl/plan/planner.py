@@ -141,15 +141,20 @@ def _fan(inv: Inventory, cmds: Mapping[str, str]) -> dict[str, bool]:
     return {n: inv.node(n).sudo for n in cmds}
 
 
-def _record_step(prefix: str, sid: str, phase: str, head: str, rec: RunRecord, summary: str, *,
+def record_step(inv: Inventory, sid: str, phase: str, head: str, rec: RunRecord, summary: str, *,
                  on_fail: str = "abort", note_from_failure: bool = False, state_if_left: str | None = None) -> Step:
-    params: dict[str, object] = {"record": rec.to_dict(), "path": under(prefix, RECORD)}
+    """Write ``rec`` on the head (atomically, with the inventory's sudo there); when that write fails
+    and the record claims nothing serves, ``rm -f`` it: no record also says nothing serves."""
+    path = under(inv.node(head).prefix, RECORD)
+    params: dict[str, object] = {"record": rec.to_dict(), "path": path}
+    if rec.state != "serving":
+        params["remove_on_failure"] = {head: f"rm -f {shlex.quote(path)}"}
     if note_from_failure:
         params["note_from_failure"] = True
     if state_if_left:
         params["state_if_left"] = state_if_left
     return Step(sid, phase, "record", (head,), summary, changes=f"the run record on {head}: {rec.state}",
-                params=params, on_fail=on_fail)
+                sudo={head: inv.node(head).sudo}, params=params, on_fail=on_fail)
 
 
 def _stop_step(inv: Inventory, sid: str, phase: str, nodes: Sequence[str], ports: Sequence[int], timeout_s: int,
@@ -170,7 +175,8 @@ def _bring_up(res: Resolved, inv: Inventory, rendering: Rendering, restart: Sequ
     count = sum(len(v) for v in files.values())
     steps.append(Step(f"{prefix}push", "push", "put", tuple(restart),
                       f"write {count} files atomically (temp name, then rename)",
-                      changes=f"{res.name}'s rendered files", files=files, on_fail=on_fail))
+                      changes=f"{res.name}'s rendered files", files=files, sudo=_fan(inv, files),
+                      on_fail=on_fail))
     logs = {n: rotate_log_command(inv, n) for n in restart}
     steps.append(Step(f"{prefix}logs", "push", "run", tuple(restart), "keep the last engine log as engine.log.1",
                       changes="engine.log moved aside", commands=logs, sudo=_fan(inv, logs), on_fail="continue"))
@@ -317,7 +323,10 @@ def _changed(res: Resolved, rendering: Rendering, facts: UpFacts) -> list[str]:
 
 def plan_up(res: Resolved, inv: Inventory, rendering: Rendering, facts: UpFacts, *, sets: Sequence[str] = (),
             waivers: Mapping[str, str] | None = None, started_at: str = "", skip_check: bool = False,
-            op: str = "up", failure_branch: str = "stop") -> Plan:
+            op: str = "up", failure_branch: str = "stop",
+            probes: tuple[Mapping[str, str], Mapping[str, str]] = ({}, {})) -> Plan:
+    """``probes``: the check's scripts (node -> the batched probe script, node -> the fabric probe
+    script; ``sparkctl.ops.check`` builds them): the check step lists them and runs only them."""
     p = res.profile
     lay = rendering.layout
     waivers = dict(waivers or {})
@@ -339,8 +348,10 @@ def plan_up(res: Resolved, inv: Inventory, rendering: Rendering, facts: UpFacts,
     steps: list[Step] = []
     if not skip_check:
         steps.append(Step("check", "check", "check", lay.nodes, "probe every node in parallel and judge the laws "
-                          "(a failure stops here)", params={"profile": res.name, "waivers": waivers,
-                                                            "ignore": ["served_model", "clock_cap", "page_cache"]}))
+                          "(a failure stops here)", commands=dict(probes[0]), sudo={n: False for n in probes[0]},
+                          params={"profile": res.name, "sets": list(sets), "waivers": waivers,
+                                  "ignore": ["served_model", "clock_cap", "page_cache"],
+                                  **({"fabric_probe": dict(probes[1])} if probes[1] else {})}))
     if p.laws.clock_cap_mhz is not None:
         cmds = {n: " && ".join(clocklock.lock_commands(p.laws.clock_cap_mhz, inv.node(n).prefix,
                                                         inv.node(n).proc_root)) for n in lay.nodes}
@@ -351,7 +362,7 @@ def plan_up(res: Resolved, inv: Inventory, rendering: Rendering, facts: UpFacts,
                           listen=head_listen(res, rendering, inv))
     # The record changes before the cluster does: if the head cannot take it (a full
     # disk), nothing has been touched yet and the previous record still tells the truth.
-    steps.append(_record_step(inv.node(head).prefix, "record-start", "record-start", head, starting, "record that this run starts"))
+    steps.append(record_step(inv, "record-start", "record-start", head, starting, "record that this run starts"))
     steps.append(_stop_step(inv, "stop-stale", "stop-stale", stale, ports, p.serve.stop_timeout_s,
                             "stop every sparkctl engine still running (a new rank must never join an old head's "
                             "rendezvous)", failure_branch))
@@ -360,7 +371,7 @@ def plan_up(res: Resolved, inv: Inventory, rendering: Rendering, facts: UpFacts,
     steps.extend(_bring_up(res, inv, rendering, restart, "", failure_branch))
     steps.extend(_persist_step(res, inv, restart, "", failure_branch))
     serving = replace(starting, state="serving", note="")
-    steps.append(_record_step(inv.node(head).prefix, "record", "record", head, serving, f"record {res.name} serving",
+    steps.append(record_step(inv, "record", "record", head, serving, f"record {res.name} serving",
                               on_fail=failure_branch))
     failed = replace(starting, state="failed")
     stop_nodes = list(dict.fromkeys([*lay.nodes, *stale]))
@@ -369,7 +380,7 @@ def plan_up(res: Resolved, inv: Inventory, rendering: Rendering, facts: UpFacts,
         *([_disable_step(inv, "disable-started", "rollback", persisted)] if persisted else []),
         _stop_step(inv, "stop-started", "rollback", stop_nodes, ports, p.serve.stop_timeout_s,
                    "stop what this run started", "continue"),
-        _record_step(inv.node(head).prefix, "record-failed", "rollback", head, failed, "record that nothing serves",
+        record_step(inv, "record-failed", "rollback", head, failed, "record that nothing serves",
                      on_fail="continue", note_from_failure=True),
     )
     return Plan(op, res.name, tuple(steps), {"stop": stop_branch}, reads=reads,
@@ -388,7 +399,7 @@ def plan_down(inv: Inventory, record: RunRecord | None, *, reset_clocks: bool = 
     steps: list[Step] = []
     if record and record.state not in ("stopped", "failed"):
         # Before anything stops: an interrupted or half-done down never leaves "serving" behind.
-        steps.append(_record_step(inv.node(head).prefix, "record-stopping", "stop", head, record.with_state("stopping", started_at,
+        steps.append(record_step(inv, "record-stopping", "stop", head, record.with_state("stopping", started_at,
                                                                                      "down in progress"),
                                   "record that the stack is stopping", on_fail="continue"))
     # Disabled before the stop: a reboot in between must not bring the stack back.
@@ -396,7 +407,7 @@ def plan_down(inv: Inventory, record: RunRecord | None, *, reset_clocks: bool = 
     steps.append(_stop_step(inv, "stop", "stop", nodes, ports, timeout_s, "stop every sparkctl engine and verify: "
                             "no engine process, ports closed", "continue"))
     if record and record.state != "stopped":
-        steps.append(_record_step(inv.node(head).prefix, "record", "record", head, record.with_state("stopped", started_at, "down"),
+        steps.append(record_step(inv, "record", "record", head, record.with_state("stopped", started_at, "down"),
                                   "record that nothing runs", on_fail="continue", state_if_left="failed"))
     cmds = {n: meminfo_command(inv, n) for n in nodes}
     steps.append(Step("leaks", "verify", "leaks", tuple(nodes), "read /proc/meminfo: memory not given back with no "
@@ -410,14 +421,18 @@ def plan_down(inv: Inventory, record: RunRecord | None, *, reset_clocks: bool = 
 
 def plan_switch(res: Resolved, inv: Inventory, rendering: Rendering, facts: UpFacts, *, sets: Sequence[str] = (),
                 waivers: Mapping[str, str] | None = None, started_at: str = "", skip_check: bool = False,
-                previous: tuple[Resolved, Rendering] | None = None, op: str = "switch") -> Plan:
-    """``up`` of the new profile whose failure, once the old stack is stopped, brings the old one back."""
+                previous: tuple[Resolved, Rendering] | None = None, op: str = "switch",
+                rollback_note: str = "rolled back",
+                probes: tuple[Mapping[str, str], Mapping[str, str]] = ({}, {})) -> Plan:
+    """``up`` of the new profile whose failure, once the old stack is stopped, brings the old one back.
+
+    ``rollback_note``: the note of the record the way back writes (a supervised switch says who rolled back)."""
     prev = facts.record
     if previous is None or prev is None or prev.state != "serving" or prev.profile == res.name:
-        return replace(plan_up(res, inv, rendering, facts, sets=sets, waivers=waivers, started_at=started_at,
-                               skip_check=skip_check, op=op))
+        return plan_up(res, inv, rendering, facts, sets=sets, waivers=waivers, started_at=started_at,
+                       skip_check=skip_check, op=op, probes=probes)
     base = plan_up(res, inv, rendering, facts, sets=sets, waivers=waivers, started_at=started_at,
-                   skip_check=skip_check, op=op, failure_branch="rollback")
+                   skip_check=skip_check, op=op, failure_branch="rollback", probes=probes)
     prev_res, prev_rendering = previous
     head = inv.nodes[0].name
     ports = sorted({res.profile.serve.port, res.profile.serve.master_port, prev.port})
@@ -425,8 +440,8 @@ def plan_switch(res: Resolved, inv: Inventory, rendering: Rendering, facts: UpFa
                        f"stop what {res.name} started", "stop")]
     back += [replace(s, phase="rollback", on_fail="continue" if s.on_fail == "continue" else "stop")
              for s in _bring_up(prev_res, inv, prev_rendering, list(prev_rendering.layout.nodes), "rollback-", "stop")]
-    restored = replace(prev, state="serving", updated_at=started_at, note="rolled back")
-    back.append(_record_step(inv.node(head).prefix, "rollback-record", "rollback", head, restored,
+    restored = replace(prev, state="serving", updated_at=started_at, note=rollback_note)
+    back.append(record_step(inv, "rollback-record", "rollback", head, restored,
                              f"record {prev_res.name} serving again", on_fail="stop"))
     return replace(base, branches={"rollback": tuple(back), **base.branches},
                    reads=(*base.reads, f"{prev.profile}'s profile and files (the way back)"))
