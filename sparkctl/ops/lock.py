@@ -15,7 +15,6 @@ import secrets
 import shlex
 import socket
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
@@ -121,39 +120,6 @@ def _holder_gone(transport: Transport, head: str, sudo: bool, params: Mapping[st
         r = transport.run(head, params["holder_alive"][head], sudo=sudo)
         return r.ok and r.stdout.strip() == "gone"
     return False
-
-
-@dataclass
-class ClusterLock:
-    """The lock steps of :mod:`sparkctl.plan.lockplan`, run around an operation whose plan does
-    not carry them itself (image sync)."""
-
-    inv: Inventory
-    transport: Transport
-    operation: str
-    held: bool = False
-    info: dict[str, Any] = field(default_factory=dict)
-
-    def acquire(self) -> None:
-        self.info = holder_info(self.operation)
-        take(self.inv, self.transport, lockplan.lock_step(self.inv, self.info).to_dict())
-        self.held = True
-
-    def release(self) -> None:
-        if not self.held:
-            return
-        step = lockplan.unlock_step(self.inv, str(self.info["run"]))
-        head = step.nodes[0]
-        self.transport.run(head, step.commands[head], sudo=bool(step.sudo.get(head)),
-                           stdin=step.params["stdin"][head])
-        self.held = False
-
-    def __enter__(self) -> "ClusterLock":
-        self.acquire()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.release()
 
 
 def _pid_alive(pid: Any) -> bool:
