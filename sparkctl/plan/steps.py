@@ -101,7 +101,8 @@ class Plan:
 
     @property
     def noop(self) -> bool:
-        return not self.steps
+        """Nothing to do but, at most, take and release the lock."""
+        return all(s.kind == "lock" for s in self.steps)
 
     def all_steps(self) -> list[Step]:
         return [*self.steps, *(s for b in self.branches.values() for s in b)]
