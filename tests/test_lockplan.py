@@ -77,3 +77,20 @@ def test_the_lock_scripts_and_the_launch_pass_shellcheck(tmp_path: Path) -> None
         f.write_text("#!/bin/sh\n" + text + "\n")
         r = subprocess.run(["shellcheck", "-s", "sh", "-e", "SC2016", str(f)], capture_output=True, text=True)
         assert r.returncode == 0, (name, r.stdout)
+
+
+def test_nodes_with_and_without_sudo_in_one_step_are_one_fan_out(tmp_path: Path) -> None:
+    inv = _inv(tmp_path)
+    with LocalTransport(nodes=inv.names, sudo=False) as t:
+        fan_outs: list[Any] = []
+        real = t.run_all
+
+        def run_all(commands: Any, **kw: Any) -> Any:
+            fan_outs.append((dict(commands), kw.get("sudo")))
+            return real(commands, **kw)
+
+        t.run_all = run_all  # type: ignore[method-assign]
+        res = executor.TransportBackend(inv, t, lambda *_: None).run_all(
+            {"spark-a": "echo a", "spark-b": "echo b"}, {"spark-a": True, "spark-b": False}, 10)
+    assert [r["stdout"].strip() for r in res.values()] == ["a", "b"]
+    assert fan_outs == [({"spark-a": "echo a", "spark-b": "echo b"}, {"spark-a": True, "spark-b": False})]
