@@ -22,7 +22,7 @@ from sparkctl.errors import LifecycleError, LockHeld, LockUnavailable, Ref
 from sparkctl.model.inventory import Inventory
 from sparkctl.model.paths import LOCK_DIR, RECORD, under
 from sparkctl.model.record import RunRecord
-from sparkctl.ops.localstate import cluster_dir, read_json, write_json
+from sparkctl.ops.localstate import cluster_dir, read_json
 from sparkctl.plan import lockplan
 from sparkctl.transport.ssh import Transport
 

@@ -56,7 +56,7 @@ from sparkctl.model.paths import (
     SUPERVISOR_KNOWN_HOSTS,
 )
 from sparkctl.ops.localstate import cluster_dir, write_json
-from sparkctl.ops.lock import node_path, node_sudo
+from sparkctl.ops.lock import node_path
 from sparkctl.plan.imageplan import key_comment
 from sparkctl.transport.ssh import Transport
 

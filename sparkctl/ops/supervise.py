@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 from importlib import resources
 from typing import Any
 
-from sparkctl.errors import LifecycleError, Ref, SparkctlError
+from sparkctl.errors import LifecycleError, Ref
 from sparkctl.model.inventory import Inventory
 from sparkctl.model.paths import SUPERVISOR_EVENTS, SUPERVISOR_LOG, SUPERVISOR_PID
 from sparkctl.model.profiles import Resolved
