@@ -17,13 +17,22 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from sparkctl.model import wheels
 from sparkctl.plan.planner import ALIVE_COMMAND
 from sparkctl.plan.steps import Plan, calls
 
 # Read-only fact gathering, run outside any plan (it changes nothing). Each: (why, pattern, with sudo?).
 READ_ONLY: tuple[tuple[str, re.Pattern[str], bool], ...] = (
-    ("the run record on the head, read before planning (ops.lock.read_record) and after a run for its result",
-     re.compile(r"cat '?/var/lib/sparkctl/record\.json'? 2>/dev/null \|\| true"), False),
+    ("a stack's run record on the state node, read before planning (ops.lock.read_record) and after a run for "
+     "its result (the default stack's record.json, another stack's stacks/NAME.json)",
+     re.compile(r"cat '?/var/lib/sparkctl/(record|stacks/[A-Za-z0-9_.-]+)\.json'? 2>/dev/null \|\| true"), False),
+    ("every stack's record on the state node in one round trip, read before locking (ops.executor.lock_scope, "
+     "down_scope) and again under the lock to plan (ops.lock.read_records_command)",
+     re.compile(r"for f in '?/var/lib/sparkctl/record\.json'? '?/var/lib/sparkctl/stacks'?/\*\.json; do .*", re.S),
+     False),
+    ("serve.gateway: what its node holds (platform, free disk, installed wheels, the unit's state, the hashes of "
+     "its files), read as root before planning: its env file is 0600 root (ops.executor.gather_gateway)",
+     re.compile(re.escape(wheels.PLATFORM_COMMAND) + r" 2>/dev/null \|\| true\n.*", re.S), True),
     ("which engines run, read before planning `up`/`switch` (ops.executor.gather_up_facts)",
      re.compile(re.escape(ALIVE_COMMAND)), False),
     ("the netplan files, read as root before planning `fabric apply` (ops.fabric.read_netplan; 0600 root files)",

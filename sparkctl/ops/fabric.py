@@ -2,7 +2,7 @@
 
 The plans are pure (:mod:`sparkctl.plan.fabricplan`); this module reads the one
 fact they need (each cabled node's netplan files: :func:`read_netplan`), renders
-what they push, takes the cluster lock (the plans' first step), runs them with the one interpreter
+what they push, locks every node (the plans' first step), runs them with the one interpreter
 (:func:`sparkctl.ops.executor.run_plan`) and maps a failed step to an error
 naming its phase.
 """
@@ -53,7 +53,7 @@ def plan_apply(inv: Inventory, roots: Roots, res: Resolved | None = None,
                holder: Mapping[str, Any] | None = None) -> tuple[Plan, fabricplan.FabricFiles]:
     """The plan and the files of ``fabric apply`` for the nodes' netplan files as read
     (:func:`read_netplan`; None: as if no node had a foreign one); with ``holder``, between
-    taking the cluster lock and releasing it."""
+    locking every node and releasing them."""
     rendering = render(res, inv, roots, secrets or {}) if res is not None else None
     files = fabricplan.render_fabric(inv, roots, rendering)
     plan = fabricplan.plan_fabric_apply(inv, files, res.name if res is not None else None,

@@ -11,7 +11,7 @@ receivers by the plan's own steps, with image sync's own key from
 command, the gate, and an expiry ``key_hours`` from now that every copy renews;
 the key and known_hosts on the source are put again unless the gather vouched
 for them; then the plan through :func:`sparkctl.ops.executor.run_plan` under the
-cluster lock). ``image revoke`` (:func:`revoke`) takes the key away from every node.
+lock of every node). ``image revoke`` (:func:`revoke`) takes the key away from every node.
 """
 
 from __future__ import annotations

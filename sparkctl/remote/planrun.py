@@ -64,7 +64,7 @@ class Backend(Protocol):
         ...
     def leaks(self, results: Mapping[str, Mapping[str, Any]]) -> dict[str, float]: ...  # node -> GiB held
     def check(self, step: Mapping[str, Any]) -> str: ...  # runs only the step's listed probe scripts
-    def lock(self, step: Mapping[str, Any]) -> str: ...  # the cluster lock; only the step's listed commands
+    def lock(self, step: Mapping[str, Any]) -> str: ...  # the node locks; only the step's listed commands
 
 
 class StepFailed(Exception):

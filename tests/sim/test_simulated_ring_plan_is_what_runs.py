@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 
+from sparkctl.cli.base import secrets_from_env
 from sparkctl.model.inventory import load_inventory
 from sparkctl.model.profiles import resolve
 from sparkctl.model.resources import Roots
@@ -36,6 +37,24 @@ from tests.sim.helpers import WAIVE, WAIVE_REASON
 pytestmark = [pytest.mark.e2e, pytest.mark.needs_root]
 
 OLD, NEW = "ds41f-tp4-ring", "tensorfold-tp4-ring"
+# Two stacks side by side (as tests/sim/test_simulated_ring_two_stacks.py): each locks its own nodes.
+STACKS = {"left": ("topology.nodes=[spark-a, spark-b]", "topology.stack=left"),
+          "right": ("topology.nodes=[spark-c, spark-d]", "topology.stack=right", "model.served_name=dsv41-right")}
+# The real gateway in front of the real llama.cpp engine (as tests/sim/test_simulated_ring_gateway.py).
+GATEWAY = "tiny-gateway"
+GATEWAY_TEXT = """\
+description: the tiny real engine, two replicas behind the gateway (a SIMULATED-ring test)
+extends: tiny-llamacpp
+engine:
+  binary: python3 -m sparkctl_sim.llamacpp_routes.llama_cpp.server
+topology:
+  nodes: [spark-a, spark-b]
+  replicas: 2
+serve:
+  api_key_env: SPARKCTL_GW_TEST_KEY
+  gateway:
+    enabled: true
+"""
 
 
 @pytest.fixture(scope="module")
@@ -53,11 +72,11 @@ def _printed(sim: Any, *args: str) -> dict[str, Any]:
     return json.loads(r.stdout)
 
 
-def _operation(sim: Any, op: str, profile: str | None = None, plant: Callable[[Any], None] | None = None
-               ) -> tuple[list[dict[str, Any]], list[Ran], Any]:
+def _operation(sim: Any, op: str, profile: str | None = None, plant: Callable[[Any], None] | None = None,
+               sets: tuple[str, ...] = (), stack: str | None = None) -> tuple[list[dict[str, Any]], list[Ran], Any]:
     """Run ``op`` here: (every plan it executed, every command its transport ran, its result)."""
     inv = load_inventory(sim.inventory)
-    roots = Roots.make(env={})
+    roots = Roots.make(inventory=str(sim.inventory), env={})  # profiles beside the inventory too, as the CLI
     waivers = {"page_size": Waiver("page_size", WAIVE_REASON)}
     plans: list[dict[str, Any]] = []
     real = planrun.execute
@@ -71,17 +90,18 @@ def _operation(sim: Any, op: str, profile: str | None = None, plant: Callable[[A
         if plant:
             plant(mp)
         rec = Recorder(tr)
-        res = resolve(profile, roots) if profile else None
+        res = resolve(profile, roots, sets) if profile else None
+        secrets = secrets_from_env(res) if res else {}
         if op == "fabric":
             out: Any = fabric.apply(inv, tr, roots)
         elif op == "up":
-            out = executor.up(res, inv, tr, roots, waivers=waivers)
+            out = executor.up(res, inv, tr, roots, sets=sets, waivers=waivers, secrets=secrets)
         elif op == "switch":
             out = executor.switch(res, inv, tr, roots, waivers=waivers)
         elif op == "supervise":
             out = supervise.switch_supervised(res, inv, tr, roots, waivers=waivers, wait=True)
         else:
-            out = executor.down(inv, tr)
+            out = executor.down(inv, tr, stack=stack)
     return plans, rec.log, out
 
 
@@ -168,3 +188,50 @@ def test_simulated_checker_reports_a_planted_command(ring: Any) -> None:
     with pytest.raises(AssertionError, match="ran outside the plan"):
         _strict(plans, log, writes=0)
     assert real_put_all is executor.TransportBackend.put_all
+
+
+def _sets(sets: tuple[str, ...]) -> tuple[str, ...]:
+    return tuple(a for x in sets for a in ("--set", x))
+
+
+def test_simulated_stacks_and_the_gateway_run_only_their_printed_plans(ring: Any,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two stacks (each `up` locks only its own nodes; `down --stack` only that stack's), then
+    the real gateway: its install, start, register and drain steps are the only commands run."""
+    t0 = time.monotonic()
+    for name, sets in STACKS.items():
+        printed = _printed(ring, "up", "tensorfold-tp2", *_sets(sets), *WAIVE)
+        plans, log, out = _operation(ring, "up", "tensorfold-tp2", sets=sets)
+        assert out.action == "started", out
+        _strict(plans, log, writes=4)
+        assert _shape(_main(plans)) == _shape(printed)
+        lock = _main(plans)["steps"][0]
+        assert lock["kind"] == "lock" and lock["params"]["nodes"] == list(sets[0][16:-1].split(", ")), lock
+        assert any(s["params"].get("path", "").endswith(f"stacks/{name}.json")
+                   for s in _main(plans)["steps"] if s["kind"] == "record")
+    printed = _printed(ring, "down", "--stack", "right")
+    plans, log, out = _operation(ring, "down", stack="right")
+    _strict(plans, log, writes=1)
+    assert _shape(_main(plans)) == _shape(printed)
+    assert set(out.stopped) == {"spark-c", "spark-d"} and _main(plans)["steps"][0]["params"]["nodes"] == [
+        "spark-c", "spark-d"]
+    plans, log, _ = _operation(ring, "down")
+    _strict(plans, log, writes=1)
+
+    (ring.inventory.parent / "profiles").mkdir(exist_ok=True)
+    (ring.inventory.parent / "profiles" / f"{GATEWAY}.yaml").write_text(GATEWAY_TEXT)
+    ring.env["SPARKCTL_GW_TEST_KEY"] = "gw-test-key"
+    monkeypatch.setenv("SPARKCTL_GW_TEST_KEY", "gw-test-key")
+    printed = _printed(ring, "up", GATEWAY, *WAIVE)
+    plans, log, out = _operation(ring, "up", GATEWAY)
+    assert out.action == "started", out
+    _strict(plans, log, writes=4)
+    ids = [s["id"] for s in _main(plans)["steps"]]
+    assert {"gateway-wheels", "gateway-install", "gateway-push", "gateway-start", "gateway-register"} <= set(ids), ids
+    assert _shape(_main(plans)) == _shape(printed)
+    printed = _printed(ring, "down")
+    plans, log, _ = _operation(ring, "down")
+    _strict(plans, log, writes=1)
+    assert "gateway-drain" in [s["id"] for s in _main(plans)["steps"]]
+    assert _shape(_main(plans)) == _shape(printed)
+    print(f"two stacks, down --stack, the gateway up and down: {time.monotonic() - t0:.0f} s")
