@@ -5,9 +5,11 @@
 PY ?= python3
 # systemd, netplan.io, shellcheck: the real tools that judge the rendered units, netplan
 # files and scripts (tests/test_real_tools.py; PID 1 is not needed); iptables: the simulated
-# node's Docker firewall rules, in the node's own network namespace.
+# node's Docker firewall rules, in the node's own network namespace. prometheus (with promtool)
+# and chromium: the real scraper and browser that judge the node exporters and the head's
+# status page (tests/sim/test_simulated_ring_observability.py).
 APT_PACKAGES = openssh-server openssh-client iproute2 iputils-ping procps psmisc curl ethtool \
-  systemd netplan.io shellcheck iptables earlyoom prometheus
+  systemd netplan.io shellcheck iptables earlyoom prometheus chromium
 
 .PHONY: setup demo lint test
 

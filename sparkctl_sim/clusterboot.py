@@ -222,9 +222,12 @@ def _install_tools(p: SimPaths, say: Progress) -> None:
     # The node's python3 is this machine's interpreter (it has llama-cpp-python for
     # the tiny real engine); a real Spark has its own.
     # netplan: the real generator, applied with ip; networkctl, nmcli: its backends (sparkctl_sim.netplansim)
+    # (-S: no site; the package's own root on PYTHONPATH instead, as the other shims do)
+    root = shlex.quote(str(Path(__file__).resolve().parents[1]))
     for tool in ("netplan", "networkctl", "nmcli"):
         w = p.bin / tool
-        w.write_text(f"#!/bin/sh\nexec {shlex.quote(sys.executable)} -m sparkctl_sim.clusterinit {tool} \"$@\"\n")
+        w.write_text(f"#!/bin/sh\nPYTHONPATH={root}${{PYTHONPATH:+:$PYTHONPATH}}\nexport PYTHONPATH\n"
+                     f"exec {shlex.quote(sys.executable)} -S -m sparkctl_sim.clusterinit {tool} \"$@\"\n")
         w.chmod(0o755)
     py = p.bin / "python3"
     py.write_text(f"#!/bin/sh\nexec {shlex.quote(sys.executable)} \"$@\"\n")

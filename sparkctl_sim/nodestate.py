@@ -17,10 +17,14 @@ import copy
 import fcntl
 import json
 import os
-import uuid
 from collections.abc import Iterator
-from pathlib import Path
-from typing import Any
+
+# Light on purpose (no pathlib, typing or uuid at run time): the shims without a rendered view
+# import this in a fresh `python3 -S` on every call.
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (mypy reads the name)
+if TYPE_CHECKING:
+    from typing import Any
+
 
 # Real GB10 boxes report MemTotal around 127.6 million kB (docs/reference/spark-facts.md §5.4).
 MEM_TOTAL_KIB = 127_600_816
@@ -45,7 +49,7 @@ def default_state(hostname: str) -> dict[str, Any]:
             "linux-nvidia-hwe-24.04",
             "linux-tools-nvidia-hwe-24.04",
         ],
-        "boot_id": str(uuid.uuid4()),
+        "boot_id": _new_boot_id(),
         "boot_time": None,  # epoch seconds; filled by sim up / power cycle
         "mem_total_kib": MEM_TOTAL_KIB,
         "mem_idle_available_kib": IDLE_MEM_AVAILABLE_KIB,
@@ -87,10 +91,24 @@ def default_state(hostname: str) -> dict[str, Any]:
     }
 
 
+def _new_boot_id() -> str:
+    import uuid
+
+    return str(uuid.uuid4())
+
+
+def _beside(path: str | os.PathLike[str], name: str) -> str:
+    return os.path.join(os.path.dirname(os.fspath(path)), name)
+
+
+def _read(path: str | os.PathLike[str]) -> str:
+    with open(path, encoding="utf-8") as fh:
+        return fh.read()
+
+
 @contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    lock = path.with_suffix(path.suffix + ".lock")
-    with open(lock, "a") as fh:
+def _locked(path: str | os.PathLike[str]) -> Iterator[None]:
+    with open(os.fspath(path) + ".lock", "a") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
         try:
             yield
@@ -99,18 +117,18 @@ def _locked(path: Path) -> Iterator[None]:
 
 
 def load(path: str | os.PathLike[str]) -> dict[str, Any]:
-    p = Path(path)
-    with _locked(p):
-        return json.loads(p.read_text())
+    with _locked(path):
+        return json.loads(_read(path))  # type: ignore[no-any-return]
 
 
-def _atomic_text(p: Path, text: str) -> None:
-    tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
+def _atomic_text(p: str, text: str) -> None:
+    tmp = _beside(p, f".{os.path.basename(p)}.{os.getpid()}.tmp")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        fh.write(text)
     os.replace(tmp, p)
 
 
-def _write(p: Path, state: dict[str, Any]) -> None:
+def _write(p: str, state: dict[str, Any]) -> None:
     """Write the state and the files derived from it (the node's /proc views).
 
     ``meminfo`` and ``boot_id`` beside the state file are what the simulated
@@ -119,23 +137,44 @@ def _write(p: Path, state: dict[str, Any]) -> None:
     """
     derived = (("meminfo", render_meminfo(state)), ("boot_id", render_boot_id(state)),
                ("drop_caches", ""))
-    _atomic_text(p, json.dumps(state, indent=2, sort_keys=True) + "\n")
+    text = json.dumps(state, indent=2, sort_keys=True) + "\n"
+    _atomic_text(p, text)
     # Write in place (not rename): a bind mount pins the inode it was mounted on.
-    for name, text in derived:
-        with open(p.with_name(name), "w") as fh:
-            fh.write(text)
+    for name, view in derived:
+        with open(_beside(p, name), "w") as fh:
+            fh.write(view)
+    _write_tool_views(p, state, text)
+
+
+VIEWS_DIR = "rendered"  # the node-state-only tool outputs, beside the state (sparkctl_sim.shims.rendered)
+
+
+def _write_tool_views(p: str, state: dict[str, Any], text: str) -> None:
+    """Re-render the tools' views when the state differs from the one they were rendered from."""
+    mark = os.path.join(_beside(p, VIEWS_DIR), ".state")
+    try:
+        if _read(mark) == text:
+            return
+    except OSError:
+        pass
+    # imported here: the views' formatters are the shims, which read this module's files
+    from sparkctl_sim.shims.rendered import write_views
+
+    write_views(p, state)
+    with open(mark, "w", encoding="utf-8") as fh:
+        fh.write(text)
 
 
 def create(path: str | os.PathLike[str], state: dict[str, Any]) -> None:
     """Write a new state file (and its derived /proc views)."""
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
+    p = os.fspath(path)
+    os.makedirs(os.path.dirname(p) or ".", exist_ok=True)
     with _locked(p):
         _write(p, state)
 
 
 def save(path: str | os.PathLike[str], state: dict[str, Any]) -> None:
-    p = Path(path)
+    p = os.fspath(path)
     with _locked(p):
         _write(p, state)
 
@@ -147,9 +186,9 @@ def edit(path: str | os.PathLike[str], *, rewrite: bool = False) -> Iterator[dic
     ``rewrite`` writes even when nothing changed, which also re-renders the
     derived /proc views (a writer killed between the two writes leaves them stale).
     """
-    p = Path(path)
+    p = os.fspath(path)
     with _locked(p):
-        state = json.loads(p.read_text())
+        state = json.loads(_read(p))
         before = copy.deepcopy(state)
         if absorb_drop_caches(p, state):
             rewrite = True
@@ -170,13 +209,13 @@ def fill_page_cache(state: dict[str, Any], nbytes: int) -> None:
     state["page_cache_kib"] = int(state.get("page_cache_kib", 0)) + min(room, max(0, nbytes) // 1024)
 
 
-def absorb_drop_caches(p: Path, state: dict[str, Any]) -> bool:
+def absorb_drop_caches(p: str | os.PathLike[str], state: dict[str, Any]) -> bool:
     """What the node wrote to /proc/sys/vm/drop_caches (bind-mounted from ``drop_caches`` beside
     the state): 1 (page cache) or 3 (page cache, dentries and inodes) empties the page cache;
     2 frees slab objects only (vm.rst, drop_caches). True when the state changed."""
-    f = p.with_name("drop_caches")
+    f = _beside(p, "drop_caches")
     try:
-        words = f.read_text().split()
+        words = _read(f).split()
     except OSError:
         return False
     if not words:
@@ -290,6 +329,6 @@ def settle(state: dict[str, Any]) -> None:
 
 def settle_file(path: str | os.PathLike[str] | None) -> None:
     """``settle`` the node's state file, if there is one (called by the shims that stop things)."""
-    if path and Path(path).is_file():
+    if path and os.path.isfile(path):
         with edit(path, rewrite=True) as state:
             settle(state)

@@ -119,14 +119,14 @@ def install_procshims(bin_dir: Path, python: str = sys.executable) -> list[Path]
     bin_dir.mkdir(parents=True, exist_ok=True)
     package_root = str(Path(__file__).resolve().parents[1])
     written = []
-    for tool in ("docker", "systemctl"):
+    for tool in ("docker", "systemctl", "journalctl"):
         path = bin_dir / tool
         body = (
             "#!/bin/sh\n"
             "# sparkctl SIMULATION shim: see sparkctl_sim/procshims.py\n"
             f"PYTHONPATH={shlex.quote(package_root)}${{PYTHONPATH:+:$PYTHONPATH}}\n"
             "export PYTHONPATH\n"
-            f"exec {shlex.quote(python)} -m sparkctl_sim.procshims {tool} \"$@\"\n"
+            f"exec {shlex.quote(python)} -S -m sparkctl_sim.procshims {tool} \"$@\"\n"
         )
         tmp = path.with_name(f".{tool}.tmp")
         tmp.write_text(body, encoding="utf-8")
@@ -139,10 +139,14 @@ def install_procshims(bin_dir: Path, python: str = sys.executable) -> list[Path]
 def main(argv: Sequence[str] | None = None) -> int:
     """Dispatch ``docker ARGS`` or ``systemctl ARGS``; returns the exit code."""
     args = list(sys.argv[1:] if argv is None else argv)
-    if not args or args[0] not in ("docker", "systemctl"):
-        print("usage: python3 -m sparkctl_sim.procshims docker|systemctl ARGS...", file=sys.stderr)
+    if not args or args[0] not in ("docker", "systemctl", "journalctl"):
+        print("usage: python3 -m sparkctl_sim.procshims docker|systemctl|journalctl ARGS...", file=sys.stderr)
         return 2
     tool, rest = args[0], args[1:]
+    if tool == "journalctl":  # the unit journals the simulated systemd keeps (sparkctl_sim.journalshim)
+        from sparkctl_sim.journalshim import journalctl_main
+
+        return journalctl_main(rest)
     try:
         return docker_main(rest) if tool == "docker" else systemctl_main(rest)
     except ShimError as exc:

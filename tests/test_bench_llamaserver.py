@@ -14,7 +14,7 @@ from sparkctl.bench.results import load_run
 from sparkctl.bench.runner import run
 from sparkctl.plan import contracts
 from sparkctl_sim.engines import llamaserver as ls
-from sparkctl_sim.engines.local import start_llama_server, stop
+from tests.localengine import start_llama_server, stop  # a test driver, not part of the simulator
 
 SPEEDUP = 50.0
 

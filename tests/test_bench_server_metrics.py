@@ -173,9 +173,9 @@ def sim_vllm() -> Iterator[str]:
     from aiohttp import web
 
     from sparkctl_sim.engines import cli
-    from sparkctl_sim.engines.local import free_port
     from sparkctl_sim.engines.logs import EngineLog
     from sparkctl_sim.engines.server import Engine, PerfState, build_app
+    from tests.localengine import free_port
 
     cfg = cli.parse("vllm", ["serve", "/m", "--served-model-name", "m", "--max-model-len", "8192"], {})
     port = free_port()
@@ -233,7 +233,7 @@ def test_simulated_llama_server_has_no_histograms_and_the_report_says_so(tmp_pat
     from sparkctl.bench.report import build_report
     from sparkctl.bench.results import load_run
     from sparkctl.bench.runner import RunOptions, run
-    from sparkctl_sim.engines.local import start_llama_server, stop
+    from tests.localengine import start_llama_server, stop
 
     proc, url = start_llama_server(["--alias", "m", "--ctx-size", "4096", "--metrics"], tmp_path / "ls.log", 50.0)
     try:

@@ -28,7 +28,7 @@ from sparkctl.bench.results import (
 from sparkctl.bench.rows import summarize_rows
 from sparkctl.bench.runner import run
 from sparkctl.bench.telemetry import telemetry_summary
-from sparkctl_sim.engines.local import prefill_rate, start_local, stop
+from tests.localengine import prefill_rate, start_local, stop  # a test driver, not part of the simulator
 
 SPEEDUP = 10.0
 RECOVERY_BOUND_PCT = 10.0  # see test_runner_recovers_the_engines_configured_rates

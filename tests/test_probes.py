@@ -130,7 +130,7 @@ REAL: list[tuple[str, Callable[[str], Any], Any]] = [
     ("lspci-vv-degraded-block-other-machine.txt", parse_lspci_link, PcieFacts("", 5.0, 4, 2.5, 4, True)),
     ("lspci-vv-degraded-tabs-other-machine.txt", parse_lspci_link, PcieFacts("", 16.0, 8, 2.5, 4, True)),
     # §5.4 meminfo
-    ("meminfo-head.txt", parse_meminfo, Meminfo(127600816, 40174336, 3139656)),
+    ("meminfo-head.txt", parse_meminfo, Meminfo(127600816, 40174336, 3139656, 37694160)),
     ("meminfo-head-3-lines.txt", parse_meminfo, Meminfo(127601452, 115669068, 45557560)),
     # §5.3 (modelled fixture: no real capture exists)
     ("apt-mark-showhold-modelled-fixture.txt", parse_held_packages, [

@@ -2,7 +2,7 @@
 """The full fault matrix (issue #7) on the SIMULATED ring: a table and a JSON file.
 
 Builds its own simulated ring under a private directory (holding the host's sim
-lock for the whole run), runs every cell of ``sparkctl_sim.faultmatrix.matrix()``
+lock for the whole run), runs every cell of ``faultmatrix.matrix()`` (tests/faultmatrix.py)
 (or the cells named with --cell, or the CI set with --reduced), prints a Markdown
 table and writes every outcome as JSON. Exit 1 when any cell failed.
 
@@ -24,7 +24,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from sparkctl_sim.faultmatrix import (
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from faultmatrix import (  # noqa: E402 - tests/faultmatrix.py, a test driver
     REDUCED,
     Cell,
     Outcome,

@@ -40,7 +40,9 @@ import httpx
 from sparkctl.bench.options import RunOptions
 from sparkctl.bench.pressure import cpu_pressure_total_s
 from sparkctl.bench.runner import run
-from sparkctl_sim.engines.local import prefill_rate, start_local, stop
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from localengine import prefill_rate, start_local, stop  # noqa: E402 - tests/localengine.py, a test driver
 
 # name served, decode tokens. TensorFold ignores ignore_eos: 100 tokens stay under
 # its shortest natural answer (120), as in tests/test_bench_suites.py.

@@ -20,6 +20,10 @@ before each "old" run this tool creates that directory on every node; the new
 code needs nothing made for it.
 
 Prints figures; asserts nothing. Usage: python3 tools/up_overhead.py [--repeats 5] [--baseline DIR]
+
+``--compare TREE`` measures the SIMULATOR instead (issue 19): each repeat builds the
+ring once with TREE's code and once with this checkout's (order alternating; each
+tree's own ``.venv/bin/python`` when it has one) and runs `up` then `down` twice on it.
 """
 
 from __future__ import annotations
@@ -34,18 +38,71 @@ import tempfile
 import time
 from pathlib import Path
 
-from check_scaling import e2e_lock  # the same two host locks, taken in the same order (tools/ is sys.path[0])
+from check_scaling import e2e_lock, tree_python  # the same two host locks, in the same order (tools/ is sys.path[0])
 
 REPO = Path(__file__).resolve().parent.parent
 PROFILE = "ds41f-tp4-ring"
 WAIVE = ["--waive", "page_size", "--reason", "stock 4 KiB kernel"]
 
 
+def compare(base: Path, repeats: int, ups: int = 2) -> int:
+    """sparkctl's own time in `up` on the ring simulated by ``base``'s code and by this checkout's."""
+    trees = {"base": base.resolve(), "this": REPO}
+    tmp = Path(tempfile.mkdtemp(prefix="up-overhead-compare-"))
+    times: dict[str, list[float]] = {"base": [], "this": []}
+    with e2e_lock():
+        for i in range(repeats):
+            for name in (("base", "this") if i % 2 == 0 else ("this", "base")):
+                tree = trees[name]
+                env = {**os.environ, "SPARKCTL_SIM_DIR": str(tmp / name / "sim"),
+                       "XDG_STATE_HOME": str(tmp / name / "state"), "SPARKCTL_SIM_SPEEDUP": "20",
+                       "SPARKCTL_SIM_LOAD_S": "1", "PYTHONPATH": str(tree)}
+                env.pop("SPARKCTL_INVENTORY", None)
+                env.pop("PYTHONDONTWRITEBYTECODE", None)  # a node's sessions write bytecode: so do these
+                which = ([tree_python(tree), "-m", "sparkctl.cli"], env)
+                inv = str(tmp / name / "sim" / "inventory.yaml")
+
+                def run(*a: str, which: tuple[list[str], dict[str, str]] = which) -> subprocess.CompletedProcess[str]:
+                    return subprocess.run([*which[0], *a], env=which[1], capture_output=True, text=True,
+                                          timeout=600, cwd=tmp, check=False)
+
+                r = run("sim", "up", "--nodes", "4", "--ready")
+                if r.returncode:
+                    run("sim", "down")
+                    print(r.stdout, r.stderr)
+                    return 1
+                try:
+                    for k in range(ups):
+                        t0 = time.perf_counter()
+                        r = run("-i", inv, "up", PROFILE, *WAIVE, "--json")
+                        wall = time.perf_counter() - t0
+                        if r.returncode:
+                            print(f"{name} up failed: {r.stderr.strip()[-400:]}", file=sys.stderr)
+                        else:
+                            ready = float(json.loads(r.stdout).get("ready_s", 0.0))
+                            times[name].append(wall - ready)
+                            print(f"repeat {i + 1}.{k + 1} {name}: wall {wall:.2f} s, ready {ready:.2f} s, "
+                                  f"own {wall - ready:.2f} s", flush=True)
+                        run("-i", inv, "down")
+                finally:
+                    run("sim", "down")
+    if times["base"] and times["this"]:
+        b, t = statistics.median(times["base"]), statistics.median(times["this"])
+        print(f"\nsparkctl's own time in `up {PROFILE}` on the SIMULATED ring (median of "
+              f"{len(times['base'])}/{len(times['this'])}): simulator of {trees['base']} {b:.2f} s, "
+              f"of {REPO} {t:.2f} s, this/base {t / b:.2f} (target: under 5 s)")
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--baseline", default="/tmp/baseline")
+    ap.add_argument("--compare", type=Path, default=None,
+                    help="a checkout whose simulator to measure against this one's (see the docstring)")
     args = ap.parse_args()
+    if args.compare is not None:
+        return compare(args.compare, args.repeats)
     base = Path(args.baseline)
     if not (base / "sparkctl" / "lifecycle.py").is_file():
         print(f"no previous checkout at {base}: git worktree add {base} 6d66335", file=sys.stderr)

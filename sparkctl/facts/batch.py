@@ -35,7 +35,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sparkctl.facts import engine as engine_fact
 from sparkctl.facts import gpu, modelfiles, net, netplanfiles, pci, services, system
@@ -51,7 +51,9 @@ from sparkctl.facts.registry import (
     WeightsPaths,
     q,
 )
-from sparkctl.model.inventory import Node
+
+if TYPE_CHECKING:  # no pydantic on a node (sparkctl.node.bundle)
+    from sparkctl.model.inventory import Node
 
 MARKER_PREFIX = services.MARKER_PREFIX
 
@@ -104,6 +106,38 @@ def build_script(node: Node, weights_path: str | None = None, endpoint_port: int
     ``weights``: also ask the weights agent what its hash cache vouches for."""
     ctx = ScriptContext(node, weights_path, endpoint_port, weights, engine, endpoint_host, endpoint_key)
     return frame([(section, fact.command(ctx, item)) for fact in REGISTRY for item, section in fact.sections(ctx)])
+
+
+# What the node's exporter reads at every scrape (sparkctl.node.exporter): the facts of a
+# status row and of the fabric ports, in registry order (a netdev's `gone` fact first).
+EXPORTER_FACTS = (system.BOOT_ID, system.MEMINFO, gpu.GPU, gpu.GPU_CLOCKS, system.CLOCK_LOCK, net.IBDEV2NETDEV,
+                  net.NET_OPERSTATE, net.NET_MTU, net.NET_IPV4, net.NET_ETHTOOL, net.GIDS, services.ENGINES,
+                  services.ENGINE_UNIT, watchdog_fact.WATCHDOG, watchdog_fact.KILLS)
+
+
+def frame_parallel(steps: list[tuple[str, str]]) -> str:
+    """The batch's output format, every section's command run at once (each into its own file
+    of a private temp dir), then printed in order: a scrape waits for the slowest tool, not
+    for the sum of them. The same markers, so :func:`parse_batch` reads it unchanged."""
+    for name, _ in steps:
+        if not SECTION_NAME.fullmatch(name):
+            raise ValueError(f"unsafe probe section name {name!r}")
+    names = " ".join(n for n, _ in steps)
+    out = [PRELUDE, 'd=$(mktemp -d) || exit 1', "trap 'rm -rf \"$d\"' EXIT"]
+    out += [f'( ( {body} ) > "$d/{i}"; echo $? > "$d/{i}.rc" ) &' for i, (_, body) in enumerate(steps)]
+    out += ["wait", f"echo {q(f'{MARKER_PREFIX}manifest:{names}@@')}"]
+    out += [f'sec {name}; cat "$d/{i}"; end {name} "$(cat "$d/{i}.rc")"' for i, (name, _) in enumerate(steps)]
+    out.append(f"echo {q(MARKER_PREFIX + 'done@@')}")
+    return "\n".join(out) + "\n"
+
+
+def fact_script(node: Node, facts: tuple[Fact[Any], ...] = EXPORTER_FACTS) -> str:
+    """A probe script of ``facts`` only, in the batch's format (``parse_batch`` reads the registered
+    ones; a fact outside the registry, such as earlyoom's kills, is read from ``split_batch``'s
+    sections), its commands run in parallel (:func:`frame_parallel`)."""
+    ctx = ScriptContext(node)
+    return frame_parallel([(section, fact.command(ctx, item)) for fact in facts
+                           for item, section in fact.sections(ctx)])
 
 
 def remote_command(script: str) -> str:
@@ -304,6 +338,7 @@ def _assemble(node: str, r: _Reader, due: list[tuple[Fact[Any], str]]) -> NodeFa
         mem_total_kib=mem.total_kib if mem else None,
         mem_available_kib=mem.available_kib if mem else None,
         mem_free_kib=mem.free_kib if mem else None,
+        mem_cached_kib=mem.cached_kib if mem else None,
         disk_free_gib=round(disk.free_gib, 3) if disk else None,
         gpu=_gpu(r),
         links=_links(r, [item for fact, item in due if fact is net.NET_OPERSTATE]),

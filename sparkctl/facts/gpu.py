@@ -16,11 +16,13 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from sparkctl.facts.registry import Fact, ProbeParseError, lines, q
 from sparkctl.facts.registry import tool as tool_cmd
-from sparkctl.model.inventory import Node
+
+if TYPE_CHECKING:  # no pydantic on a node (sparkctl.node.bundle)
+    from sparkctl.model.inventory import Node
 
 T = TypeVar("T")
 SMI = "nvidia-smi"

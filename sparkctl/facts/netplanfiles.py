@@ -24,8 +24,6 @@ import base64
 import binascii
 import hashlib
 
-import yaml
-
 from sparkctl.facts.registry import NOT_FOUND, Fact, ProbeParseError, ScriptContext, q
 from sparkctl.model.netplanfile import NetplanFile
 from sparkctl.model.paths import NETPLAN_DIR, under
@@ -59,6 +57,8 @@ def _names(section: str, ident: str, conf: object) -> list[str]:
 
 def describe_file(name: str, data: bytes) -> NetplanFile:
     """What one netplan file configures (pure: the YAML, read safely)."""
+    import yaml  # here: the node's exporter imports this module without PyYAML (sparkctl.node.bundle)
+
     sha = hashlib.sha256(data).hexdigest()
     try:
         doc = yaml.safe_load(data.decode("utf-8", errors="replace"))

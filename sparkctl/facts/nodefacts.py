@@ -131,6 +131,7 @@ class NodeFacts:
     mem_total_kib: int | None = None
     mem_available_kib: int | None = None
     mem_free_kib: int | None = None  # MemFree: the page cache is not in it (the page_cache law)
+    mem_cached_kib: int | None = None  # Cached: the page cache itself
     disk_free_gib: float | None = None
     gpu: GpuFacts | None = None
     links: dict[str, LinkFacts] = field(default_factory=dict)

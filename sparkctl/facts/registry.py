@@ -23,10 +23,12 @@ import re
 import shlex
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Generic, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
 from sparkctl.errors import Ref, SparkctlError
-from sparkctl.model.inventory import Node
+
+if TYPE_CHECKING:  # the node's exporter imports the facts without pydantic (sparkctl.node.bundle)
+    from sparkctl.model.inventory import Node
 
 T = TypeVar("T")
 

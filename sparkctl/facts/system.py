@@ -94,6 +94,7 @@ class Meminfo:
     total_kib: int
     available_kib: int
     free_kib: int  # MemFree: what cudaMemGetInfo reports as free on GB10's unified memory (page cache is not free)
+    cached_kib: int | None = None  # Cached: the page cache (fs/proc/meminfo.c); None when the text has no line
 
 
 # The kernel prints every /proc/meminfo value in kB ("%8lu kB", fs/proc/meminfo.c
@@ -122,7 +123,7 @@ def parse_meminfo(text: str) -> Meminfo:
         raise ProbeParseError("meminfo", f"MemAvailable {avail} kB does not fit MemTotal {total} kB", t)
     if free > total:
         raise ProbeParseError("meminfo", f"MemFree {free} kB does not fit MemTotal {total} kB", t)
-    return Meminfo(total, avail, free)
+    return Meminfo(total, avail, free, values.get("Cached"))
 
 
 @dataclass(frozen=True)

@@ -69,3 +69,19 @@ def _command(ctx: ScriptContext, _item: str) -> str:
 
 WATCHDOG = Fact("watchdog", "earlyoom (dpkg-query, systemctl is-active/is-enabled, /etc/default/earlyoom)",
                 _command, parse_watchdog, exit_codes=(NOT_FOUND,), core=False)
+
+
+def parse_kills(text: str) -> int:
+    """The count ``grep -c`` printed: earlyoom's ``sending SIGTERM|SIGKILL to process ...`` lines
+    (rfjakob/earlyoom v1.7 kill.c ``kill_process``), one per signal sent."""
+    s = text.strip()
+    if not s.isdigit():
+        raise ProbeParseError("earlyoom kills", f"not a count: {s[:40]!r}", "journalctl -u earlyoom")
+    return int(s)
+
+
+# Not in the batch (status does not read it): the exporter adds it to its script. earlyoom
+# writes its messages to stderr, which systemd sends to the journal (Debian's unit).
+KILLS = Fact("watchdog.kills", "earlyoom's kills this boot (journalctl -b -u earlyoom)",
+             lambda c, _: ("have journalctl || exit 127; journalctl -b -u earlyoom -o cat --no-pager -q 2>/dev/null "
+                           "| grep -c '^sending SIG'; exit 0"), parse_kills, core=False)

@@ -38,6 +38,8 @@ LOCKS_DIR = f"{STATE_DIR}/locks"  # one lock dir per node: locks/<node>.d (spark
 LOCK_DIR = f"{STATE_DIR}/lock.d"  # the one cluster lock before stacks: only `unlock` still removes it
 CLOCK_LOCK = f"{STATE_DIR}/clock-lock"  # "<boot id> <MHz>": see sparkctl.model.clocklock
 ENGINE_LOG = f"{LOG_DIR}/engine.log"
+# the last verdict of every law, kept by the check step of `up`/`switch` (status and the exporter read it)
+LAWS_VERDICTS = f"{STATE_DIR}/laws.json"
 FABRIC_BACKUP = f"{STATE_DIR}/fabric-backup"  # what `fabric apply` replaced; `fabric restore` puts it back
 
 # the supervised switch (runs on the head)
@@ -66,6 +68,10 @@ GATEWAY_LAUNCH = f"{OPT_DIR}/gateway-launch.sh"
 GATEWAY_CTL = f"{OPT_DIR}/gateway_ctl.py"
 GATEWAY_UNIT = f"{UNIT_DIR}/sparkctl-gateway.service"
 GATEWAY_LOG = f"{LOG_DIR}/gateway.log"
+# the node's exporter (sparkctl.node.exporter): its code, the pinned wheels, its configuration, its unit
+EXPORTER_DIR = f"{OPT_DIR}/exporter"
+EXPORTER_CONFIG = f"{ETC_DIR}/exporter.json"
+EXPORTER_UNIT = f"{UNIT_DIR}/sparkctl-exporter.service"
 
 # weights
 WEIGHTS_AGENT = f"{OPT_DIR}/weights_agent.py"

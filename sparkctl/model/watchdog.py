@@ -22,9 +22,12 @@ single word without quotes or spaces.
 from __future__ import annotations
 
 import shlex
+from typing import TYPE_CHECKING
 
 from sparkctl.model import paths
-from sparkctl.model.schema import LawsSpec
+
+if TYPE_CHECKING:  # the watchdog fact imports INSTALLED_TEST on a node, without pydantic
+    from sparkctl.model.schema import LawsSpec
 
 # The engines' process names (comm): vLLM renames its workers (VLLM::EngineCore,
 # VLLM::Worker), SGLang's are python3, llama.cpp's is llama-server.

@@ -40,10 +40,10 @@ class PinnedWheel:
     version: str
     filename: str  # the file on the index
     sha256: str
-    size_bytes: int
-    machine: str  # platform.machine(): aarch64 | x86_64
-    pip_platform: str  # pip download --platform
-    abi: str  # pip download --abi: abi3, cp312, ...
+    size_bytes: int = 0
+    machine: str = "any"  # platform.machine(): aarch64 | x86_64; "any": a pure-Python wheel
+    pip_platform: str = "any"  # pip download --platform ("any": no platform flags)
+    abi: str = "none"  # pip download --abi: abi3, cp312, ...
     python: str = ""  # "3.12": only this CPython (a cpXY-cpXY wheel); "" = any >= min_python (abi3)
     min_python: str = "3.9"
     min_glibc: str = "2.17"  # the manylinux tag's floor (PEP 600)
@@ -81,6 +81,8 @@ def _ver(v: str) -> tuple[int, ...]:
 
 
 def fits(pin: PinnedWheel, plat: NodePlatform) -> bool:
+    if pin.machine == "any":  # pure Python (py3-none-any): any CPython new enough
+        return _ver(plat.python) >= _ver(pin.min_python)
     if pin.machine != plat.machine or plat.impl != "cpython" or not plat.glibc:
         return False
     if _ver(plat.glibc) < _ver(pin.min_glibc):
@@ -132,3 +134,10 @@ SETPROCTITLE = (
                 "1607b963e7b53e24ec8a2cb4e0ab3ae591d7c6bf0a160feef0551da63452b37f", 0,
                 "x86_64", "manylinux_2_28_x86_64", "cp311", python="3.11", min_glibc="2.28", unpacked_bytes=100_000),
 )
+
+# The node's exporter (sparkctl.node.exporter): prometheus/client_python 0.26.0 (Apache-2.0), pure
+# Python, no dependencies. A py3-none-any wheel goes on PYTHONPATH as it is: Python imports from a
+# zip archive (zipimport; a wheel is one, PEP 427), so nothing is installed into the node's Python.
+PROMETHEUS_CLIENT = PinnedWheel(
+    "prometheus_client", "0.26.0", "prometheus_client-0.26.0-py3-none-any.whl",
+    "fa93d06737aa02bacd05794768508bb97d2fbee28cb3bca04eaae92f0ca953d6")

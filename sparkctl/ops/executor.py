@@ -31,7 +31,7 @@ from sparkctl.model.stacks import model_identity, refusal, stack_of
 from sparkctl.ops import readiness
 from sparkctl.ops.check import fabric_scripts, probe_scripts, run_check
 from sparkctl.ops.localstate import write_json
-from sparkctl.ops.lock import holder_info, local_record_path, now_iso, read_record, read_records, take
+from sparkctl.ops.lock import holder_info, local_record_path, now_iso, read_record, read_records, take, write_verdicts
 from sparkctl.plan import gatewayplan, laws, lockplan, planner
 from sparkctl.plan.render import Rendering, render
 from sparkctl.plan.steps import FINALLY, Plan
@@ -343,8 +343,9 @@ def check_probes(res: Resolved, inv: Inventory) -> tuple[dict[str, str], dict[st
 
 def check_step(inv: Inventory, transport: Transport, roots: Roots, say: Progress
                ) -> Callable[[Mapping[str, Any]], Any]:
-    """A plan's check step, from the step alone: its profile, sets, waivers and ignored laws, and
-    only the probe scripts it lists (``sparkctl.ops.check.run_check(planned=...)``)."""
+    """A plan's check step, from the step alone: its profile, sets, waivers and ignored laws,
+    only the probe scripts it lists (``sparkctl.ops.check.run_check(planned=...)``), and the
+    verdicts kept where it lists them (``params["verdicts"]``: status and the exporter's page)."""
     def check(step: Mapping[str, Any]) -> Any:
         p = step["params"]
         res = resolve(p["profile"], roots, tuple(p.get("sets", ())))
@@ -352,6 +353,8 @@ def check_step(inv: Inventory, transport: Transport, roots: Roots, say: Progress
         report = run_check(res, inv, transport, waivers=waivers, fix=False, bandwidth_s=0,
                            progress=lambda m: say("*", "check", m),
                            planned=(step.get("commands", {}), p.get("fabric_probe", {})))
+        if p.get("verdicts"):
+            write_verdicts(transport, p["verdicts"], res.name, now_iso(), [dict(v.__dict__) for v in report.verdicts])
         ignore = set(p.get("ignore", ()))
         failures = [v for v in report.verdicts if v.failed and v.law not in ignore]
         if failures:

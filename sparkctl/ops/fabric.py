@@ -14,15 +14,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from sparkctl.errors import LifecycleError
-from sparkctl.facts.batch import PRELUDE
+from sparkctl.facts.batch import PRELUDE, fact_script
 from sparkctl.facts.netplanfiles import NETPLAN_FILES
 from sparkctl.facts.registry import ScriptContext
 from sparkctl.model.inventory import Inventory
 from sparkctl.model.netplanfile import NetplanFile
 from sparkctl.model.profiles import Resolved
 from sparkctl.model.resources import Roots
+from sparkctl.model.wheels import PROMETHEUS_CLIENT
 from sparkctl.ops.executor import Progress, TransportBackend, _raise_failure, release_lock, run_plan, take_lock
-from sparkctl.plan import fabricplan, lockplan
+from sparkctl.ops.wheelhouse import default_cache, fetch_wheel
+from sparkctl.plan import exporterplan, fabricplan, lockplan
 from sparkctl.plan.render import render
 from sparkctl.plan.steps import Plan
 from sparkctl.transport import Transport
@@ -47,6 +49,11 @@ def read_netplan(inv: Inventory, transport: Transport) -> dict[str, tuple[Netpla
     return out
 
 
+def exporters_of(inv: Inventory, roots: Roots) -> exporterplan.ExporterFiles:
+    """Every node's exporter files, with the probe of the facts the exporter reads at each scrape."""
+    return exporterplan.render_exporters(inv, roots, {n.name: fact_script(n) for n in inv.nodes})
+
+
 def plan_apply(inv: Inventory, roots: Roots, res: Resolved | None = None,
                secrets: dict[str, str] | None = None,
                netplan: dict[str, tuple[NetplanFile, ...]] | None = None,
@@ -57,7 +64,8 @@ def plan_apply(inv: Inventory, roots: Roots, res: Resolved | None = None,
     rendering = render(res, inv, roots, secrets or {}) if res is not None else None
     files = fabricplan.render_fabric(inv, roots, rendering)
     plan = fabricplan.plan_fabric_apply(inv, files, res.name if res is not None else None,
-                                        res.profile.laws if res is not None else None, netplan)
+                                        res.profile.laws if res is not None else None, netplan,
+                                        exporters_of(inv, roots))
     return (lockplan.with_lock(plan, inv, holder) if holder else plan), files
 
 
@@ -82,12 +90,22 @@ def _run(op: str, inv: Inventory, transport: Transport, progress: Progress | Non
 
 def apply(inv: Inventory, transport: Transport, roots: Roots, res: Resolved | None = None, *,
           secrets: dict[str, str] | None = None, progress: Progress | None = None) -> FabricResult:
+    # the pinned wheel, fetched before the lock (the nodes may have no internet) and checked against its pin
+    wheel = fetch_wheel(PROMETHEUS_CLIENT, default_cache()).read_bytes()
+
     def make(holder: Mapping[str, Any]) -> tuple[Plan, dict[str, bytes]]:
         plan, files = plan_apply(inv, roots, res, secrets, read_netplan(inv, transport), holder)
-        return plan, files.blobs()
+        exporters = exporters_of(inv, roots)  # the same bytes the plan names (reproducible)
+        return plan, {**files.blobs(), **exporters.blobs(), PROMETHEUS_CLIENT.sha256: wheel}
     return _run("fabric apply", inv, transport, progress, make)
 
 
+def plan_restore(inv: Inventory, holder: Mapping[str, Any] | None = None) -> Plan:
+    """The plan of ``fabric restore`` (the exporters removed too); with ``holder``, between
+    locking every node and releasing them."""
+    plan = fabricplan.plan_fabric_restore(inv)
+    return lockplan.with_lock(plan, inv, holder) if holder else plan
+
+
 def restore(inv: Inventory, transport: Transport, *, progress: Progress | None = None) -> FabricResult:
-    return _run("fabric restore", inv, transport, progress,
-                lambda holder: (lockplan.with_lock(fabricplan.plan_fabric_restore(inv), inv, holder), {}))
+    return _run("fabric restore", inv, transport, progress, lambda holder: (plan_restore(inv, holder), {}))

@@ -28,6 +28,7 @@ from sparkctl.errors import LifecycleError, LockHeld, LockUnavailable, Ref
 from sparkctl.model.inventory import Inventory
 from sparkctl.model.paths import (
     DEFAULT_STACK,
+    LAWS_VERDICTS,
     LOCK_DIR,
     LOCKS_DIR,
     RECORD,
@@ -138,6 +139,28 @@ def read_record(inv: Inventory, transport: Transport, stack: str = DEFAULT_STACK
         data = read_json(local_record_path(inv, stack))
         rec = _parse_one(json.dumps(data), stack) if isinstance(data, dict) else None
     return rec
+
+
+def write_verdicts(transport: Transport, target: Mapping[str, Any], profile: str, at: str,
+                   verdicts: list[dict[str, Any]]) -> None:
+    """The last verdict of every law, where the check step lists it (``params["verdicts"]``:
+    the state node, the path, its sudo; :func:`sparkctl.plan.planner.verdicts_target`): what
+    `status` and the head's exporter show."""
+    node, path = str(target["node"]), str(target["path"])
+    data = json.dumps({"profile": profile, "at": at, "verdicts": verdicts}, indent=1, sort_keys=True).encode() + b"\n"
+    r = transport.put(node, path, data, 0o644, sudo=bool(target.get("sudo")))
+    if not r.ok:
+        raise LifecycleError(f"cannot write {path} on {node}: {r.error or r.stderr.strip()}", Ref(node=node))
+
+
+def read_verdicts(inv: Inventory, transport: Transport) -> dict[str, Any] | None:
+    head = head_node(inv)
+    r = transport.run(head, f"cat {shlex.quote(node_path(inv, head, LAWS_VERDICTS))} 2>/dev/null || true")
+    try:
+        data = json.loads(r.stdout) if r.ok and r.stdout.strip() else None
+    except ValueError:
+        return None
+    return data if isinstance(data, dict) else None
 
 
 # --------------------------------------------------------------------------- the lock

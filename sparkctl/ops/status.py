@@ -11,10 +11,11 @@ import httpx
 
 from sparkctl.errors import ConfigError, SparkctlError
 from sparkctl.facts.batch import build_script, parse_batch, remote_command
+from sparkctl.facts.statusrow import node_row, rank_drift
 from sparkctl.model.inventory import Inventory
 from sparkctl.model.paths import DEFAULT_STACK, ENV_FILE, under
 from sparkctl.model.record import Route, RunRecord, on_node_host, operator_route
-from sparkctl.ops.lock import held_command, read_records
+from sparkctl.ops.lock import held_command, read_records, read_verdicts
 from sparkctl.ops.readiness import OperatorKey, operator_key
 from sparkctl.ops.supervise import supervisor_progress
 from sparkctl.plan.render import API_KEY_VAR, TOKENS_METRIC
@@ -117,40 +118,12 @@ def cluster_status(inv: Inventory, transport: Transport, stack: str | None = Non
         row: dict[str, Any] = {"node": n, "reachable": r.ok, "error": r.error, "stack": rec.stack if rec else None}
         if r.ok:
             f = parse_batch(n, r.stdout)
-            gpu = f.gpu
-            row.update({
-                "engine_procs": len(f.engines or []),
-                "alive": bool(f.engines),
-                "sm_mhz": gpu.sm_mhz if gpu else None,
-                "power_w": gpu.power_w if gpu else None,
-                "temp_c": gpu.temp_c if gpu else None,
-                "mem_available_gib": round(f.mem_available_kib / 1024 / 1024, 1) if f.mem_available_kib else None,
-                "clock_lock": (f.clock_lock_record[1] if f.clock_lock_record and f.clock_lock_record[0] == f.boot_id
-                               else None),
-                "served_models": f.served_models,
-                # what systemd did with the engine unit (the record cannot be updated by systemd)
-                "unit": ({"enabled": f.engine_unit.unit_file_state, "active": f.engine_unit.active_state,
-                          "result": f.engine_unit.result, "restarts": f.engine_unit.n_restarts}
-                         if f.engine_unit else None),
-                # law memory_watchdog: earlyoom's unit state (systemctl is-active), None when not read
-                "watchdog": (f.watchdog.active or "not installed") if f.watchdog and f.watchdog.installed
-                            else ("not installed" if f.watchdog else None),
-            })
+            row.update(node_row(f))
             if rec and nr:
-                row.update({"rank": nr.rank, "replica": nr.replica, "engine": rec.engine})
+                row.update({"rank": nr.rank, "replica": nr.replica, "engine": rec.engine if rec else None})
                 u = f.engine_unit
-                if u and u.result == "start-limit-hit":
-                    # systemd.unit(5): started StartLimitBurst= times within StartLimitIntervalSec=, so it stays down
-                    drift.append(f"{n}: rank {nr.rank} stays down: its engine unit failed {u.n_restarts + 1} starts "
-                                 "and hit its start limit (Result=start-limit-hit; journalctl -u sparkctl-engine, "
-                                 "engine.log); fix it, then `sparkctl up`")
-                elif rec.state == "serving" and not f.engines:
-                    drift.append(f"{n}: rank {nr.rank} is not running")
-                if rec.state == "serving" and row["watchdog"] not in ("active", None):
-                    drift.append(f"{n}: memory watchdog (earlyoom) {row['watchdog']}: an over-commit would hang "
-                                 "the box; `sparkctl up` restarts it (`sparkctl fabric apply` installs it)")
-                if rec.clock_cap_mhz and row["clock_lock"] != rec.clock_cap_mhz:
-                    drift.append(f"{n}: clock lock {row['clock_lock'] or 'lost'} (record: 0,{rec.clock_cap_mhz} MHz)")
+                drift += rank_drift(n, nr.rank, row, rec.state if rec else "", rec.clock_cap_mhz if rec else None,
+                                    u.result if u else None, u.n_restarts if u else 0)
                 for path, sha in nr.files.items():
                     got = hashes.get(n, {}).get(path)
                     if got != sha:
@@ -197,4 +170,5 @@ def cluster_status(inv: Inventory, transport: Transport, stack: str | None = Non
     stacks = [{"stack": s, "record": rec.to_dict(), "live": rec.live, "endpoint": endpoints[s], "drift": drifts[s]}
               for s, rec in records.items()]
     return {"record": main.to_dict() if main else None, "stacks": stacks, "nodes": out_nodes, "endpoint": merged,
-            "drift": [d for s in records for d in drifts[s]] + outside, "supervisor": supervisor}
+            "drift": [d for s in records for d in drifts[s]] + outside, "supervisor": supervisor,
+            "laws": read_verdicts(inv, transport)}

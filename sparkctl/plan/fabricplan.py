@@ -41,6 +41,7 @@ from sparkctl.model.paths import (
 )
 from sparkctl.model.resources import Roots
 from sparkctl.model.schema import LawsSpec
+from sparkctl.plan import exporterplan
 from sparkctl.plan.imageplan import revoke_steps
 from sparkctl.plan.render import RenderedFile, Rendering, template_env
 from sparkctl.plan.steps import FileRef, Plan, Step
@@ -409,7 +410,8 @@ def _watchdog(inv: Inventory, node: str, laws: LawsSpec) -> str:
 
 def plan_fabric_apply(inv: Inventory, fabric: FabricFiles, profile: str | None = None,
                       laws: LawsSpec | None = None,
-                      netplan: Mapping[str, tuple[NetplanFile, ...]] | None = None) -> Plan:
+                      netplan: Mapping[str, tuple[NetplanFile, ...]] | None = None,
+                      exporters: exporterplan.ExporterFiles | None = None) -> Plan:
     """Every node gets the memory watchdog (law memory_watchdog, from the profile's limits or the
     defaults); the cabled ones their fabric. ``netplan``: each node's netplan files as read
     (:mod:`sparkctl.facts.netplanfiles`); a foreign file on the fabric ports is taken into the
@@ -454,6 +456,8 @@ def plan_fabric_apply(inv: Inventory, fabric: FabricFiles, profile: str | None =
                       f"{EARLYOOM_DEFAULT} from laws.min_free_gib, enable and (re)start it (law memory_watchdog)",
                       changes="earlyoom installed, configured, enabled", commands=guard, sudo=_fan(inv, guard),
                       timeout_s=APT_TIMEOUT_S))
+    if exporters is not None:  # every node's exporter, after the fabric (the head's page asks its peers)
+        steps += exporterplan.exporter_steps(inv, exporters)
     return Plan("fabric apply", profile, tuple(steps),
                 note="" if nodes else "no cabled node: only the memory watchdog to prepare")
 
@@ -466,6 +470,8 @@ def _restore(inv: Inventory, node: str) -> str:
     eo = q(under(n.prefix, EARLYOOM_DEFAULT))
     lines = [
         "set -e",
+        # the exporter goes first: `fabric apply` installed it on every node, backup or not
+        exporterplan.remove_command(n.prefix),
         f'b={b}; [ -e "$b/complete" ] || {{ echo "no fabric backup on this node ($b): nothing to restore" >&2; exit 3; }}',
         f"systemctl disable --now {q(posixpath.basename(FORWARD_UNIT))} >/dev/null 2>&1 || true",
         # the unit's ExecStop does it too; a unit already gone (or never started) must not leave the rules
@@ -502,9 +508,10 @@ def plan_fabric_restore(inv: Inventory) -> Plan:
         # sparkctl's node-to-node keys (image sync's, the supervisor's) reach the nodes over the fabric: they go
         # with it, first, so that a node with nothing else to restore loses them too
         *revoke_steps(inv),
-        Step("restore", "restore", "run", nodes, "put back the netplan files, sysctl file and values, earlyoom's "
-             "file, units", changes="fabric files, addresses, forwarding, INPUT and DOCKER-USER rules, enabled units, "
-             "earlyoom's arguments", commands=cmds, sudo=_fan(inv, cmds), timeout_s=APPLY_TIMEOUT_S),
+        Step("restore", "restore", "run", nodes, "remove the exporter; put back the netplan files, sysctl file and "
+             "values, earlyoom's file, units",
+             changes="fabric files, addresses, forwarding, INPUT and DOCKER-USER rules, enabled units, earlyoom's arguments",
+             commands=cmds, sudo=_fan(inv, cmds), timeout_s=APPLY_TIMEOUT_S),
     ))
 
 

@@ -33,6 +33,7 @@ from sparkctl.model.paths import (
     DETACHED,
     ENGINE_LOG,
     ENV_FILE,
+    LAWS_VERDICTS,
     UNIT,
     record_path,
     under,
@@ -163,6 +164,12 @@ def record_step(inv: Inventory, sid: str, phase: str, head: str, rec: RunRecord,
         params["state_if_left"] = state_if_left
     return Step(sid, phase, "record", (head,), summary, changes=f"the run record on {head}: {rec.state}",
                 sudo={head: inv.node(head).sudo}, params=params, on_fail=on_fail)
+
+
+def verdicts_target(inv: Inventory) -> dict[str, Any]:
+    """Where a check step keeps the laws' verdicts: on the state node, with its sudo (a write the step lists)."""
+    head = inv.nodes[0].name
+    return {"node": head, "path": under(inv.node(head).prefix, LAWS_VERDICTS), "sudo": inv.node(head).sudo}
 
 
 def _stop_step(inv: Inventory, sid: str, phase: str, nodes: Sequence[str], ports: Sequence[int], timeout_s: int,
@@ -383,9 +390,12 @@ def plan_up(res: Resolved, inv: Inventory, rendering: Rendering, facts: UpFacts,
     steps: list[Step] = []
     if not skip_check:
         steps.append(Step("check", "check", "check", lay.nodes, "probe every node in parallel and judge the laws "
-                          "(a failure stops here)", commands=dict(probes[0]), sudo={n: False for n in probes[0]},
+                          f"(a failure stops here); keep the verdicts in {LAWS_VERDICTS} on the head",
+                          changes=f"the laws' verdicts in {LAWS_VERDICTS} on {inv.nodes[0].name}",
+                          commands=dict(probes[0]), sudo={n: False for n in probes[0]},
                           params={"profile": res.name, "sets": list(sets), "waivers": waivers,
                                   "ignore": ["served_model", "clock_cap", "page_cache"],
+                                  "verdicts": verdicts_target(inv),
                                   **({"fabric_probe": dict(probes[1])} if probes[1] else {})}))
     if p.laws.clock_cap_mhz is not None:
         cmds = {n: " && ".join(clocklock.lock_commands(p.laws.clock_cap_mhz, inv.node(n).prefix,

@@ -16,9 +16,10 @@ one of the node -> command maps in its ``params`` named in
 :data:`PARAM_COMMANDS` (the ready step's liveness and log reads, the check's
 probe scripts, the lock's stale check and break), each with the step's
 ``sudo`` for that node; every file it writes is in its ``files`` or, for a
-``record`` step, is the record at ``params["path"]``. :func:`calls` lists them
-all, :func:`describe` prints them, and the plan-equals-execution test holds a
-run to exactly them. A step kind is one function in the interpreter
+``record`` step, is the record at ``params["path"]`` or, for a ``check`` step,
+the laws' verdicts at ``params["verdicts"]`` (node, path, that node's sudo).
+:func:`calls` lists them all, :func:`describe` prints them, and the
+plan-equals-execution test holds a run to exactly them. A step kind is one function in the interpreter
 (``planrun.KINDS``); adding one (drain, wait, register ...) adds a name here.
 """
 
@@ -127,7 +128,7 @@ class Call:
     kind: str  # run | put
     text: str  # the shell command, or the path a put writes
     sudo: bool
-    sha256: str | None = None  # put: the content's hash; None: decided when the step runs (a record)
+    sha256: str | None = None  # put: the content's hash; None: decided when the step runs (a record, verdicts)
     source: str = "commands"  # where the step lists it: commands, files, or the params key
 
 
@@ -139,6 +140,9 @@ def calls(step: Step) -> list[Call]:
     if step.kind == "record":
         n = step.nodes[0]
         out.append(Call(n, "put", str(step.params["path"]), bool(step.sudo.get(n, False)), None, "record"))
+    if step.kind == "check" and step.params.get("verdicts"):
+        v = step.params["verdicts"]  # the probes' sudo is not the write's: the target carries its own
+        out.append(Call(str(v["node"]), "put", str(v["path"]), bool(v.get("sudo")), None, "verdicts"))
     for key in PARAM_COMMANDS:
         for n, c in (step.params.get(key) or {}).items():
             out.append(Call(n, "run", c, bool(step.sudo.get(n, False)), source=key))
@@ -165,6 +169,9 @@ def describe(plan: Plan) -> list[str]:
                 if c.kind == "put" and c.source == "record":
                     lines.append(f"{indent}      {c.node}{prompt} write {c.text} (644: the run record, its time "
                                  "and steps as they ran)")
+                    continue
+                if c.kind == "put" and c.source == "verdicts":
+                    lines.append(f"{indent}      {c.node}{prompt} write {c.text} (644: the laws' verdicts, as judged)")
                     continue
                 if c.kind == "put":
                     f = next(f for f in s.files[c.node] if f.path == c.text)

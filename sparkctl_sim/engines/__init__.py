@@ -14,9 +14,9 @@ Modules:
 * ``rendezvous`` the torch.distributed-like TCP rendezvous and heartbeats
 * ``server``     the aiohttp application and the token scheduler
 * ``runtime``    process lifecycle: signals, node state bookkeeping, exit codes
-* ``local``      one engine as a plain local process, for measuring the bench
 * ``install``    writes the ``ds41f``/``tensorfold``/``vllm`` wrappers and the
   ``sglang`` package
 
-Nothing here runs on real hardware.
+One engine as a plain local process, for measuring the bench, is a test driver:
+tests/localengine.py. Nothing here runs on real hardware.
 """

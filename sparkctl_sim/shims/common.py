@@ -1,7 +1,8 @@
 """What every GB10 tool shim shares: the node state type, the tool result, the
 netdev and GPU value types, the RoCE device table and small pure helpers.
 
-Standard library only (every shim call starts a fresh interpreter).
+Standard library only, and light: every shim call without a rendered view starts a fresh
+``python3 -S`` that imports this (so named tuples, not dataclasses, and no typing at run time).
 SIMULATION ONLY: nothing on the real-hardware path imports this package.
 """
 
@@ -9,13 +10,16 @@ from __future__ import annotations
 
 import json
 import zlib
+from collections import namedtuple
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any
 
 from sparkctl_sim.envnames import STATE_ENV  # noqa: F401 - re-exported
 
-State = dict[str, Any]
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (mypy reads the name)
+if TYPE_CHECKING:
+    from typing import Any
+
+State = dict[str, "Any"]
 
 TOOLS = (
     "nvidia-smi",
@@ -49,72 +53,53 @@ ZERO_GID = "0000:0000:0000:0000:0000:0000:0000:0000"
 SPARK_OUI = (0x4C, 0xBB, 0x47)  # real Spark MACs: enP7s7 4c:bb:47:80:2a:60 (§3.2)
 
 
-@dataclass(frozen=True)
-class ToolResult:
-    """What one shim invocation produced.
+class ToolResult(namedtuple("ToolResult", "stdout stderr exit_code new_state exec_argv",
+                            defaults=("", 0, None, None))):
+    """What one shim invocation produced: ``stdout``, ``stderr``, ``exit_code``.
 
     ``new_state`` is the whole state after a mutating command (``-lgc``,
     ``apt-mark hold``), else None. ``exec_argv`` asks main() to hand over to
     a real binary (e.g. ``getconf`` for anything but PAGESIZE).
     """
 
-    stdout: str
-    stderr: str = ""
-    exit_code: int = 0
-    new_state: State | None = None
-    exec_argv: tuple[str, ...] | None = None
+    __slots__ = ()
 
 
-@dataclass(frozen=True)
-class Netdev:
-    """Facts about one netdev as the namespace's kernel reports them."""
+class Netdev(namedtuple("Netdev", "name operstate mtu ipv4", defaults=(1500, ()))):
+    """Facts about one netdev as the namespace's kernel reports them: ``operstate`` as
+    /sys/class/net/<if>/operstate (up, down, lowerlayerdown, unknown, ...), ``ipv4`` as
+    (address, prefixlen) pairs in `ip addr` order."""
 
-    name: str
-    operstate: str  # /sys/class/net/<if>/operstate: up, down, lowerlayerdown, unknown, ...
-    mtu: int = 1500
-    ipv4: tuple[tuple[str, int], ...] = ()  # (address, prefixlen), in `ip addr` order
+    __slots__ = ()
 
     @property
     def link_up(self) -> bool:
         # "unknown" is what carrier-less virtual links (dummy) report while admin up.
-        return self.operstate in ("up", "unknown")
+        return bool(self.operstate in ("up", "unknown"))
 
     @property
     def admin_up(self) -> bool:
-        return self.operstate != "down"
+        return bool(self.operstate != "down")
 
 
 Netdevs = Mapping[str, Netdev]
 
 
-@dataclass(frozen=True)
-class GpuProcess:
-    pid: int
-    name: str
-    used_mib: int
-    type: str = "C"
+class GpuProcess(namedtuple("GpuProcess", "pid name used_mib type", defaults=("C",))):
+    __slots__ = ()
 
 
-@dataclass(frozen=True)
-class GpuSample:
-    """One instant of the GB10 as nvidia-smi would report it."""
+class GpuSample(namedtuple("GpuSample", "busy sm_mhz power_w temp_c util_pct pstate reasons")):
+    """One instant of the GB10 as nvidia-smi would report it (``reasons``: the
+    clocks_event_reasons bitmask, NVML values)."""
 
-    busy: bool
-    sm_mhz: int
-    power_w: float
-    temp_c: int
-    util_pct: int
-    pstate: str
-    reasons: int  # clocks_event_reasons bitmask (NVML values)
+    __slots__ = ()
 
 
-@dataclass(frozen=True)
-class Gid:
-    index: int
-    gid: str
-    type: str  # "IB/RoCE v1" or "RoCE v2", exactly as sysfs gid_attrs/types/N
-    netdev: str
-    ipv4: str | None = None
+class Gid(namedtuple("Gid", "index gid type netdev ipv4", defaults=(None,))):
+    """One GID slot; ``type`` is "IB/RoCE v1" or "RoCE v2", exactly as sysfs gid_attrs/types/N."""
+
+    __slots__ = ()
 
 
 def _result(out: str = "", err: str = "", rc: int = 0, new_state: State | None = None) -> ToolResult:

@@ -7,13 +7,9 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
-from typing import Any
 
 from sparkctl_sim import nodestate
 from sparkctl_sim.shims.common import (
@@ -27,13 +23,13 @@ from sparkctl_sim.shims.common import (
     ToolResult,
     _result,
 )
-from sparkctl_sim.shims.ethtool import ethtool
-from sparkctl_sim.shims.gb10 import gpu_processes
-from sparkctl_sim.shims.ibdev import ibdev2netdev, show_gids
-from sparkctl_sim.shims.lspci import lspci
-from sparkctl_sim.shims.nvidia_smi import nvidia_smi
-from sparkctl_sim.shims.perftest import ib_write_bw
-from sparkctl_sim.shims.system import apt_mark, getconf, uname
+
+# Lean on purpose: every call of a shim that has no rendered view starts `python3 -S` here, so
+# the tools' formatters, subprocess, shlex and pathlib are imported where they are used.
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (mypy reads the name)
+if TYPE_CHECKING:
+    from pathlib import Path
+    from typing import Any
 
 # --------------------------------------------------------------------------
 # Edges: the real kernel, /proc, the state file
@@ -50,6 +46,8 @@ def read_netdevs(
     namespace (``ip netns exec`` does so; a bare ``unshare -n`` does not), so a
     netdev absent from sysfs but known to netlink takes netlink's operstate/MTU.
     """
+    import subprocess
+
     links: dict[str, dict[str, Any]] = {}
     try:
         raw = subprocess.run(["ip", "-j", "addr", "show"], capture_output=True, text=True, timeout=5).stdout
@@ -62,10 +60,12 @@ def read_netdevs(
         ipv4 = tuple(
             (a["local"], int(a.get("prefixlen", 32))) for a in link.get("addr_info", []) if a.get("family") == "inet"
         )
-        base = Path(sys_class_net) / n
+        base = os.path.join(sys_class_net, n)
         try:
-            oper = (base / "operstate").read_text().strip()
-            mtu = int((base / "mtu").read_text().strip())
+            with open(os.path.join(base, "operstate")) as fh:
+                oper = fh.read().strip()
+            with open(os.path.join(base, "mtu")) as fh:
+                mtu = int(fh.read().strip())
         except (OSError, ValueError):
             if not link or "operstate" not in link:
                 continue
@@ -79,8 +79,12 @@ def read_process_names(pids: Sequence[int], proc: str = "/proc") -> dict[int, st
     out = {}
     for pid in pids:
         try:
-            argv0 = (Path(proc) / str(pid) / "cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
-            name = argv0.split(" ")[0] if argv0 else (Path(proc) / str(pid) / "comm").read_text().strip()
+            with open(f"{proc}/{pid}/cmdline", "rb") as fb:
+                argv0 = fb.read().split(b"\0")[0].decode(errors="replace")
+            if not argv0:
+                with open(f"{proc}/{pid}/comm") as fh:
+                    argv0 = fh.read().strip()
+            name = argv0.split(" ")[0]
         except OSError:
             continue
         out[pid] = name
@@ -94,13 +98,19 @@ def install_shims(
     state_path: str | os.PathLike[str] | None = None,
     package_root: str | os.PathLike[str] | None = None,
 ) -> list[Path]:
-    """Write one ``#!/bin/sh`` wrapper per tool into ``bin_dir``.
+    """Write one ``#!/bin/sh`` wrapper per tool into ``bin_dir``: the tool's rendered view
+    when it has one (:mod:`.rendered`), else ``python3 -S`` (no ``site``: the shims use
+    the standard library only) on this package.
 
     ``state_path`` bakes in a default ``SPARKCTL_SIM_STATE`` (sshd drops the
     caller's environment); ``package_root`` (default: the directory holding
     this ``sparkctl`` package) is put on PYTHONPATH so the wrappers work
     without an installed sparkctl.
     """
+    import pathlib
+    import shlex
+
+    Path = pathlib.Path  # noqa: N806 - the name the annotations use
     d = Path(bin_dir)
     d.mkdir(parents=True, exist_ok=True)
     root = Path(package_root) if package_root else Path(__file__).resolve().parents[2]
@@ -108,12 +118,12 @@ def install_shims(
     if state_path is not None:
         sp = shlex.quote(str(Path(state_path).resolve()))
         pre += f"{STATE_ENV}=${{{STATE_ENV}:-{sp}}}\nexport {STATE_ENV}\n"
+    from sparkctl_sim.shims.rendered import wrapper
+
     written = []
     for tool in TOOLS:
         p = d / tool
-        p.write_text(
-            f"#!/bin/sh\n{pre}exec {shlex.quote(str(Path(python).absolute()))} -m sparkctl_sim.shims {shlex.quote(tool)} \"$@\"\n"
-        )
+        p.write_text(wrapper(tool, str(Path(python).absolute()), pre))
         p.chmod(0o755)
         written.append(p)
     return written
@@ -130,22 +140,30 @@ def run_tool(tool: str, state: State, args: Sequence[str], *, now: float, euid: 
     """Pure dispatch by tool name (netdevs default to none present)."""
     nds = netdevs or {}
     if tool == "nvidia-smi":
+        from sparkctl_sim.shims.nvidia_smi import nvidia_smi
+
         return nvidia_smi(state, args, now=now, euid=euid, processes=processes)
-    if tool == "ibdev2netdev":
-        return ibdev2netdev(state, args, nds)
-    if tool == "show_gids":
-        return show_gids(state, args, nds)
+    if tool in ("ibdev2netdev", "show_gids"):
+        from sparkctl_sim.shims import ibdev
+
+        return (ibdev.ibdev2netdev if tool == "ibdev2netdev" else ibdev.show_gids)(state, args, nds)
     if tool == "ethtool":
+        from sparkctl_sim.shims.ethtool import ethtool
+
         return ethtool(state, args, nds, euid=euid)
     if tool == "lspci":
+        from sparkctl_sim.shims.lspci import lspci
+
         return lspci(state, args, euid=euid)
-    if tool == "uname":
-        return uname(state, args)
-    if tool == "getconf":
-        return getconf(state, args)
-    if tool == "apt-mark":
-        return apt_mark(state, args, euid=euid)
+    if tool in ("uname", "getconf", "apt-mark"):
+        from sparkctl_sim.shims import system
+
+        if tool == "apt-mark":
+            return system.apt_mark(state, args, euid=euid)
+        return (system.uname if tool == "uname" else system.getconf)(state, args)
     if tool == "ib_write_bw":
+        from sparkctl_sim.shims.perftest import ib_write_bw
+
         return ib_write_bw(state, args, nds)
     return _result("", f"sparkctl shims: unknown tool {tool!r}\n", 127)
 
@@ -233,6 +251,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         state = nodestate.load(path)
         procs = None
         if tool == "nvidia-smi":
+            from sparkctl_sim.shims.gb10 import gpu_processes
+
             pids = [int(p) for p in state.get("engine_mem_gib", {})]
             procs = gpu_processes(state, read_process_names(pids))
         res = run_tool(tool, state, args, now=now, euid=euid, netdevs=netdevs, processes=procs)

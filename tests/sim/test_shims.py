@@ -488,7 +488,8 @@ def test_read_netdevs_parses_sysfs(tmp_path: Path, monkeypatch: pytest.MonkeyPat
         '"prefixlen":30},{"family":"inet6","local":"fe80::1","prefixlen":64}]},'
         '{"ifname":"enP2p1s0f0np0","operstate":"LOWERLAYERDOWN","mtu":1500,"addr_info":[]}]'
     )
-    monkeypatch.setattr(shims.dispatch.subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(a, 0, ip_json, ""))
+    # read_netdevs imports subprocess where it runs `ip` (the shims start lean): patch the module
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(a, 0, ip_json, ""))
     nds = shims.read_netdevs(sys_class_net=str(tmp_path))
     assert nds == {
         "enp1s0f0np0": Netdev("enp1s0f0np0", "up", 9000, (("10.0.0.1", 30),)),

@@ -13,9 +13,7 @@ import json
 import time
 
 import pytest
-
-from sparkctl_sim import cluster
-from sparkctl_sim.faultmatrix import (
+from faultmatrix import (  # tests/faultmatrix.py: a test driver, not part of the simulator
     FAULTS,
     NEW,
     OLD,
@@ -33,6 +31,8 @@ from sparkctl_sim.faultmatrix import (
     record_integrity,
     run_cell,
 )
+
+from sparkctl_sim import cluster
 from tests.sim.helpers import RING
 
 RECORD = {"profile": NEW, "sets": [], "digest": "d", "engine": "tensorfold", "engine_version": "1",

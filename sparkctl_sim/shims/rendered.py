@@ -1,0 +1,169 @@
+"""The node-state-only tool outputs, rendered to files when the node's state changes.
+
+Most of what sparkctl asks a node (``uname -r``, ``getconf PAGESIZE``, ``apt-mark
+showhold``, ``lspci -vv -s BDF``, ``ethtool IFACE``, ``dpkg-query -W ...``) depends
+only on the node's state file, the caller's euid and a netdev's operstate. Each call
+used to start a Python interpreter (~60 ms); now :func:`render_views` (called by
+``nodestate._write``, the one place the state is written) renders the answers of a
+fixed table of command lines beside the state file, and the ``#!/bin/sh`` wrapper of
+each tool (:func:`wrapper`) sources the matching one: builtin ``printf`` and ``exit``,
+no fork, no Python. A command line not in the table, or a view not rendered yet,
+falls back to the Python shim (``python3 -S -m sparkctl_sim.shims TOOL``), which
+computes the same answer with the same formatter: the views cannot disagree with it.
+
+What varies apart from the state, and how the wrapper picks it without Python:
+
+* the euid (``lspci -vv`` shows capabilities to root only, ethtool's WOL_GET needs
+  CAP_NET_ADMIN): the ``Uid:`` line of ``/proc/self/status`` (proc(5): real,
+  effective, saved, filesystem uid), read with the builtin ``read``;
+* a netdev's carrier (``ethtool IFACE``, ``ibdev2netdev``):
+  ``/sys/class/net/IFACE/operstate`` as the real ibdev2netdev script reads it; the
+  node's sysfs is its own network namespace's (``ip netns exec`` remounts /sys).
+  No operstate file (rootless mode, a missing netdev): the Python shim decides,
+  from netlink.
+
+Time-dependent answers (nvidia-smi's power, clocks and timestamps; ``ps``) are not
+here: they stay in Python, started with ``-S`` (no ``site``).
+
+SIMULATION ONLY. Pure except :func:`write_views`.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+from pathlib import Path
+
+from sparkctl_sim.nodestate import VIEWS_DIR
+from sparkctl_sim.shims.common import BDF_OF_NETDEV, ROCE_DEVICES, Netdev, State, ToolResult
+from sparkctl_sim.shims.lspci import ROOT_PORTS
+
+NETDEVS = tuple(BDF_OF_NETDEV)
+_BDFS = tuple(sorted(ROOT_PORTS + tuple(BDF_OF_NETDEV.values())))
+# The command lines rendered per tool: those sparkctl's facts and laws run, and their kin.
+TABLE: dict[str, tuple[tuple[str, ...], ...]] = {
+    "uname": ((), ("-r",), ("-a",), ("-n",), ("-s",), ("-m",), ("-v",), ("-rn",), ("-nr",)),
+    "getconf": (("PAGESIZE",), ("PAGE_SIZE",)),
+    "apt-mark": (("showhold",),),
+    "lspci": ((), ("-D",), *((v, "-s", b) for v in ("-vv", "-vvv") for b in _BDFS),
+              *(("-PP", "-D", "-s", b) for b in _BDFS), *(("-P", "-D", "-s", b) for b in _BDFS)),
+    "ethtool": (*(("-i", n) for n in NETDEVS), *((n,) for n in NETDEVS)),
+    "dpkg-query": (("-W", "--showformat=${db:Status-Status}", "earlyoom"),
+                   ("-W", "-f=${db:Status-Status}", "earlyoom")),
+}
+EUIDS = {"root": 0, "user": 1000}  # any non-zero euid reads the same
+EUID_TOOLS = ("lspci", "ethtool")
+# carrier-dependent entries: (tool, args) -> the netdev whose operstate picks the view
+LINK_ARG = {("ethtool", (n,)): n for n in NETDEVS}
+
+
+def _result(tool: str, args: tuple[str, ...], state: State, euid: int, link_up: bool | None) -> ToolResult:
+    from sparkctl_sim.shims.dispatch import run_tool
+
+    if tool == "dpkg-query":
+        from sparkctl_sim.debpkg import dpkg_query
+
+        out, err, rc = dpkg_query(args, state)
+        return ToolResult(out, err, rc)
+    nd = LINK_ARG.get((tool, args))
+    netdevs = {nd: Netdev(nd, "up" if link_up else "down")} if nd else {}
+    return run_tool(tool, state, args, now=0.0, euid=euid, netdevs=netdevs)
+
+
+def _fragment(res: ToolResult) -> str:
+    """The sh the wrapper sources: builtin printf of stdout and stderr, then exit."""
+    body = ""
+    if res.stdout:
+        body += f"printf %s {shlex.quote(res.stdout)}\n"
+    if res.stderr:
+        body += f"printf %s {shlex.quote(res.stderr)} >&2\n"
+    return body + f"exit {int(res.exit_code)}\n"
+
+
+def view_name(tool: str, k: int, user: str | None = None, link: str | None = None) -> str:
+    return ".".join(x for x in (tool, str(k), user, link) if x) + ".sh"
+
+
+def render_views(state: State) -> dict[str, str]:
+    """File name -> sh fragment, for every command line of :data:`TABLE`. Pure.
+
+    An answer that needs the real tool (``exec_argv``) or changes the state is not
+    rendered: the wrapper then falls back to the Python shim.
+    """
+    out: dict[str, str] = {}
+    for tool, lines in TABLE.items():
+        users = tuple(EUIDS) if tool in EUID_TOOLS else (None,)
+        for k, args in enumerate(lines):
+            links = ("up", "down") if (tool, args) in LINK_ARG else (None,)
+            for user in users:
+                for link in links:
+                    res = _result(tool, args, state, EUIDS[user] if user else 0,
+                                  None if link is None else link == "up")
+                    if res.exec_argv is None and res.new_state is None:
+                        out[view_name(tool, k, user, link)] = _fragment(res)
+    return out
+
+
+def write_views(state_path: str | os.PathLike[str], state: State) -> None:
+    """Render the views into ``rendered/`` beside the state file (atomic per file)."""
+    d = Path(state_path).with_name(VIEWS_DIR)
+    d.mkdir(exist_ok=True)
+    views = render_views(state)
+    for old in d.glob("*.sh"):
+        if old.name not in views:
+            old.unlink(missing_ok=True)
+    for name, text in views.items():
+        tmp = d / f".{name}.{os.getpid()}.tmp"
+        tmp.write_text(text)
+        os.replace(tmp, d / name)
+
+
+# --------------------------------------------------------------------------- the wrappers
+
+_UID = ('u=user; while read -r key r e rest; do [ "$key" = Uid: ] && { [ "$e" = 0 ] && u=root; break; }; '
+        'done </proc/self/status\n')
+# `ip netns exec` mounts the namespace's own sysfs; an absent operstate file: Python decides (netlink)
+_LINK = ('l=; [ -r /sys/class/net/{nd}/operstate ] && read -r l </sys/class/net/{nd}/operstate\n'
+         '    case "$l" in up|unknown) l=up ;; "") k= ;; *) l=down ;; esac\n')
+
+
+def _case(tool: str) -> str:
+    arms = []
+    for k, args in enumerate(TABLE.get(tool, ())):
+        key = shlex.quote(f"{len(args)}:{' '.join(args)}")
+        arm = f"{key}) k={k}"
+        nd = LINK_ARG.get((tool, args))
+        if nd:
+            arm += f"\n    {_LINK.format(nd=nd)}    v=$v.$l"
+        arms.append(f"  {arm} ;;")
+    return 'k=; v=\ncase "$#:$*" in\n' + "\n".join(arms) + "\nesac\n"
+
+
+def _ibdev2netdev() -> str:
+    """The real ibdev2netdev's loop: each RoCE device's netdev and its operstate (sysfs)."""
+    lines = ["k=ok"]
+    for i, (dev, nd, _bdf) in enumerate(ROCE_DEVICES):
+        lines.append(f"s{i}=; [ -r /sys/class/net/{nd}/operstate ] && read -r s{i} </sys/class/net/{nd}/operstate"
+                     f" || k=")
+    out = []
+    for i, (dev, nd, _bdf) in enumerate(ROCE_DEVICES):
+        out.append(f'case "$s{i}" in up|unknown) t{i}=Up ;; *) t{i}=Down ;; esac')
+    fmt = "".join(f"{dev} port 1 ==> {nd} (%s)\\n" for dev, nd, _ in ROCE_DEVICES)
+    args = " ".join(f'"$t{i}"' for i in range(len(ROCE_DEVICES)))
+    return ("\n".join(lines) + '\nif [ "$k" = ok ]; then\n  ' + "\n  ".join(out)
+            + f"\n  printf '{fmt}' {args}\n  exit 0\nfi\n")
+
+
+def wrapper(tool: str, python: str, pre: str) -> str:
+    """The ``#!/bin/sh`` for ``tool``: its rendered view when there is one, else the Python shim."""
+    head = f"#!/bin/sh\n# sparkctl SIMULATION: {tool} (views: sparkctl_sim/shims/rendered.py)\n"
+    fast = ""
+    if tool == "ibdev2netdev":
+        fast = '[ "$#" = 0 ] && {\n' + _ibdev2netdev() + "}\n"
+    elif tool in TABLE:
+        d = '"${%s%%/*}/%s"' % ("SPARKCTL_SIM_STATE", VIEWS_DIR)
+        uid = _UID if tool in EUID_TOOLS else ""
+        fast = (_case(tool) + 'if [ -n "$k" ]; then\n  ' + uid.replace("\n", "\n  ").rstrip(" ")
+                + ('  v=.$u$v\n' if uid else "") + f"  f={d}/{tool}.$k$v.sh\n"
+                + '  [ -r "$f" ] && . "$f"\nfi\n')
+    return f"{head}{pre}{fast}exec {shlex.quote(python)} -S -m sparkctl_sim.shims {shlex.quote(tool)} \"$@\"\n"

@@ -1,0 +1,80 @@
+"""The SIMULATED tools' rendered views (sparkctl_sim/shims/rendered.py) answer exactly what the
+Python shims answer, follow every state write, and fall back to Python for anything else."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from sparkctl_sim import nodestate, shims
+from sparkctl_sim.shims import rendered
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> tuple[Path, dict[str, str]]:
+    state = tmp_path / "node" / "state.json"
+    nodestate.create(state, nodestate.default_state("spark-a"))
+    shims.install_shims(tmp_path / "bin", state_path=state)
+    env = {k: v for k, v in os.environ.items() if k not in (shims.STATE_ENV, "PYTHONPATH")}
+    return tmp_path / "bin", env
+
+
+def _run(bin_dir: Path, env: dict[str, str], *argv: str) -> tuple[str, str, int]:
+    r = subprocess.run([str(bin_dir / argv[0]), *argv[1:]], capture_output=True, text=True, env=env, timeout=60)
+    return r.stdout, r.stderr, r.returncode
+
+
+def _python(env: dict[str, str], state: Path, *argv: str) -> tuple[str, str, int]:
+    root = str(Path(shims.__file__).resolve().parents[2])
+    r = subprocess.run(["python3", "-S", "-m", "sparkctl_sim.shims", *argv], capture_output=True, text=True,
+                       env={**env, shims.STATE_ENV: str(state), "PYTHONPATH": root}, timeout=60)
+    return r.stdout, r.stderr, r.returncode
+
+
+CASES = [(tool, args) for tool, lines in rendered.TABLE.items() for args in lines
+         if (tool, args) not in rendered.LINK_ARG]  # carrier views need the node's sysfs (e2e)
+
+
+@pytest.mark.parametrize(("tool", "args"), CASES, ids=[f"{t} {' '.join(a)}" for t, a in CASES])
+def test_the_view_is_the_python_shims_answer(node: tuple[Path, dict[str, str]], tool: str,
+                                              args: tuple[str, ...]) -> None:
+    bin_dir, env = node
+    state = bin_dir.parent / "node" / "state.json"
+    assert _run(bin_dir, env, tool, *args) == _python(env, state, tool, *args)
+
+
+def test_the_wrapper_sources_the_view_and_python_never_starts(node: tuple[Path, dict[str, str]]) -> None:
+    bin_dir, env = node
+    view = bin_dir.parent / "node" / rendered.VIEWS_DIR / "uname.1.sh"
+    assert view.read_text() == "printf %s '6.17.0-1029-nvidia\n'\nexit 0\n"
+    # a planted view is what the tool prints: the wrapper read it, no Python computed it
+    view.write_text("printf %s 'planted\n'\nexit 3\n")
+    assert _run(bin_dir, env, "uname", "-r") == ("planted\n", "", 3)
+    view.unlink()  # no view: the Python shim answers
+    assert _run(bin_dir, env, "uname", "-r") == ("6.17.0-1029-nvidia\n", "", 0)
+
+
+def test_every_state_write_renders_the_views_again(node: tuple[Path, dict[str, str]]) -> None:
+    bin_dir, env = node
+    state = bin_dir.parent / "node" / "state.json"
+    with nodestate.edit(state) as s:
+        s["kernel_release"] = "6.17.0-1031-nvidia"
+        s["packages"] = {"earlyoom": "1.7-1"}
+        s["pcie"]["width"] = 2
+    assert _run(bin_dir, env, "uname", "-r")[0] == "6.17.0-1031-nvidia\n"
+    assert _run(bin_dir, env, "dpkg-query", "-W", "--showformat=${db:Status-Status}", "earlyoom") == \
+        ("installed", "", 0)
+    lspci = _run(bin_dir, env, "lspci", "-vv", "-s", "0000:01:00.0")[0]
+    assert ("Width x2 (downgraded)" if os.geteuid() == 0 else "<access denied>") in lspci
+    out = _run(bin_dir, env, "apt-mark", "hold", "linux-nvidia-hwe-24.04")  # a mutator: always Python
+    assert out[2] in (0, 100)
+
+
+def test_arguments_outside_the_table_go_to_python(node: tuple[Path, dict[str, str]]) -> None:
+    bin_dir, env = node
+    assert _run(bin_dir, env, "uname", "-sr") == ("Linux 6.17.0-1029-nvidia\n", "", 0)
+    out, err, rc = _run(bin_dir, env, "uname", "-Z")
+    assert rc == 1 and "invalid option -- 'Z'" in err
