@@ -14,6 +14,7 @@ import subprocess
 import sys
 import zipfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -188,3 +189,53 @@ def test_the_page_wants_the_endpoint_key_when_the_record_names_one(tmp_path: Pat
     assert not h.authorized(None) and not h.authorized("Bearer nope")
     (tmp_path / "record.json").write_text(json.dumps({"listen": {"spark-a": "10.20.0.1"}}))
     assert h.authorized(None) and h.page_address() == "10.20.0.1"  # no key named: open, where the engine listens
+
+
+def _sudo_head_inventory() -> Any:
+    from sparkctl.model.inventory import loads_inventory
+
+    return loads_inventory("nodes:\n  - {name: spark-a, host: 192.168.1.100, sudo: true}\n"
+                           "  - {name: spark-b, host: 192.168.1.101, sudo: false}\n"
+                           "cables:\n  - [spark-a:p0, spark-b:p0]\n")
+
+
+@pytest.mark.parametrize("listed", [True, False])
+def test_the_check_step_writes_the_verdicts_only_where_it_lists_them(listed: bool,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """The laws' verdicts are a write of the check step (``params["verdicts"]``: the head, its path, the
+    inventory's sudo for it, not the probes'): ``calls`` lists it, the step writes exactly that; a check
+    step that lists none writes nothing (the negative control)."""
+    from sparkctl.ops import check, executor
+    from sparkctl.plan import planner
+    from sparkctl.plan.laws.base import Verdict
+    from sparkctl.plan.steps import Plan, Step, calls, describe
+    from tests.fakenodes import fake_for
+
+    inv = _sudo_head_inventory()
+    verdict = Verdict("kernel_pin", "spark-b", "ok", "6.11", "6.11")
+    monkeypatch.setattr(executor, "run_check", lambda res, *_a, **_k: check.CheckReport(res.name, ("spark-b",),
+                                                                                          (verdict,), {}))
+    params: dict[str, Any] = {"profile": "tiny-llamacpp", "ignore": []}
+    if listed:
+        params["verdicts"] = planner.verdicts_target(inv)
+    step = Step("check", "check", "check", ("spark-b",), "judge the laws", params=params)
+    promised = [(c.node, c.kind, c.text, c.sudo) for c in calls(step) if c.kind == "put"]
+    t = fake_for(inv)
+    executor.check_step(inv, t, Roots.make(None, None), lambda *_: None)(step.to_dict())
+    writes = [(c.node, "put", c.command[4:], c.sudo) for c in t.calls if c.command.startswith("put ")]
+    assert writes == promised
+    if listed:
+        assert writes == [("spark-a", "put", "/var/lib/sparkctl/laws.json", True)]
+        body = json.loads(next(c.stdin for c in t.calls if c.command.startswith("put ")) or b"{}")
+        assert body["profile"] == "tiny-llamacpp" and body["verdicts"][0]["law"] == "kernel_pin"
+        text = "\n".join(describe(Plan("up", "tiny-llamacpp", (step,))))
+        assert "spark-a# write /var/lib/sparkctl/laws.json" in text
+    else:
+        assert writes == []
+
+
+def test_the_exporter_push_carries_the_inventorys_sudo() -> None:
+    inv = _sudo_head_inventory()
+    files = exporterplan.render_exporters(inv, Roots.make(None, None), {n.name: "true" for n in inv.nodes})
+    push = next(s for s in exporterplan.exporter_steps(inv, files) if s.kind == "put")
+    assert dict(push.sudo) == {"spark-a": True, "spark-b": False}

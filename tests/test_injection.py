@@ -410,7 +410,8 @@ def sparkctl_commands(ld: Loaded, monkeypatch: pytest.MonkeyPatch) -> tuple[list
     files: dict[tuple[str, str], tuple[bytes, int]] = {}
     ops: list[Callable[[FakeNodes], Any]] = [
         lambda t: executor.up(ld.res, ld.inv, t, ld.roots, secrets=ld.secrets, skip_check=True),
-        lambda t: run_check(ld.res, ld.inv, t, fix=True, bandwidth_s=0),
+        lambda t: run_check(ld.res, ld.inv, t, fix=True, bandwidth_s=0,
+                            fix_runner=executor.plan_runner(ld.inv, t, lambda _m: None)),
         lambda t: executor.down(ld.inv, t, reset_clocks=True),
         lambda t: cluster_status(ld.inv, t),
         lambda t: supervise.switch_supervised(ld.res, ld.inv, t, ld.roots, secrets=ld.secrets, skip_check=True),

@@ -365,7 +365,7 @@ def test_up_of_an_overcommitting_profile_fails_in_phase_check_with_the_figures(
     def judged(res: Any, inv: Any, transport: Any, **kw: Any) -> check.CheckReport:
         return check.CheckReport(res.name, ctx.nodes, tuple(check_memory_fit(ctx)), {})
 
-    monkeypatch.setattr(check, "run_check", judged)
+    monkeypatch.setattr(executor, "run_check", judged)  # the check step's own (sparkctl.ops.executor.check_step)
     res = resolve("tiny-llamacpp", Roots.make(None, None), sets=["model.context_len_tokens=4194304"])
     inv = loads_inventory(ONE)
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))

@@ -17,14 +17,17 @@ import yaml
 from sparkctl.model.inventory import load_inventory
 from sparkctl.model.profiles import resolve
 from sparkctl.model.resources import Roots
-from sparkctl.ops.supervise import split_plan
-from sparkctl.plan import fabricplan, planner
+from sparkctl.ops import nodessh
+from sparkctl.plan import lockplan, planner, supervised
 from sparkctl.plan.render import render
 
 REPO = Path(__file__).resolve().parent.parent
 PLANS = REPO / "tests" / "plans"
 STARTED = "2026-01-01T00:00:00+00:00"
 CASES = sorted(p.name for p in PLANS.iterdir() if (p / "case.yaml").is_file())
+# Who holds the lock in every fixture: what `sparkctl.ops.lock.holder_info` says of a live process.
+HOLDER = {"holder": "op@workstation pid 1", "since": STARTED, "host": "workstation", "pid": 1,
+          "run": "workstation:1:fixture"}
 
 
 def _roots() -> Roots:
@@ -65,6 +68,11 @@ def _record(spec: dict[str, Any] | None, inv: Any, roots: Roots) -> Any:
     return replace(rec, nodes=nodes)
 
 
+def _locked(plan: Any, inv: Any, nodes: Any = None) -> Any:
+    """``plan`` between the locks of ``nodes`` (every node when None), as the executor takes them."""
+    return lockplan.with_lock(plan, inv, {**HOLDER, "operation": plan.op}, nodes)
+
+
 def plan_case(name: str) -> dict[str, Any]:
     case = yaml.safe_load((PLANS / name / "case.yaml").read_text())
     roots = _roots()
@@ -78,30 +86,55 @@ def plan_case(name: str) -> dict[str, Any]:
         netplan = {n: tuple(describe_file(name, text.encode()) for name, text in files.items())
                    for n, files in case.get("netplan", {}).items()}
         profile = resolve(case["profile"], roots) if case.get("profile") else None
-        return _bundle_neutral(plan_apply(inv, roots, profile, None, netplan)[0].to_dict())
+        return _bundle_neutral(plan_apply(inv, roots, profile, None, netplan,
+                                          {**HOLDER, "operation": "fabric apply"})[0].to_dict())
     if case["op"] == "down":
         if case.get("stack"):  # down --stack: that stack's record and nodes (sparkctl.ops.executor.down_scope)
             from sparkctl.ops.executor import down_scope
 
             recs, nodes = down_scope(inv, {r.stack: r for r in (record, *others) if r}, case["stack"])
-            return planner.plan_down(inv, recs, nodes=nodes, reset_clocks=bool(case.get("reset_clocks")),
-                                     started_at=STARTED).to_dict()
-        return planner.plan_down(inv, record, reset_clocks=bool(case.get("reset_clocks")), started_at=STARTED).to_dict()
+            return _locked(planner.plan_down(inv, recs, nodes=nodes, reset_clocks=bool(case.get("reset_clocks")),
+                                             started_at=STARTED), inv, nodes).to_dict()
+        return _locked(planner.plan_down(inv, record, reset_clocks=bool(case.get("reset_clocks")),
+                                         started_at=STARTED), inv).to_dict()
     if case["op"] == "fabric-restore":
-        return fabricplan.plan_fabric_restore(inv).to_dict()
+        from sparkctl.ops.fabric import plan_restore
+
+        return plan_restore(inv, {**HOLDER, "operation": "fabric restore"}).to_dict()
     res = resolve(case["profile"], roots, case.get("sets", ()))
     rendering = render(res, inv, roots, secrets={})
     f = case.get("facts", {})
     facts = planner.UpFacts(record, dict(f.get("alive", {})), bool(f.get("healthy", False)), others=others)
     gateway = _gateway(res, inv, roots, case.get("gateway"))
     if case["op"] == "up":
-        return planner.plan_up(res, inv, rendering, facts, started_at=STARTED, gateway=gateway).to_dict()
+        plan = planner.plan_up(res, inv, rendering, facts, started_at=STARTED, gateway=gateway)
+        return (_locked(plan, inv, planner.own_nodes(rendering, record)) if plan.steps else plan).to_dict()
     prev_res = resolve(record.profile, roots, case["record"].get("sets", ()))
     previous = (prev_res, render(prev_res, inv, roots, secrets={}))
-    plan = planner.plan_switch(res, inv, rendering, facts, started_at=STARTED, previous=previous, gateway=gateway)
+    scope = planner.own_nodes(rendering, record)  # the stack's nodes, old and new (executor.lock_scope)
     if case["op"] == "switch":
-        return plan.to_dict()
-    mine, theirs = split_plan(plan)
+        return _locked(planner.plan_switch(res, inv, rendering, facts, started_at=STARTED, previous=previous,
+                                           gateway=gateway), inv, scope).to_dict()
+    return _supervised(inv, res, rendering, facts, previous, record, gateway, scope)
+
+
+def _supervised(inv: Any, res: Any, rendering: Any, facts: Any, previous: Any, record: Any, gateway: Any,
+                scope: Any) -> dict[str, Any]:
+    """`switch --supervise`, with stand-in bytes for the key, the host keys and the runner."""
+    holder = {**HOLDER, "operation": f"switch --supervise {res.name}"}
+    plan = lockplan.with_lock(planner.plan_switch(res, inv, rendering, facts, started_at=STARTED, previous=previous,
+                                                  rollback_note=supervised.ROLLBACK_NOTE, gateway=gateway),
+                              inv, holder, scope)
+    head, peers = inv.nodes[0].name, tuple(inv.names[1:])
+    addrs = {n: nodessh.fabric_address_from(inv, head, n) for n in peers}
+    hand = supervised.Handover(head, peers, nodessh.grant_line(inv, head, "ssh-ed25519 AAAAfixture sparkctl"),
+                               b"KEY", b"KNOWN HOSTS", b"RUNNER", b"PROBE")
+    mine, theirs = supervised.split(plan)
+    theirs = supervised.head_plan(theirs, inv, holder, scope)
+    doc = supervised.handover_document(inv, head, theirs, {}, addrs,
+                                       {n: nodessh.ssh_argv(inv, head, n, addrs[n]) for n in peers},
+                                       res.profile.model.served_name, record)
+    mine = supervised.operator_plan(mine, inv, hand, doc, record, res.name, holder, STARTED)
     return {"operator": mine.to_dict(), "head": theirs.to_dict()}
 
 
@@ -145,14 +178,20 @@ def test_the_fixtures_say_what_the_issue_asks() -> None:
     assert next(s for s in stale["steps"] if s["phase"] == "stop-stale")["nodes"] == ["spark-a", "spark-b", "spark-c",
                                                                                       "spark-d"]
     fresh = plan_case("fresh-up")
-    assert [s["phase"] for s in fresh["steps"]][:4] == ["check", "clock", "record-start", "stop-stale"]
-    assert all(s["on_fail"] == "abort" for s in fresh["steps"][:3])  # nothing stopped yet: nothing to undo
+    assert [s["phase"] for s in fresh["steps"]][:5] == ["lock", "check", "clock", "record-start", "stop-stale"]
+    assert all(s["on_fail"] == "abort" for s in fresh["steps"][:4])  # nothing stopped yet: nothing to undo
+    # the lock is released whatever happened, and only if it is still this run's
+    assert [s["id"] for s in fresh["branches"]["finally"]] == ["unlock"]
+    assert fresh["branches"]["finally"][0]["params"]["stdin"] == {"spark-a": '"run": "workstation:1:fixture"'}
     # from the first stop on, a failure stops what this run started; only housekeeping may fail and go on
-    soft = {s["id"] for s in fresh["steps"][3:] if s["on_fail"] == "continue"}
+    soft = {s["id"] for s in fresh["steps"][4:] if s["on_fail"] == "continue"}
     assert soft <= {"logs", "drop-caches", "unpersist"}, soft  # unpersist: an earlier run's enable
-    assert all(s["on_fail"] == "stop" for s in fresh["steps"][3:] if s["id"] not in soft)
+    assert all(s["on_fail"] == "stop" for s in fresh["steps"][4:] if s["id"] not in soft)
+    # every record write says its sudo, and a record claiming nothing serves is removed if it cannot be written
+    rec = next(s for s in fresh["steps"] if s["id"] == "record-start")
+    assert rec["sudo"] == {"spark-a": True} and rec["params"]["remove_on_failure"]["spark-a"].startswith("rm -f ")
     sw = plan_case("switch-rollback")
-    assert {s["on_fail"] for s in sw["steps"][3:] if s["id"] not in soft} == {"rollback"}
+    assert {s["on_fail"] for s in sw["steps"][4:] if s["id"] not in soft} == {"rollback"}
     back = sw["branches"]["rollback"]
     assert back[-1]["params"]["record"]["profile"] == "ds41f-tp4-ring"
     inv, roots = _inventory("inventory.yaml"), _roots()
@@ -163,10 +202,26 @@ def test_the_fixtures_say_what_the_issue_asks() -> None:
     starts = [s["nodes"] for s in back if s["phase"] == "rollback" and s["id"].startswith("rollback-start")]
     assert starts == [["spark-b", "spark-c", "spark-d"], ["spark-a"]]  # ds41f: workers first, then the head
     sup = plan_case("supervised-switch")
-    assert [s["phase"] for s in sup["operator"]["steps"]] == ["check", "clock"]
-    assert sup["head"]["steps"] == sw["steps"][2:] and sup["head"]["branches"] == sw["branches"]
+    # everything the supervised switch changes is a step: the grant, the push, the record, the launch
+    assert [s["id"] for s in sup["operator"]["steps"]] == [
+        "lock", "check", "clock", "supervisor-grant", "supervisor-grant-user", "supervisor-key", "supervisor-push",
+        "record-switching", "launch"]
+    op = {s["id"]: s for s in sup["operator"]["steps"]}
+    assert set(op["supervisor-grant"]["nodes"]) == {"spark-b", "spark-c", "spark-d"}
+    assert [f["path"].rsplit("/", 1)[1] for f in op["supervisor-push"]["files"]["spark-a"]] == [
+        "supervisor-plan.json", "endpoint_probe.py", "planrun.py"]
+    assert op["launch"]["on_fail"] == "restore-record" and "setsid" in op["launch"]["commands"]["spark-a"]
+    assert sup["operator"]["branches"]["restore-record"][0]["params"]["record"]["state"] == "serving"
+    assert [s["id"] for s in sup["operator"]["branches"]["finally"]] == ["unlock"]
+    # the head runs the rest of the same plan; its lock release names the runner's own token
+    head_steps = [s for s in sw["steps"][3:]]
+    assert [s["id"] for s in sup["head"]["steps"]] == [s["id"] for s in head_steps]
+    assert sup["head"]["branches"]["finally"][0]["params"]["stdin"]["spark-a"].endswith('/supervisor"')
+    # the rollback's note is decided at planning time
+    assert sup["head"]["branches"]["rollback"][-1]["params"]["record"]["note"] == "rolled back by supervisor"
+    assert sw["branches"]["rollback"][-1]["params"]["record"]["note"] == "rolled back"
     down = plan_case("down")
-    assert [s["id"] for s in down["steps"]] == ["record-stopping", "disable", "stop", "record", "leaks",
+    assert [s["id"] for s in down["steps"]] == ["lock", "record-stopping", "disable", "stop", "record", "leaks",
                                                 "reset-clocks"]  # nothing may come back at boot once down ran
     assert next(s["nodes"] for s in down["steps"] if s["id"] == "stop") == ["spark-a", "spark-b", "spark-c",
                                                                            "spark-d"]  # the head first
@@ -186,17 +241,28 @@ def test_the_fabric_fixtures_say_what_the_issue_asks() -> None:
     assert all("iptables -w -X SPARKCTL-FABRIC" in c for c in back["commands"].values())
 
 
+def _on_state_node(s: dict[str, Any]) -> bool:
+    """The record and the node locks live on the state node (spark-a), whichever stack they are for."""
+    return s["kind"] in ("record", "lock") or s["id"] == "unlock"
+
+
 def test_the_stack_fixtures_keep_to_their_own_nodes() -> None:
-    """Issue 20, item 2: a stack beside another stops, starts and records only its own."""
+    """Issue 20, item 2: a stack beside another stops, starts, records and locks only its own."""
     up = plan_case("up-beside-stack")
-    touched = {n for s in up["steps"] for n in s["nodes"] if s["kind"] != "record"}
+    touched = {n for s in up["steps"] for n in s["nodes"] if not _on_state_node(s)}
     assert touched == {"spark-c", "spark-d"}, touched
     for branch in up["branches"].values():
-        assert {n for s in branch for n in s["nodes"] if s["kind"] != "record"} <= {"spark-c", "spark-d"}
+        assert {n for s in branch for n in s["nodes"] if not _on_state_node(s)} <= {"spark-c", "spark-d"}
     recs = [s for s in up["steps"] if s["kind"] == "record"]
     assert {s["params"]["path"] for s in recs} == {"/var/lib/sparkctl/stacks/right.json"}
     assert all(s["params"]["record"]["stack"] == "right" for s in recs)
+    # the lock step takes exactly the stack's node locks, and the release lets go of exactly those
+    lock = up["steps"][0]
+    assert lock["kind"] == "lock" and lock["params"]["nodes"] == ["spark-c", "spark-d"]
+    unlock = up["branches"]["finally"][0]["commands"]["spark-a"]
+    assert "locks/spark-c.d" in unlock and "locks/spark-d.d" in unlock and "spark-a.d" not in unlock
     down = plan_case("down-one-stack")
-    assert {n for s in down["steps"] for n in s["nodes"] if s["kind"] != "record"} == {"spark-c", "spark-d"}
+    assert {n for s in down["steps"] for n in s["nodes"] if not _on_state_node(s)} == {"spark-c", "spark-d"}
+    assert down["steps"][0]["params"]["nodes"] == ["spark-c", "spark-d"]
     assert [s["id"] for s in down["steps"] if s["kind"] == "record"] == ["record-stopping-right", "record-right"]
     assert {s["params"]["record"]["stack"] for s in down["steps"] if s["kind"] == "record"} == {"right"}

@@ -19,7 +19,8 @@ def _params(fn: Any) -> list[str]:
 
 @pytest.mark.parametrize("backend", [TransportBackend, planrun.HeadBackend], ids=lambda b: b.__name__)
 def test_each_backend_has_every_method_of_the_protocol_with_its_parameters(backend: type) -> None:
-    assert {"emit", "probe", "run_all", "put_all", "write_record", "check", "monotonic", "sleep"} <= set(METHODS)
+    assert {"emit", "probe", "run_all", "put_all", "write_record", "check", "lock", "monotonic",
+            "sleep"} <= set(METHODS)
     for name in METHODS:
         want = _params(getattr(planrun.Backend, name))
         got = getattr(backend, name)
@@ -53,23 +54,26 @@ class _Fake:
               api_key: Any = None, via: str | None = None) -> tuple[bool, str]:
         return True, "serving"
 
-    def run_all(self, commands: Any, sudo: Any, timeout_s: float | None) -> dict[str, Any]:
+    def run_all(self, commands: Any, sudo: Any, timeout_s: float | None, stdin: Any = None) -> dict[str, Any]:
         fail = {n for n, c in commands.items() if c == "false"}
         return {n: {"ok": n not in fail, "exit_code": 1 if n in fail else 0, "stdout": "", "stderr": "boom",
                     "error": ""} for n in commands}
 
-    def put_all(self, files: Any) -> dict[str, Any]:
+    def put_all(self, files: Any, sudo: Any) -> dict[str, Any]:
         return {n: {"ok": True, "exit_code": 0, "stdout": "", "stderr": "", "error": ""} for n in files}
 
-    def write_record(self, node: str, path: str, data: Any) -> dict[str, Any]:
+    def write_record(self, node: str, path: str, data: Any, sudo: bool, remove_on_failure: Any) -> dict[str, Any]:
         self.records.append(dict(data))
         return {"ok": True, "exit_code": 0, "stdout": "", "stderr": "", "error": ""}
 
     def leaks(self, results: Any) -> dict[str, float]:
         return {}
 
-    def check(self, params: Any) -> str:
+    def check(self, step: Any) -> str:
         return "laws hold"
+
+    def lock(self, step: Any) -> str:
+        return "acquired"
 
 
 def _step(sid: str, command: str, on_fail: str = "stop") -> dict[str, Any]:

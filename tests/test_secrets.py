@@ -167,7 +167,8 @@ def _operations(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *, fail_start: 
     calls += t.calls
     files.update(t.files)
     record = files[("spark-a", str(tmp_path / "nodes/a/var/lib/sparkctl/record.json"))][0].decode()
-    for op in (lambda t: run_check(res, inv, t, fix=True, bandwidth_s=0, progress=said.append),  # noqa: B023
+    for op in (lambda t: run_check(res, inv, t, fix=True, bandwidth_s=0, progress=said.append,  # noqa: B023
+                                   fix_runner=executor.plan_runner(inv, t, said.append)),
                lambda t: said.append(json.dumps(cluster_status(inv, t))),  # noqa: B023
                lambda t: executor.down(inv, t, reset_clocks=True, progress=progress),
                lambda t: supervise.switch_supervised(res, inv, t, roots, secrets=SECRETS, skip_check=True,
@@ -260,7 +261,7 @@ def test_the_put_writes_the_secret_file_0600_even_with_umask_000(tmp_path: Path)
         with LocalTransport(nodes=inv.names, sudo=False) as t:
             files = {"spark-a": [f.to_dict() for f in (FileRef(x.path, x.mode, x.sha256)
                                                          for x in rendering.files["spark-a"].values())]}
-            res = executor.TransportBackend(inv, t, lambda *a: None, rendering).put_all(files)
+            res = executor.TransportBackend(inv, t, lambda *a: None, rendering).put_all(files, {"spark-a": False})
             assert all(r["ok"] for r in res.values()), res
     finally:
         os.umask(old)
@@ -321,7 +322,8 @@ def test_the_supervisors_ssh_checks_host_keys_it_got_from_verified_connections(
 
 # What each command that runs under sudo does; everything else runs as the login user.
 SUDO_KINDS = {
-    "lock": r"(d=|grep -qF |info=|for d in ).*locks/.*\.d.*",  # /var/lib/sparkctl is root's
+    # the lock steps (sparkctl.plan.lockplan): the holder line or the run's token on stdin
+    "lock": r"IFS= read -r (info|run|want) \|\| true.*",  # /var/lib/sparkctl is root's
     "clock-cap": r"(nvidia-smi -lgc 0,\d+ && )?mkdir -p .*clock-lock.*|nvidia-smi -lgc 0,\d+",  # check --fix: two
     "clock-reset": r"nvidia-smi -rgc && rm -f .*clock-lock'?",
     "stop-engines": r"set -u\nunit=.*",  # systemctl stop, docker rm, kill
@@ -332,7 +334,8 @@ SUDO_KINDS = {
     "start": r"systemctl start sparkctl-engine|sh .*run-detached\.sh' start",
     "authorize-supervisor": r"f=.*/etc/sparkctl/authorized_keys.*",
     "start-supervisor": r"mkdir -p .*/var/log/sparkctl && : > .*supervisor\.jsonl.*",
-    "drop-caches": r"sync|echo 3 > .*drop_caches|set -- \$\(awk .*meminfo.*drop_caches.*",  # /proc/sys is root's
+    # /proc/sys is root's
+    "drop-caches": r"sync( && echo 3 > .*drop_caches)?|echo 3 > .*drop_caches|set -- \$\(awk .*meminfo.*drop_caches.*",
     "watchdog": r"set -e\n\[ \"\$\(dpkg-query .*earlyoom.*",  # /etc/default, systemctl enable/restart
     "weights-agent-job": r"python3 -S .*weights_agent\.py (fetch|manifest|serve|pull|stop) .*",
 }

@@ -19,10 +19,12 @@ from sparkctl.model.profiles import resolve
 from sparkctl.model.record import NodeRecord, RunRecord
 from sparkctl.model.resources import Roots
 from sparkctl.model.stacks import StackConflict, live_from_records, refusal, stack_of
-from sparkctl.ops import lock
+from sparkctl.ops import executor, lock
 from sparkctl.ops.executor import down_scope, lock_scope
-from sparkctl.plan import planner
+from sparkctl.ops.localstate import write_json
+from sparkctl.plan import lockplan, planner
 from sparkctl.plan.render import render
+from sparkctl.plan.steps import Plan
 from sparkctl.transport import FakeTransport, LocalTransport, reply
 
 REPO = Path(__file__).resolve().parent.parent
@@ -109,12 +111,19 @@ def _local(tmp_path: Path) -> tuple[object, LocalTransport]:
     return inv, LocalTransport(nodes=inv.names, sudo=False)
 
 
+def _write(inv: object, t: LocalTransport, rec: RunRecord) -> None:
+    """A record written the way every plan writes it: its ``record`` step (atomic, with its rm -f)."""
+    step = planner.record_step(inv, "record", "record", "spark-a", rec, "record")  # type: ignore[arg-type]
+    state = executor.run_plan(Plan("t", None, (step,)), executor.TransportBackend(inv, t, lambda *_: None))  # type: ignore[arg-type]
+    assert state.result == "done", state.failure
+
+
 def test_records_round_trip_per_stack_and_the_cache_only_fills_in_what_claims_nothing_runs(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     inv, t = _local(tmp_path)
-    lock.write_record(inv, t, replace(LEFT, stack="default"))
-    lock.write_record(inv, t, _rec("right", ("spark-c", "spark-d"), served="y"))
+    _write(inv, t, replace(LEFT, stack="default"))
+    _write(inv, t, _rec("right", ("spark-c", "spark-d"), served="y"))
     assert (tmp_path / "a/var/lib/sparkctl/record.json").is_file()
     assert (tmp_path / "a/var/lib/sparkctl/stacks/right.json").is_file()
     recs = lock.read_records(inv, t)
@@ -123,7 +132,7 @@ def test_records_round_trip_per_stack_and_the_cache_only_fills_in_what_claims_no
     # the head lost a record: a cached "serving" is not believed, a cached "failed" is kept
     (tmp_path / "a/var/lib/sparkctl/stacks/right.json").unlink()
     assert "right" not in lock.read_records(inv, t)
-    lock.write_json(lock.local_record_path(inv, "right"), _rec("right", ("spark-c",), state="failed").to_dict())
+    write_json(lock.local_record_path(inv, "right"), _rec("right", ("spark-c",), state="failed").to_dict())
     assert lock.read_records(inv, t)["right"].state == "failed"
     # the head does not answer: the cache alone
     dead = FakeTransport(nodes=inv.names)
@@ -134,44 +143,63 @@ def test_records_round_trip_per_stack_and_the_cache_only_fills_in_what_claims_no
 # --------------------------------------------------------------------------- locks (the real shell)
 
 
+class _Lock:
+    """The lock step and its release (sparkctl.plan.lockplan) of ``nodes`` (every node when None),
+    run as the executor runs them; ``name``'s holder is on another workstation: never judged gone."""
+
+    def __init__(self, inv: object, t: LocalTransport, op: str, nodes: list[str] | None, name: str) -> None:
+        self.inv, self.t, self.op, self.nodes = inv, t, op, nodes
+        self.holder = {"holder": f"{name}", "since": "t", "operation": op, "host": "elsewhere", "pid": 1,
+                       "run": f"{name}:run"}
+
+    def acquire(self) -> None:
+        step = lockplan.lock_step(self.inv, self.holder, self.nodes)  # type: ignore[arg-type]
+        assert lock.take(self.inv, self.t, step.to_dict()) == "acquired"  # type: ignore[arg-type]
+
+    def release(self) -> None:
+        executor.release_lock(self.inv, self.t, self.op, self.holder, lambda *_: None, self.nodes)  # type: ignore[arg-type]
+
+
 def test_locks_on_disjoint_nodes_do_not_block_and_overlapping_ones_do(tmp_path: Path) -> None:
     inv, t = _local(tmp_path)
-    left = lock.ClusterLock(inv, t, "up left", nodes=["spark-a", "spark-b"], holder="alice pid 1")
-    right = lock.ClusterLock(inv, t, "up right", nodes=["spark-c", "spark-d"], holder="bob pid 2")
+    left = _Lock(inv, t, "up left", ["spark-a", "spark-b"], "alice pid 1")
+    right = _Lock(inv, t, "up right", ["spark-c", "spark-d"], "bob pid 2")
     left.acquire()
     right.acquire()  # disjoint: both hold
     locks = tmp_path / "a/var/lib/sparkctl/locks"
     assert sorted(p.name for p in locks.iterdir()) == ["spark-a.d", "spark-b.d", "spark-c.d", "spark-d.d"]
-    wide = lock.ClusterLock(inv, t, "up wide", nodes=["spark-b", "spark-c"], holder="carol pid 3")
+    wide = _Lock(inv, t, "up wide", ["spark-b", "spark-c"], "carol pid 3")
     with pytest.raises(LockHeld) as e:
-        wide.acquire(break_stale=False)
+        wide.acquire()
     assert "spark-b is locked by alice pid 1" in e.value.message and "(up left)" in e.value.message
-    assert not wide.held
-    everything = lock.ClusterLock(inv, t, "fabric apply", holder="dave pid 4")
+    everything = _Lock(inv, t, "fabric apply", None, "dave pid 4")
     with pytest.raises(LockHeld) as e:
-        everything.acquire(break_stale=False)
+        everything.acquire()
     assert "the cluster is locked by alice pid 1" in e.value.message
+    wide.release()  # a release of locks this run never got is a no-op
+    assert sorted(p.name for p in locks.iterdir()) == ["spark-a.d", "spark-b.d", "spark-c.d", "spark-d.d"]
     right.release()
     # the refused acquisitions left nothing behind: c and d are free again, a and b still alice's
     assert sorted(p.name for p in locks.iterdir()) == ["spark-a.d", "spark-b.d"]
     left.release()
     assert list(locks.iterdir()) == []
-    wide.acquire(break_stale=False)  # and now it can
+    wide.acquire()  # and now it can
     wide.release()
+    assert list(locks.iterdir()) == []
 
 
 def test_a_refused_lock_keeps_the_holders_dirs_it_made_none_of(tmp_path: Path) -> None:
     """Negative control for the undo: the dir made before the refusal is gone, the holder's stays."""
     inv, t = _local(tmp_path)
-    held = lock.ClusterLock(inv, t, "up d", nodes=["spark-d"], holder="erin pid 5")
+    held = _Lock(inv, t, "up d", ["spark-d"], "erin pid 5")
     held.acquire()
-    late = lock.ClusterLock(inv, t, "up all", holder="frank pid 6")
+    late = _Lock(inv, t, "up all", None, "frank pid 6")
     with pytest.raises(LockHeld):
-        late.acquire(break_stale=False)  # made a, b, c first, then found d held
+        late.acquire()  # made a, b, c first, then found d held
     locks = tmp_path / "a/var/lib/sparkctl/locks"
     assert [p.name for p in locks.iterdir()] == ["spark-d.d"]
     assert "erin pid 5" in (locks / "spark-d.d/holder").read_text()
-    assert "erin" in lock.break_lock(inv, t, ["spark-d"])
+    assert "erin" in lock.break_lock(inv, t, ["spark-d"])  # type: ignore[arg-type]
     assert list(locks.iterdir()) == []
 
 
@@ -183,10 +211,11 @@ def test_a_dead_holders_node_lock_is_broken_and_the_rest_acquired(tmp_path: Path
     d.mkdir(parents=True)
     (d / "holder").write_text(json.dumps({"holder": "ghost pid 999999", "since": "t", "operation": "up",
                                           "host": socket.gethostname(), "pid": 999999}) + "\n")
-    g = lock.ClusterLock(inv, t, "up left", nodes=["spark-a", "spark-b"], holder="alice pid 1")
+    g = _Lock(inv, t, "up left", ["spark-a", "spark-b"], "alice pid 1")
     g.acquire()
     assert "alice" in (d / "holder").read_text()
     g.release()
+    assert not d.exists()
 
 
 # --------------------------------------------------------------------------- what up and down take
@@ -234,28 +263,39 @@ def test_down_scope_names_the_stacks_there_are() -> None:
 
 
 def test_the_supervisor_takes_over_every_node_lock_of_its_stack_and_releases_each(tmp_path: Path) -> None:
+    """The runner on the head writes itself into each lock dir it is handed; its plan's branch
+    ``finally`` (sparkctl.plan.supervised.head_plan) releases exactly those, and no other."""
+    from sparkctl.plan import supervised
     from sparkctl.remote import planrun
 
-    plan = {"op": "switch --supervise", "profile": "p", "steps": [], "branches": {}, "reads": [], "note": ""}
-    doc = {"version": 1, "head": "spark-a", "plan": plan, "nodes": {}, "blobs": {}, "served_name": "m"}
+    inv, _t = _local(tmp_path)
+    holder = {"since": "t", "operation": "switch --supervise p", "host": "spark-a", "run": "op:1:x"}
+    head = supervised.head_plan(Plan("switch --supervise", "p", ()), inv, holder,  # type: ignore[arg-type]
+                                ["spark-a", "spark-b"])
+    doc = {"version": 1, "head": "spark-a", "plan": head.to_dict(), "blobs": {}, "served_name": "m",
+           "nodes": {"spark-a": {"ssh": None, "sudo": False, "fabric_address": None}}}
     (tmp_path / "plan.json").write_text(json.dumps(doc))
-    dirs = [tmp_path / "locks/spark-a.d", tmp_path / "locks/spark-b.d"]
-    for d in dirs:
+    locks = lockplan.lock_dirs(inv)  # type: ignore[arg-type]
+    dirs = [Path(locks["spark-a"]), Path(locks["spark-b"])]
+    other = Path(locks["spark-c"])  # another stack's lock: never touched
+    for d in (*dirs, other):
         d.mkdir(parents=True)
-        (d / "holder").write_text('{"holder": "alice pid 1"}\n')
+        (d / "holder").write_text('{"holder": "alice pid 1", "run": "op:1:x"}\n')
     seen: list[str] = []
     real = planrun.execute
 
-    def execute(plan: dict, backend: object) -> object:  # while it runs, both locks name the supervisor
+    def execute(plan: dict, backend: object, done: object = ()) -> object:  # while it runs, both name the supervisor
         seen.extend((d / "holder").read_text() for d in dirs)
-        return real(plan, backend)
+        return real(plan, backend, done)  # type: ignore[arg-type]
 
+    sup = {**holder, "run": supervised.supervisor_token(holder)}
     planrun.execute, saved = execute, planrun.execute  # type: ignore[assignment]
     try:
         rc = planrun.main(["supervise", str(tmp_path / "plan.json"), str(tmp_path / "ev.jsonl"), str(tmp_path / "pid"),
-                           json.dumps([str(d) for d in dirs]), json.dumps({"host": "spark-a"})])
+                           json.dumps([str(d) for d in dirs]), json.dumps(sup)])
     finally:
         planrun.execute = saved  # type: ignore[assignment]
     assert rc == 0
-    assert len(seen) == 2 and all("supervisor pid" in h for h in seen), seen
+    assert len(seen) == 2 and all("supervisor pid" in h and "op:1:x/supervisor" in h for h in seen), seen
     assert not any(d.exists() for d in dirs)
+    assert (other / "holder").is_file()  # the operator's token is a part of it, the supervisor's is not

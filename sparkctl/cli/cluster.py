@@ -51,14 +51,16 @@ def check_cmd(c: Ctx, profile: str, sets: tuple[str, ...], waive: tuple[str, ...
               as_json: bool) -> None:
     """Probe every node of PROFILE in parallel and judge every law (changes nothing, except --fix)."""
     from sparkctl.ops.check import clear_hw_change_if_done, run_check
+    from sparkctl.ops.executor import plan_runner
 
     res = c.resolve(profile, sets)
     inv = c.inventory()
     print_engine_warnings(res, inv)
     waivers = parse_waivers(waive, reason)
     with make_transport(inv, connect_timeout_s, command_timeout_s, deadline_s) as tr:
-        report = run_check(res, inv, tr, waivers=waivers, fix=fix, bandwidth_s=bandwidth_s,
-                           progress=None if as_json else (lambda m: err_console().print(f"[dim]{escape(m)}[/]")))
+        say = None if as_json else (lambda m: err_console().print(f"[dim]{escape(m)}[/]"))
+        report = run_check(res, inv, tr, waivers=waivers, fix=fix, bandwidth_s=bandwidth_s, progress=say,
+                           fix_runner=plan_runner(inv, tr, say or (lambda _m: None)))
     closed = clear_hw_change_if_done(inv, report)
     if as_json:
         emit_json(report.to_dict())
@@ -184,7 +186,8 @@ def plan_cmd(c: Ctx, action: str, profile: str | None, sets: tuple[str, ...], wa
     endpoint serves (to know what changed), and changes nothing on any host.
     """
     from sparkctl.ops.executor import plan_for
-    from sparkctl.ops.supervise import split_plan
+    from sparkctl.ops.lock import holder_info
+    from sparkctl.ops.supervise import plan_supervised
     from sparkctl.plan.steps import describe
 
     if action in ("up", "switch") and not profile:
@@ -202,20 +205,31 @@ def plan_cmd(c: Ctx, action: str, profile: str | None, sets: tuple[str, ...], wa
         if not assume_fresh:
             with make_transport(inv, connect_timeout_s, command_timeout_s, deadline_s) as tr:
                 netplan = read_netplan(inv, tr)
-        fplan, _files = plan_apply(inv, c.roots(), res, secrets_from_env(res) if res else {}, netplan)
+        fplan, _files = plan_apply(inv, c.roots(), res, secrets_from_env(res) if res else {}, netplan,
+                                   holder_info("fabric apply"))
         print_plan(fplan, as_json)
         return
     if res is not None:
         print_engine_warnings(res, inv)
+    op = f"{action} --supervise" if supervise and action == "switch" else action
     kw: dict[str, Any] = dict(sets=sets, waivers=parse_waivers(waive, reason),
-                              secrets=secrets_from_env(res) if res else {}, reset_clocks=reset_clocks,
-                              stack=stack if action == "down" else None)
+                              secrets=secrets_from_env(res) if res else {},
+                              holder=holder_info(f"{op} {profile or ''}".strip()))
+
+    def make(tr: Any) -> tuple[list[Any], Any]:
+        if op == "switch --supervise":  # both parts: this side's (grant, push, launch) and the head's
+            assert res is not None
+            sp = plan_supervised(res, inv, tr, c.roots(), **kw)
+            return [sp.operator, sp.head], sp.rendering
+        plan, rendering, _x = plan_for(action, res, inv, tr, c.roots(), reset_clocks=reset_clocks,
+                                       stack=stack if action == "down" else None, **kw)
+        return [plan], rendering
+
     if assume_fresh:
-        plan, _r, _x = plan_for(action, res, inv, None, c.roots(), **kw)
+        plans, _r = make(None)
     else:
         with make_transport(inv, connect_timeout_s, command_timeout_s, deadline_s) as tr:
-            plan, _r, _x = plan_for(action, res, inv, tr, c.roots(), **kw)
-    plans = list(split_plan(plan)) if supervise and action == "switch" else [plan]
+            plans, _r = make(tr)
     ranks = [asdict(r) for r in _r.layout.ranks] if _r is not None else []
     if as_json:
         doc = plans[0].to_dict() if len(plans) == 1 else {"operator": plans[0].to_dict(), "head": plans[1].to_dict()}

@@ -48,10 +48,11 @@ def fabric_apply_cmd(c: Ctx, profile: str | None, sets: tuple[str, ...], dry_run
     secrets = secrets_from_env(res) if res else {}
     if dry_run:  # reads the nodes' netplan files (what happens to a foreign one is in the plan)
         from sparkctl.ops.fabric import read_netplan
+        from sparkctl.ops.lock import holder_info
 
         with make_transport(inv, connect_timeout_s, command_timeout_s, deadline_s) as tr:
             netplan = read_netplan(inv, tr)
-        plan, _files = plan_apply(inv, c.roots(), res, secrets, netplan)
+        plan, _files = plan_apply(inv, c.roots(), res, secrets, netplan, holder_info("fabric apply"))
         print_plan(plan, as_json)
         return
     with make_transport(inv, connect_timeout_s, command_timeout_s, deadline_s) as tr:

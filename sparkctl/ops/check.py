@@ -2,14 +2,16 @@
 
 The edge between the pure laws and the hosts: it gathers facts through the
 transport (one batched probe script per node, then one fabric probe script per
-node), hands them to :func:`sparkctl.plan.laws.judge`, and with ``fix`` applies the
-safe remedies (the clock cap) and judges again. It changes nothing otherwise.
+node), hands them to :func:`sparkctl.plan.laws.judge`, and with ``fix`` runs the
+safe remedies (the clock cap, the page cache) as a plan (:func:`fix_plan`, with
+the inventory's sudo) and judges again. It changes nothing otherwise. Inside a
+plan's check step it runs exactly the probe scripts the step lists.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
@@ -29,6 +31,7 @@ from sparkctl.ops.localstate import cluster_dir, hw_change_path, read_json, writ
 from sparkctl.plan import laws
 from sparkctl.plan.laws.images import engine_target
 from sparkctl.plan.render import API_KEY_VAR, bind_host
+from sparkctl.plan.steps import Plan, Step, describe
 from sparkctl.transport import Transport
 
 Progress = Callable[[str], None]
@@ -117,6 +120,36 @@ def _fabric_targets(inv: Inventory, nodes: tuple[str, ...]) -> dict[str, list[Fa
     return targets
 
 
+def probe_scripts(res: Resolved, inv: Inventory) -> dict[str, str]:
+    """The one batched probe script per node that ``check`` runs (reads only): what a check step lists."""
+    layout = bind(res, inv)
+    heads = {r.node for r in layout.heads()}
+    p = res.profile
+
+    def head_endpoint(n: str) -> dict[str, Any]:
+        # serve.bind and serve.api_key_env: the models fact asks the address the engine listens on,
+        # with the key from the head's 0600 env file (sparkctl.facts.services)
+        r = next(h for h in layout.heads() if h.node == n)
+        return {"endpoint_host": on_node_host(bind_host(res.for_node(n), r, inv.node(n).host)),
+                "endpoint_key": (under(inv.node(n).prefix, ENV_FILE), API_KEY_VAR) if p.serve.api_key_env else None}
+
+    return {
+        n: remote_command(build_script(
+            inv.node(n), weights_path=p.model.weights_path, endpoint_port=p.serve.port if n in heads else None,
+            weights=weights.probe_paths(inv, n, local_dir_of(p.model.weights_path, p.model.local_dir)),
+            engine=EngineProbe(*engine_target(p)), **(head_endpoint(n) if n in heads else {})))
+        for n in layout.nodes
+    }
+
+
+def fabric_scripts(inv: Inventory, nodes: tuple[str, ...], bandwidth_s: int = 0
+                   ) -> tuple[dict[str, str], dict[str, list[FabricTarget]]]:
+    """The fabric probe script per node among ``nodes`` (reads only) and the targets each probes."""
+    targets = _fabric_targets(inv, nodes)
+    return ({n: remote_command(build_fabric_script(t, inv.mtu, bandwidth_s))
+             for n, t in targets.items() if t}, targets)
+
+
 def run_check(
     res: Resolved,
     inv: Inventory,
@@ -127,7 +160,12 @@ def run_check(
     bandwidth_s: int = 0,
     fabric: bool = True,
     progress: Progress | None = None,
+    planned: tuple[Mapping[str, str], Mapping[str, str]] | None = None,
+    fix_runner: Callable[[Plan], Any] | None = None,
 ) -> CheckReport:
+    """``planned``: (the probe scripts, the fabric probe scripts) a plan's check step lists: only
+    those run (the fabric ones only when every node answered the first). ``fix``: the safe
+    remedies become a plan (:func:`fix_plan`) that ``fix_runner`` runs (the executor's)."""
     say = progress or (lambda _m: None)
     t0 = time.perf_counter()
     layout = bind(res, inv)
@@ -136,22 +174,9 @@ def run_check(
     waivers = dict(waivers or {})
     p = res.profile
 
-    def _head_endpoint(n: str) -> dict[str, Any]:
-        # serve.bind and serve.api_key_env: the models fact asks the address the engine listens on,
-        # with the key from the head's 0600 env file (sparkctl.facts.services)
-        r = next(h for h in layout.heads() if h.node == n)
-        return {"endpoint_host": on_node_host(bind_host(res.for_node(n), r, inv.node(n).host)),
-                "endpoint_key": (under(inv.node(n).prefix, ENV_FILE), API_KEY_VAR) if p.serve.api_key_env else None}
-
     def gather() -> tuple[dict[str, NodeFacts | None], dict[str, str]]:
         say(f"probing {len(nodes)} nodes (one batched script each)")
-        scripts = {
-            n: remote_command(build_script(
-                inv.node(n), weights_path=p.model.weights_path, endpoint_port=p.serve.port if n in heads else None,
-                weights=weights.probe_paths(inv, n, local_dir_of(p.model.weights_path, p.model.local_dir)),
-                engine=EngineProbe(*engine_target(p)), **(_head_endpoint(n) if n in heads else {})))
-            for n in nodes
-        }
+        scripts = dict(planned[0]) if planned is not None else probe_scripts(res, inv)
         results = transport.run_all(scripts)
         facts: dict[str, NodeFacts | None] = {}
         unreachable: dict[str, str] = {}
@@ -168,9 +193,10 @@ def run_check(
     link_probes: list[laws.LinkProbe] = []
     relay_ok: dict[tuple[str, str], bool] = {}
     if fabric:
-        targets = _fabric_targets(inv, tuple(n for n in nodes if facts.get(n) is not None))
-        scripts = {n: remote_command(build_fabric_script(t, inv.mtu, bandwidth_s))
-                   for n, t in targets.items() if t}
+        answered = tuple(n for n in nodes if facts.get(n) is not None)
+        scripts, targets = fabric_scripts(inv, answered if planned is None else nodes, bandwidth_s)
+        if planned is not None:  # exactly the listed scripts, or none when a node did not answer
+            scripts = dict(planned[1]) if len(answered) == len(nodes) else {}
         if scripts:
             say("probing the fabric (don't-fragment pings" + (", ib_write_bw" if bandwidth_s else "") + ", relay)")
             results = transport.run_all(scripts)
@@ -213,23 +239,34 @@ def run_check(
             write_json(stale_path, seen)
     fixed: list[str] = []
     if fix:
-        ctx = context()
-        for law in laws.LAWS:
-            if law.remedy is None:
-                continue
-            mine = [v for v in verdicts if v.law == law.id]
-            remedy = law.remedy(ctx, mine)
-            if remedy is None or not remedy.safe:
-                continue
-            for node, cmds in remedy.commands.items():
-                for cmd in cmds:
-                    r = transport.run(node, cmd, sudo=True)
-                    fixed.append(f"{node}: {cmd.split(' && ')[0]} -> {'ok' if r.ok else (r.error or r.stderr.strip())}")
-                    if not r.ok:
-                        break
-        if fixed:
+        plan = fix_plan(res.name, inv, context(), verdicts)
+        if plan.steps:
+            for line in describe(plan):
+                say(line)
+            if fix_runner is None:
+                raise ValueError("check --fix runs its remedies as a plan: pass fix_runner (ops.executor.plan_runner)")
+            outcomes = fix_runner(plan)
+            for o in outcomes:
+                fixed.append(f"{o['id']}: {'ok' if o['ok'] else o['detail']}")
             say("re-probing after the fixes")
             facts, unreachable = gather()
             verdicts = laws.judge(context())
     return CheckReport(profile=res.name, nodes=nodes, verdicts=tuple(verdicts), facts=facts, fixed=tuple(fixed),
                        waivers=waivers, duration_s=time.perf_counter() - t0)
+
+
+def fix_plan(profile: str, inv: Inventory, ctx: laws.Context, verdicts: Sequence[laws.Verdict]) -> Plan:
+    """``check --fix``: one step per law with a safe remedy, its commands in order on each node
+    (stopping at the first that fails there), as root where the inventory allows sudo. Pure."""
+    steps: list[Step] = []
+    for law in laws.LAWS:
+        if law.remedy is None:
+            continue
+        remedy = law.remedy(ctx, [v for v in verdicts if v.law == law.id])
+        if remedy is None or not remedy.safe or not remedy.commands:
+            continue
+        cmds = {n: " && ".join(cs) for n, cs in remedy.commands.items() if cs}
+        steps.append(Step(f"fix-{law.id}", "fix", "run", tuple(cmds), f"the remedy of law {law.id}"
+                          + (f": {remedy.text}" if remedy.text else ""), changes=f"what law {law.id} fixes",
+                          commands=cmds, sudo={n: inv.node(n).sudo for n in cmds}, on_fail="continue"))
+    return Plan("check --fix", profile, tuple(steps), reads=("every law's facts on " + ", ".join(ctx.nodes),))

@@ -12,11 +12,11 @@ ended. Never half-up: the plan's failure branches stop what a run started (and
 from __future__ import annotations
 
 import json
-import shlex
 import time
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, TypeVar
 
 from sparkctl.errors import CheckFailed, ConfigError, Interrupted, LifecycleError, LockHeld, Ref, SparkctlError
 from sparkctl.facts.registry import ProbeParseError
@@ -29,24 +29,18 @@ from sparkctl.model.record import RunRecord, operator_route
 from sparkctl.model.resources import Roots
 from sparkctl.model.stacks import model_identity, refusal, stack_of
 from sparkctl.ops import readiness
+from sparkctl.ops.check import fabric_scripts, probe_scripts, run_check
 from sparkctl.ops.localstate import write_json
-from sparkctl.ops.lock import (
-    ClusterLock,
-    local_record_path,
-    node_sudo,
-    now_iso,
-    read_record,
-    read_records,
-    write_verdicts,
-)
-from sparkctl.plan import gatewayplan, laws, planner
+from sparkctl.ops.lock import holder_info, local_record_path, now_iso, read_record, read_records, take, write_verdicts
+from sparkctl.plan import gatewayplan, laws, lockplan, planner
 from sparkctl.plan.render import Rendering, render
-from sparkctl.plan.steps import Plan
+from sparkctl.plan.steps import FINALLY, Plan
 from sparkctl.remote import planrun
 from sparkctl.remote.endpoint_probe import probe_endpoint
 from sparkctl.transport import CommandResult, Transport
 
 Progress = Callable[[str, str, str], None]  # (node or "*", phase, message)
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -98,6 +92,7 @@ class TransportBackend:
 
     def __init__(self, inv: Inventory, transport: Transport, say: Progress, rendering: Rendering | None = None,
                  extra: Sequence[Rendering] = (), check: Callable[[Mapping[str, Any]], Any] | None = None) -> None:
+        """``check``: runs a plan's check step (:func:`check_step`), given the step."""
         self.inv, self.transport, self.say, self._check = inv, transport, say, check
         self.blobs: dict[str, bytes] = {}  # by sha256: two renderings (new and previous) never collide
         for rd in [r for r in (rendering, *extra) if r is not None]:
@@ -120,30 +115,34 @@ class TransportBackend:
             return probe_endpoint(url, served_name, metric, smoke=smoke, api_key=key)
         return readiness.probe_via(self.transport, via, url, served_name, metric, smoke=smoke, api_key=key)
 
-    def run_all(self, commands: Mapping[str, str], sudo: Mapping[str, bool], timeout_s: float | None
-                ) -> dict[str, dict[str, Any]]:
-        out: dict[str, dict[str, Any]] = {}
-        groups: dict[bool, dict[str, str]] = {}
-        for n, c in commands.items():
-            groups.setdefault(bool(sudo.get(n, False)), {})[n] = c
-        for s, group in groups.items():
-            for n, r in self.transport.run_all(group, sudo=s, timeout_s=timeout_s).items():
-                out[n] = _res(r)
-        return out
+    def run_all(self, commands: Mapping[str, str], sudo: Mapping[str, bool], timeout_s: float | None,
+                stdin: Mapping[str, str] | None = None) -> dict[str, dict[str, Any]]:
+        """One fan-out, each node with its own sudo (nodes with and without sudo run together)."""
+        if not stdin:
+            results = self.transport.run_all(commands, sudo={n: bool(sudo.get(n, False)) for n in commands},
+                                             timeout_s=timeout_s)
+            return {n: _res(r) for n, r in results.items()}
+        with ThreadPoolExecutor(max_workers=max(1, len(commands))) as pool:
+            futs = {n: pool.submit(self.transport.run, n, c, sudo=bool(sudo.get(n, False)), timeout_s=timeout_s,
+                                   stdin=stdin.get(n)) for n, c in commands.items()}
+            return {n: _res(f.result()) for n, f in futs.items()}
 
-    def put_all(self, files: Mapping[str, Sequence[Mapping[str, Any]]]) -> dict[str, dict[str, Any]]:
+    def put_all(self, files: Mapping[str, Sequence[Mapping[str, Any]]], sudo: Mapping[str, bool]
+                ) -> dict[str, dict[str, Any]]:
         items = {n: [(f["path"], self.blobs[f["sha256"]], int(f["mode"], 8)) for f in fs] for n, fs in files.items()}
-        results = self.transport.put_all(items, sudo={n: node_sudo(self.inv, n) for n in items})
+        results = self.transport.put_all(items, sudo={n: bool(sudo.get(n, False)) for n in items})
         return {n: _res(r) for n, r in results.items()}
 
-    def write_record(self, node: str, path: str, data: Mapping[str, Any]) -> dict[str, Any]:
+    def write_record(self, node: str, path: str, data: Mapping[str, Any], sudo: bool,
+                     remove_on_failure: str | None) -> dict[str, Any]:
         """Atomic on the head and in the local cache; a record that cannot be written and claims
-        nothing serves is removed instead (no record also claims nothing serves)."""
+        nothing serves is removed instead, by the step's listed command (no record also claims
+        nothing serves)."""
         write_json(local_record_path(self.inv, str(data.get("stack") or DEFAULT_STACK)), dict(data))
         blob = json.dumps(data, indent=2, sort_keys=True).encode() + b"\n"
-        r = self.transport.put(node, path, blob, 0o644, sudo=node_sudo(self.inv, node))
-        if not r.ok and data.get("state") != "serving":
-            self.transport.run(node, f"rm -f {shlex.quote(path)}", sudo=node_sudo(self.inv, node))
+        r = self.transport.put(node, path, blob, 0o644, sudo=sudo)
+        if not r.ok and data.get("state") != "serving" and remove_on_failure:
+            self.transport.run(node, remove_on_failure, sudo=sudo)
         return _res(r)
 
     def leaks(self, results: Mapping[str, Mapping[str, Any]]) -> dict[str, float]:
@@ -160,11 +159,14 @@ class TransportBackend:
                 out[n] = held
         return out
 
-    def check(self, params: Mapping[str, Any]) -> str:
+    def check(self, step: Mapping[str, Any]) -> str:
         if self._check is None:
             raise LifecycleError("this plan has a check step but no check was given")
-        self.check_report = self._check(params)
+        self.check_report = self._check(step)
         return "laws hold"
+
+    def lock(self, step: Mapping[str, Any]) -> str:
+        return take(self.inv, self.transport, step)
 
 
 # --------------------------------------------------------------------------- gather, plan
@@ -261,8 +263,9 @@ def gather_gateway(res: Resolved, inv: Inventory, transport: Transport | None, r
     return setup, facts
 
 
-def add_wheel_blobs(plan: Plan, backend: TransportBackend, cache_dir: Any = None) -> None:
-    """The bytes of every pinned wheel a put step pushes: fetched into the local cache, verified."""
+def add_wheel_blobs(plan: Plan, blobs: dict[str, bytes], cache_dir: Any = None) -> None:
+    """The bytes of every pinned wheel a put step pushes (into ``blobs``, by sha256): fetched into
+    the local cache, verified."""
     from sparkctl.model import wheels
     from sparkctl.ops.wheelhouse import fetch_wheel
 
@@ -270,14 +273,15 @@ def add_wheel_blobs(plan: Plan, backend: TransportBackend, cache_dir: Any = None
     for step in plan.all_steps():
         for refs in step.files.values():
             for f in refs:
-                if f.sha256 in pins and f.sha256 not in backend.blobs:
-                    backend.blobs[f.sha256] = fetch_wheel(pins[f.sha256], cache_dir).read_bytes()
+                if f.sha256 in pins and f.sha256 not in blobs:
+                    blobs[f.sha256] = fetch_wheel(pins[f.sha256], cache_dir).read_bytes()
 
 
 def plan_for(op: str, res: Resolved | None, inv: Inventory, transport: Transport | None, roots: Roots, *,
              sets: Sequence[str] = (), waivers: Mapping[str, laws.Waiver] | None = None,
              secrets: Mapping[str, str] | None = None, skip_check: bool = False, reset_clocks: bool = False,
              stack: str | None = None, locked: Sequence[str] | None = None,
+             holder: Mapping[str, Any] | None = None, rollback_note: str = "rolled back",
              ) -> tuple[Plan, Rendering | None, tuple[Rendering, ...]]:
     """Read the facts and plan ``op`` (up | down | switch). Changes nothing on any host.
 
@@ -285,46 +289,73 @@ def plan_for(op: str, res: Resolved | None, inv: Inventory, transport: Transport
     nothing runs and no record exists (``sparkctl plan --assume-fresh``).
     ``stack``: down only that stack. ``locked``: the nodes the caller holds the locks
     of; a plan that would change any other node (the stack grew while we locked) is refused.
+    ``holder``: the lock's holder (:func:`sparkctl.ops.lock.holder_info`): the plan locks
+    its nodes first (``locked``, or when None the nodes it may change) and releases them
+    last (:func:`lockplan.with_lock`); the executor runs that first step before it reads
+    (:func:`take_lock`).
     """
     started = now_iso()
+    plan: Plan
     if op == "down":
         records = read_records(inv, transport) if transport is not None else {}
         recs, nodes = down_scope(inv, records, stack)
-        return planner.plan_down(inv, recs, nodes=nodes, reset_clocks=reset_clocks, started_at=started), None, ()
+        if locked is not None and not set(nodes if nodes is not None else inv.names) <= set(locked):
+            raise LockHeld(f"stack {stack} changed while its nodes were locked",
+                           hint="another sparkctl changed it; run the command again")
+        plan = planner.plan_down(inv, recs, nodes=nodes, reset_clocks=reset_clocks, started_at=started)
+        scope = locked if locked is not None else nodes
+        return (lockplan.with_lock(plan, inv, holder, scope) if holder else plan), None, ()
     assert res is not None
     w = {k: v.reason for k, v in (waivers or {}).items()}
     rendering = render(res, inv, roots, dict(secrets or {}), reveal_secrets=True)
     facts = gather_up_facts(res, inv, transport, rendering) if transport is not None else planner.UpFacts()
+    own = planner.own_nodes(rendering, facts.record)
     if locked is not None:
-        outside = [n for n in planner.own_nodes(rendering, facts.record) if n not in locked]
+        outside = [n for n in own if n not in locked]
         if outside:
             raise LockHeld(f"stack {stack_of(res)} changed while its nodes were locked: it now also runs on "
                            f"{', '.join(outside)}", hint="another sparkctl changed it; run the command again")
     gateway = gather_gateway(res, inv, transport, roots, dict(secrets or {}))
     if gateway:
         rendering = replace(rendering, aux={gateway[0].node: dict(gateway[0].files)})
+    probes = ({}, {}) if skip_check else check_probes(res, inv)
+    extra: tuple[Rendering, ...] = ()
     if op == "up":
-        return planner.plan_up(res, inv, rendering, facts, sets=sets, waivers=w, started_at=started,
-                               skip_check=skip_check, gateway=gateway), rendering, ()
-    previous = _previous(facts.record, res, inv, roots, dict(secrets or {}))
-    plan = planner.plan_switch(res, inv, rendering, facts, sets=sets, waivers=w, started_at=started,
-                               skip_check=skip_check, previous=previous, gateway=gateway)
-    return plan, rendering, (previous[1],) if previous else ()
+        plan = planner.plan_up(res, inv, rendering, facts, sets=sets, waivers=w, started_at=started,
+                               skip_check=skip_check, gateway=gateway, probes=probes)
+    else:
+        previous = _previous(facts.record, res, inv, roots, dict(secrets or {}))
+        plan = planner.plan_switch(res, inv, rendering, facts, sets=sets, waivers=w, started_at=started,
+                                   skip_check=skip_check, previous=previous, gateway=gateway,
+                                   rollback_note=rollback_note, probes=probes)
+        extra = (previous[1],) if previous else ()
+    scope = list(locked) if locked is not None else own
+    return (lockplan.with_lock(plan, inv, holder, scope) if holder else plan), rendering, extra
+
+
+def check_probes(res: Resolved, inv: Inventory) -> tuple[dict[str, str], dict[str, str]]:
+    """The scripts a plan's check step lists: the batched probe and the fabric probe, per node."""
+    return probe_scripts(res, inv), fabric_scripts(inv, tuple(bind(res, inv).nodes))[0]
 
 
 # --------------------------------------------------------------------------- execute
 
 
-def _check_fn(res: Resolved, inv: Inventory, transport: Transport, waivers: Mapping[str, laws.Waiver],
-              say: Progress) -> Callable[[Mapping[str, Any]], Any]:
-    def check(params: Mapping[str, Any]) -> Any:
-        from sparkctl.ops.check import run_check
-
-        report = run_check(res, inv, transport, waivers=dict(waivers), fix=False, bandwidth_s=0,
-                           progress=lambda m: say("*", "check", m))
-        # the step's summary says so: the verdicts are kept on the head (status, the exporter's page)
-        write_verdicts(inv, transport, res.name, now_iso(), [dict(v.__dict__) for v in report.verdicts])
-        ignore = set(params.get("ignore", ()))
+def check_step(inv: Inventory, transport: Transport, roots: Roots, say: Progress
+               ) -> Callable[[Mapping[str, Any]], Any]:
+    """A plan's check step, from the step alone: its profile, sets, waivers and ignored laws,
+    only the probe scripts it lists (``sparkctl.ops.check.run_check(planned=...)``), and the
+    verdicts kept where it lists them (``params["verdicts"]``: status and the exporter's page)."""
+    def check(step: Mapping[str, Any]) -> Any:
+        p = step["params"]
+        res = resolve(p["profile"], roots, tuple(p.get("sets", ())))
+        waivers = {law: laws.Waiver(law, reason) for law, reason in (p.get("waivers") or {}).items()}
+        report = run_check(res, inv, transport, waivers=waivers, fix=False, bandwidth_s=0,
+                           progress=lambda m: say("*", "check", m),
+                           planned=(step.get("commands", {}), p.get("fabric_probe", {})))
+        if p.get("verdicts"):
+            write_verdicts(transport, p["verdicts"], res.name, now_iso(), [dict(v.__dict__) for v in report.verdicts])
+        ignore = set(p.get("ignore", ()))
         failures = [v for v in report.verdicts if v.failed and v.law not in ignore]
         if failures:
             first = failures[0]
@@ -344,15 +375,66 @@ def _raise_failure(state: planrun.RunState, op: str) -> None:
     raise err.in_phase(op, phase) from None
 
 
-def run_plan(plan: Plan, backend: TransportBackend) -> planrun.RunState:
-    """Execute exactly ``plan``; KeyboardInterrupt becomes Interrupted naming the phase."""
+def run_plan(plan: Plan, backend: TransportBackend, done: Sequence[str] = ()) -> planrun.RunState:
+    """Execute exactly ``plan`` (``done``: its leading steps already run); KeyboardInterrupt
+    becomes Interrupted naming the phase."""
     try:
-        return planrun.execute(plan.to_dict(), backend)
+        return planrun.execute(plan.to_dict(), backend, done)
     except KeyboardInterrupt as exc:
         state = exc.args[0] if exc.args and isinstance(exc.args[0], planrun.RunState) else None
         phase = ((state.failure if state else None) or {}).get("phase", "?")
         raise Interrupted(f"{plan.op} interrupted in phase {phase}",
                           hint="what this run started was stopped; `sparkctl status` shows what runs") from None
+
+
+def plan_runner(inv: Inventory, transport: Transport, say: Callable[[str], None]
+                ) -> Callable[[Plan], list[dict[str, Any]]]:
+    """Runs a plan of plain steps (``check --fix``'s remedies) and returns each step's outcome."""
+    def run(plan: Plan) -> list[dict[str, Any]]:
+        return run_plan(plan, TransportBackend(inv, transport, lambda _n, _p, m: say(m))).outcomes
+    return run
+
+
+def planned_scope(op: str, res: Resolved, inv: Inventory, transport: Transport) -> list[str]:
+    """The nodes ``up``/``switch`` of ``res`` locks (:func:`lock_scope` over the records read now);
+    a conflict with another live stack is refused here, in phase plan, before anything is locked."""
+    try:
+        return lock_scope(res, inv, read_records(inv, transport))
+    except SparkctlError as exc:
+        raise exc.in_phase(op, "plan") from None
+
+
+def take_lock(inv: Inventory, transport: Transport, op: str, say: Progress, nodes: Sequence[str] | None = None,
+              operation: str | None = None) -> dict[str, Any]:
+    """Run the plan's first step, ``lock`` of ``nodes`` (every node when None), before the reads
+    the plan is made from; the holder (``operation``: what it says it does, ``op`` by default)."""
+    holder = holder_info(operation or op)
+    state = run_plan(Plan(op, None, (lockplan.lock_step(inv, holder, nodes),)), TransportBackend(inv, transport, say))
+    if state.failed is not None:
+        _raise_failure(state, op)
+    return holder
+
+
+def release_lock(inv: Inventory, transport: Transport, op: str, holder: Mapping[str, Any] | None,
+                 say: Progress, nodes: Sequence[str] | None = None) -> None:
+    """The plan's branch ``finally`` when planning itself failed (the plan never ran)."""
+    if holder:
+        run_plan(Plan(op, None, (), {FINALLY: (lockplan.unlock_step(inv, str(holder["run"]), nodes),)}),
+                 TransportBackend(inv, transport, say))
+
+
+def plan_under_lock(op: str, inv: Inventory, transport: Transport, holder: Mapping[str, Any] | None,
+                    say: Progress, make: Callable[[], T], nodes: Sequence[str] | None = None) -> T:
+    """``make()`` (read and plan) once the locks of ``nodes`` are taken; if it fails, release them
+    and say the phase was "plan"."""
+    try:
+        return make()
+    except SparkctlError as exc:
+        release_lock(inv, transport, op, holder, say, nodes)
+        raise exc.in_phase(op, "plan") from None
+    except BaseException:
+        release_lock(inv, transport, op, holder, say, nodes)
+        raise
 
 
 def _phases(state: planrun.RunState) -> tuple[PhaseTime, ...]:
@@ -369,36 +451,22 @@ def up(res: Resolved, inv: Inventory, transport: Transport, roots: Roots, *,
     say = progress or (lambda *_: None)
     op = f"up {res.name}"
     waivers = dict(waivers or {})
-    guard = None
-    try:
-        try:
-            scope = lock_scope(res, inv, read_records(inv, transport))
-        except SparkctlError as exc:
-            raise exc.in_phase(op, "plan") from None
-        guard = ClusterLock(inv, transport, op, nodes=scope) if lock else None
-        if guard:
-            guard.acquire()
-        try:
-            plan, rendering, _ = plan_for("up", res, inv, transport, roots, sets=sets, waivers=waivers,
-                                          secrets=secrets, skip_check=skip_check, locked=scope if lock else None)
-        except SparkctlError as exc:
-            raise exc.in_phase(op, "plan") from None
-        nodes = rendering.layout.nodes if rendering else ()
-        say("*", "plan", f"{len(plan.steps)} steps on {', '.join(nodes)}" if plan.steps
-            else plan.note)
-        if plan.noop:
-            return UpResult(res.name, "noop", read_record(inv, transport, stack_of(res)), (), None)
-        backend = TransportBackend(inv, transport, say, rendering, check=_check_fn(res, inv, transport, waivers, say))
-        add_wheel_blobs(plan, backend)
-        state = run_plan(plan, backend)
-        if state.result != "done":
-            _raise_failure(state, op)
-        return _up_result(res, plan, state, backend)
-    except SparkctlError as exc:
-        raise exc.in_phase(op, "lock") if exc.phase is None and guard and not guard.held else exc from None
-    finally:
-        if guard:
-            guard.release()
+    scope = planned_scope(op, res, inv, transport)
+    holder = take_lock(inv, transport, op, say, scope) if lock else None
+    plan, rendering, _ = plan_under_lock(op, inv, transport, holder, say, lambda: plan_for(
+        "up", res, inv, transport, roots, sets=sets, waivers=waivers, secrets=secrets, skip_check=skip_check,
+        holder=holder, locked=scope if lock else None), scope)
+    assert rendering is not None
+    say("*", "plan", f"{len(plan.steps)} steps on {', '.join(rendering.layout.nodes)}" if not plan.noop
+        else plan.note)
+    backend = TransportBackend(inv, transport, say, rendering, check=check_step(inv, transport, roots, say))
+    add_wheel_blobs(plan, backend.blobs)
+    state = run_plan(plan, backend, done=("lock",) if holder else ())
+    if plan.noop:
+        return UpResult(res.name, "noop", read_record(inv, transport, stack_of(res)), (), None)
+    if state.result != "done":
+        _raise_failure(state, op)
+    return _up_result(res, plan, state, backend)
 
 
 def _up_result(res: Resolved, plan: Plan, state: planrun.RunState, backend: TransportBackend) -> UpResult:
@@ -418,42 +486,32 @@ def down(inv: Inventory, transport: Transport, *, reset_clocks: bool = False, pr
 
     say = progress or (lambda *_: None)
     op = "down" if stack is None else f"down --stack {stack}"
-    guard = None
-    try:
-        scope = None if stack is None else down_scope(inv, read_records(inv, transport), stack)[1]
-        guard = ClusterLock(inv, transport, op, nodes=scope) if lock else None
-        if guard:
-            try:
-                guard.acquire()
-            except LockUnavailable as exc:
-                # Stopping is what an operator needs most on a full disk, and no other
-                # sparkctl can hold or take the lock while no lock dir can be made.
-                say("*", "lock", f"{exc.message}: stopping without the lock")
-                guard = None
-        plan, _, _ = plan_for("down", None, inv, transport, Roots(()), reset_clocks=reset_clocks, stack=stack)
-        stop_nodes = next(s for s in plan.steps if s.kind == "stop").nodes
-        if guard is not None and scope is not None and not set(stop_nodes) <= set(scope):
-            raise LockHeld(f"stack {stack} changed while its nodes were locked",
-                           hint="another sparkctl changed it; run the command again")
-        state = run_plan(plan, TransportBackend(inv, transport, say))
-        record_failures = [f for f in state.soft_failures if f.step["kind"] == "record"]
-        left = state.left
-        if record_failures:
-            f = record_failures[0]
-            raise LifecycleError(f"engines stopped{' except on ' + ', '.join(sorted(left)) if left else ''}, but "
-                                 f"{f.detail}; the head's record was removed (no record: nothing runs)",
-                                 Ref(node=f.node), hint=f.hint).in_phase("down", f.step["phase"])
-        stop = next(s for s in plan.steps if s.kind == "stop")
-        reset = next((s for s in plan.steps if s.id == "reset-clocks"), None)
-        failed_resets = {f.node for f in state.soft_failures if f.step["id"] == "reset-clocks"}
-        return DownResult(tuple(stop.nodes), dict(left), dict(state.leaks),
-                          tuple(n for n in (reset.nodes if reset else ()) if n not in failed_resets),
-                          steps=tuple(state.outcomes))
-    except SparkctlError as exc:
-        raise exc.in_phase("down", "lock") if exc.phase is None and guard and not guard.held else exc from None
-    finally:
-        if guard:
-            guard.release()
+    scope = None if stack is None else down_scope(inv, read_records(inv, transport), stack)[1]
+    holder = None
+    if lock:
+        try:
+            holder = take_lock(inv, transport, "down", say, scope, operation=op)
+        except LockUnavailable as exc:
+            # Stopping is what an operator needs most on a full disk, and no other
+            # sparkctl can hold or take the lock while no lock dir can be made.
+            say("*", "lock", f"{exc.message}: stopping without the lock")
+    plan, _, _ = plan_under_lock("down", inv, transport, holder, say, lambda: plan_for(
+        "down", None, inv, transport, Roots(()), reset_clocks=reset_clocks, stack=stack, holder=holder,
+        locked=scope if holder else None), scope)
+    state = run_plan(plan, TransportBackend(inv, transport, say), done=("lock",) if holder else ())
+    record_failures = [f for f in state.soft_failures if f.step["kind"] == "record"]
+    left = state.left
+    if record_failures:
+        f = record_failures[0]
+        raise LifecycleError(f"engines stopped{' except on ' + ', '.join(sorted(left)) if left else ''}, but "
+                             f"{f.detail}; the head's record was removed (no record: nothing runs)",
+                             Ref(node=f.node), hint=f.hint).in_phase("down", f.step["phase"])
+    stop = next(s for s in plan.steps if s.kind == "stop")
+    reset = next((s for s in plan.steps if s.id == "reset-clocks"), None)
+    failed_resets = {f.node for f in state.soft_failures if f.step["id"] == "reset-clocks"}
+    return DownResult(tuple(stop.nodes), dict(left), dict(state.leaks),
+                      tuple(n for n in (reset.nodes if reset else ()) if n not in failed_resets),
+                      steps=tuple(state.outcomes))
 
 
 def switch(res: Resolved, inv: Inventory, transport: Transport, roots: Roots, *, sets: Sequence[str] = (),
@@ -463,50 +521,37 @@ def switch(res: Resolved, inv: Inventory, transport: Transport, roots: Roots, *,
     say = progress or (lambda *_: None)
     op = f"switch {res.name}"
     waivers = dict(waivers or {})
-    guard = None
     stack = stack_of(res)
-    try:
-        try:
-            scope = lock_scope(res, inv, read_records(inv, transport))
-        except SparkctlError as exc:
-            raise exc.in_phase(op, "plan") from None
-        guard = ClusterLock(inv, transport, op, nodes=scope)
-        guard.acquire()
-        try:
-            plan, rendering, extra = plan_for("switch", res, inv, transport, roots, sets=sets, waivers=waivers,
-                                              secrets=secrets, locked=scope)
-        except SparkctlError as exc:
-            raise exc.in_phase(op, "plan") from None
-        if plan.noop:
-            say("*", "noop", plan.note)
-            return SwitchResult(res.name, True, False, 0.0,
-                                up=UpResult(res.name, "noop", read_record(inv, transport, stack), (), None))
-        backend = TransportBackend(inv, transport, say, rendering, extra,
-                                   check=_check_fn(res, inv, transport, waivers, say))
-        add_wheel_blobs(plan, backend)
-        t0 = time.monotonic()
-        state = run_plan(plan, backend)
-        if state.result == "done":
-            result = _up_result(res, plan, state, backend)
-            unavailable = sum(p.seconds for p in result.phases if p.phase in ("stop-stale", "push", "start", "ready"))
-            return SwitchResult(res.name, True, False, unavailable if "rollback" in plan.branches else 0.0, up=result)
-        if "rollback" not in state.branches:
-            _raise_failure(state, op)  # nothing was stopped, or nothing to roll back to
-        f = state.failed
-        assert f is not None
-        first = f.cause.in_phase(op, f.step["phase"]).one_line() if isinstance(f.cause, SparkctlError) else \
-            f"{op} failed in phase {f.step['phase']}: {f.detail}"
-        if "rollback" not in state.completed:
-            b = state.branch_failure
-            assert b is not None
-            prev_name = plan.branches["rollback"][-1].params["record"]["profile"]
-            raise LifecycleError(f"switch to {res.name} failed ({f.detail}) and in phase rollback restoring "
-                                 f"{prev_name} failed too: {b.detail}", Ref(node=b.node),
-                                 hint="`sparkctl status` shows what runs; `sparkctl up` a profile")
-        prev = read_record(inv, transport, stack)
-        return SwitchResult(prev.profile if prev else "", False, True, time.monotonic() - t0, error=first)
-    except SparkctlError as exc:
-        raise exc.in_phase(op, "lock") if exc.phase is None and guard and not guard.held else exc from None
-    finally:
-        if guard:
-            guard.release()
+    scope = planned_scope(op, res, inv, transport)
+    holder = take_lock(inv, transport, op, say, scope)
+    plan, rendering, extra = plan_under_lock(op, inv, transport, holder, say, lambda: plan_for(
+        "switch", res, inv, transport, roots, sets=sets, waivers=waivers, secrets=secrets, holder=holder,
+        locked=scope), scope)
+    backend = TransportBackend(inv, transport, say, rendering, extra, check=check_step(inv, transport, roots, say))
+    add_wheel_blobs(plan, backend.blobs)
+    if plan.noop:
+        say("*", "noop", plan.note)
+    t0 = time.monotonic()
+    state = run_plan(plan, backend, done=("lock",))
+    if plan.noop:
+        return SwitchResult(res.name, True, False, 0.0,
+                            up=UpResult(res.name, "noop", read_record(inv, transport, stack), (), None))
+    if state.result == "done":
+        result = _up_result(res, plan, state, backend)
+        unavailable = sum(p.seconds for p in result.phases if p.phase in ("stop-stale", "push", "start", "ready"))
+        return SwitchResult(res.name, True, False, unavailable if "rollback" in plan.branches else 0.0, up=result)
+    if "rollback" not in state.branches:
+        _raise_failure(state, op)  # nothing was stopped, or nothing to roll back to
+    f = state.failed
+    assert f is not None
+    first = f.cause.in_phase(op, f.step["phase"]).one_line() if isinstance(f.cause, SparkctlError) else \
+        f"{op} failed in phase {f.step['phase']}: {f.detail}"
+    if "rollback" not in state.completed:
+        b = state.branch_failure
+        assert b is not None
+        prev_name = plan.branches["rollback"][-1].params["record"]["profile"]
+        raise LifecycleError(f"switch to {res.name} failed ({f.detail}) and in phase rollback restoring "
+                             f"{prev_name} failed too: {b.detail}", Ref(node=b.node),
+                             hint="`sparkctl status` shows what runs; `sparkctl up` a profile")
+    prev = read_record(inv, transport, stack)
+    return SwitchResult(prev.profile if prev else "", False, True, time.monotonic() - t0, error=first)

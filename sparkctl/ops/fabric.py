@@ -2,13 +2,14 @@
 
 The plans are pure (:mod:`sparkctl.plan.fabricplan`); this module reads the one
 fact they need (each cabled node's netplan files: :func:`read_netplan`), renders
-what they push, takes the cluster lock, runs them with the one interpreter
+what they push, locks every node (the plans' first step), runs them with the one interpreter
 (:func:`sparkctl.ops.executor.run_plan`) and maps a failed step to an error
 naming its phase.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,10 +22,9 @@ from sparkctl.model.netplanfile import NetplanFile
 from sparkctl.model.profiles import Resolved
 from sparkctl.model.resources import Roots
 from sparkctl.model.wheels import PROMETHEUS_CLIENT
-from sparkctl.ops.executor import Progress, TransportBackend, _raise_failure, run_plan
-from sparkctl.ops.lock import ClusterLock
+from sparkctl.ops.executor import Progress, TransportBackend, _raise_failure, release_lock, run_plan, take_lock
 from sparkctl.ops.wheelhouse import default_cache, fetch_wheel
-from sparkctl.plan import exporterplan, fabricplan
+from sparkctl.plan import exporterplan, fabricplan, lockplan
 from sparkctl.plan.render import render
 from sparkctl.plan.steps import Plan
 from sparkctl.transport import Transport
@@ -41,17 +41,11 @@ def read_netplan(inv: Inventory, transport: Transport) -> dict[str, tuple[Netpla
     """Each cabled node's netplan files (the fact ``netplan.files``), read as root where the node
     allows sudo (netplan files are 0600 root). Reads only; a node that does not answer raises."""
     cabled = [n.name for n in inv.nodes if inv.node_links(n.name)]
-    out: dict[str, tuple[NetplanFile, ...]] = {}
-    for sudo in (False, True):
-        nodes = [n for n in cabled if inv.node(n).sudo == sudo]
-        if not nodes:
-            continue
-        cmds = {n: "sh -c " + fabricplan.q(PRELUDE + NETPLAN_FILES.command(ScriptContext(inv.node(n)), ""))
-                for n in nodes}
-        results = transport.run_all(cmds, sudo=sudo).raise_for(
-            "reading the netplan files", LifecycleError, hint="fabric apply reads /etc/netplan before it plans")
-        for n in nodes:
-            out[n] = NETPLAN_FILES.parse(results[n].stdout)
+    cmds = {n: "sh -c " + fabricplan.q(PRELUDE + NETPLAN_FILES.command(ScriptContext(inv.node(n)), ""))
+            for n in cabled}
+    results = transport.run_all(cmds, sudo={n: inv.node(n).sudo for n in cabled}).raise_for(
+        "reading the netplan files", LifecycleError, hint="fabric apply reads /etc/netplan before it plans")
+    out: dict[str, tuple[NetplanFile, ...]] = {n: NETPLAN_FILES.parse(results[n].stdout) for n in cabled}
     return out
 
 
@@ -63,42 +57,55 @@ def exporters_of(inv: Inventory, roots: Roots) -> exporterplan.ExporterFiles:
 def plan_apply(inv: Inventory, roots: Roots, res: Resolved | None = None,
                secrets: dict[str, str] | None = None,
                netplan: dict[str, tuple[NetplanFile, ...]] | None = None,
-               ) -> tuple[Plan, fabricplan.FabricFiles]:
+               holder: Mapping[str, Any] | None = None) -> tuple[Plan, fabricplan.FabricFiles]:
     """The plan and the files of ``fabric apply`` for the nodes' netplan files as read
-    (:func:`read_netplan`; None: as if no node had a foreign one)."""
+    (:func:`read_netplan`; None: as if no node had a foreign one); with ``holder``, between
+    locking every node and releasing them."""
     rendering = render(res, inv, roots, secrets or {}) if res is not None else None
     files = fabricplan.render_fabric(inv, roots, rendering)
-    exporters = exporters_of(inv, roots)
-    return (fabricplan.plan_fabric_apply(inv, files, res.name if res is not None else None,
-                                         res.profile.laws if res is not None else None, netplan, exporters),
-            files)
+    plan = fabricplan.plan_fabric_apply(inv, files, res.name if res is not None else None,
+                                        res.profile.laws if res is not None else None, netplan,
+                                        exporters_of(inv, roots))
+    return (lockplan.with_lock(plan, inv, holder) if holder else plan), files
 
 
-def _run(plan: Plan, inv: Inventory, transport: Transport, progress: Progress | None,
-         blobs: dict[str, bytes]) -> FabricResult:
+def _run(op: str, inv: Inventory, transport: Transport, progress: Progress | None,
+         make: Callable[[Mapping[str, Any]], tuple[Plan, dict[str, bytes]]]) -> FabricResult:
+    """Take the lock (the plan's first step), read and plan, run the plan (it releases the lock)."""
     say = progress or (lambda *_: None)
-    guard = ClusterLock(inv, transport, plan.op)
-    guard.acquire()
+    holder = take_lock(inv, transport, op, say)
     try:
-        backend = TransportBackend(inv, transport, say)
-        backend.blobs.update(blobs)
-        state = run_plan(plan, backend)
-        if state.failed is not None:
-            _raise_failure(state, plan.op)
-        nodes = tuple(dict.fromkeys(n for s in plan.steps for n in s.nodes))
-        return FabricResult(plan.op, nodes, tuple(state.outcomes))
-    finally:
-        guard.release()
+        plan, blobs = make(holder)
+    except BaseException:
+        release_lock(inv, transport, op, holder, say)
+        raise
+    backend = TransportBackend(inv, transport, say)
+    backend.blobs.update(blobs)
+    state = run_plan(plan, backend, done=("lock",))
+    if state.failed is not None:
+        _raise_failure(state, plan.op)
+    nodes = tuple(dict.fromkeys(n for s in plan.steps if s.kind != "lock" for n in s.nodes))
+    return FabricResult(plan.op, nodes, tuple(state.outcomes))
 
 
 def apply(inv: Inventory, transport: Transport, roots: Roots, res: Resolved | None = None, *,
           secrets: dict[str, str] | None = None, progress: Progress | None = None) -> FabricResult:
-    plan, files = plan_apply(inv, roots, res, secrets, read_netplan(inv, transport))
-    exporters = exporters_of(inv, roots)  # the same bytes the plan names (reproducible)
-    # the pinned wheel, fetched here (the nodes may have no internet) and checked against its pin
+    # the pinned wheel, fetched before the lock (the nodes may have no internet) and checked against its pin
     wheel = fetch_wheel(PROMETHEUS_CLIENT, default_cache()).read_bytes()
-    return _run(plan, inv, transport, progress, {**files.blobs(), **exporters.blobs(), PROMETHEUS_CLIENT.sha256: wheel})
+
+    def make(holder: Mapping[str, Any]) -> tuple[Plan, dict[str, bytes]]:
+        plan, files = plan_apply(inv, roots, res, secrets, read_netplan(inv, transport), holder)
+        exporters = exporters_of(inv, roots)  # the same bytes the plan names (reproducible)
+        return plan, {**files.blobs(), **exporters.blobs(), PROMETHEUS_CLIENT.sha256: wheel}
+    return _run("fabric apply", inv, transport, progress, make)
+
+
+def plan_restore(inv: Inventory, holder: Mapping[str, Any] | None = None) -> Plan:
+    """The plan of ``fabric restore`` (the exporters removed too); with ``holder``, between
+    locking every node and releasing them."""
+    plan = fabricplan.plan_fabric_restore(inv)
+    return lockplan.with_lock(plan, inv, holder) if holder else plan
 
 
 def restore(inv: Inventory, transport: Transport, *, progress: Progress | None = None) -> FabricResult:
-    return _run(fabricplan.plan_fabric_restore(inv), inv, transport, progress, {})
+    return _run("fabric restore", inv, transport, progress, lambda holder: (plan_restore(inv, holder), {}))

@@ -11,7 +11,7 @@ receivers by the plan's own steps, with image sync's own key from
 command, the gate, and an expiry ``key_hours`` from now that every copy renews;
 the key and known_hosts on the source are put again unless the gather vouched
 for them; then the plan through :func:`sparkctl.ops.executor.run_plan` under the
-cluster lock). ``image revoke`` (:func:`revoke`) takes the key away from every node.
+lock of every node). ``image revoke`` (:func:`revoke`) takes the key away from every node.
 """
 
 from __future__ import annotations
@@ -31,8 +31,9 @@ from sparkctl.model.inventory import Inventory
 from sparkctl.model.paths import IMAGE_SYNC_GATE, NODE_AUTHORIZED_KEYS
 from sparkctl.model.profiles import Resolved
 from sparkctl.ops import nodessh
-from sparkctl.ops.executor import Progress, TransportBackend, _raise_failure, run_plan
-from sparkctl.ops.lock import ClusterLock, node_path, node_sudo
+from sparkctl.ops.executor import Progress, TransportBackend, _raise_failure, run_plan, take_lock
+from sparkctl.ops.lock import node_path, node_sudo
+from sparkctl.plan import lockplan
 from sparkctl.plan.imageplan import KeyGrant, gate_script, key_comment, plan_image_revoke, plan_image_sync
 from sparkctl.plan.steps import FileRef, Plan
 from sparkctl.transport import Transport
@@ -177,34 +178,27 @@ def sync(res: Resolved, inv: Inventory, transport: Transport, from_node: str | N
     image = res.profile.engine.image or ""
     if the_plan.noop:
         return ImageSyncResult(res.name, image, source, image_id, ())
-    guard = ClusterLock(inv, transport, the_plan.op)
-    guard.acquire()
-    try:
-        backend = TransportBackend(inv, transport, say)
-        backend.blobs.update(blobs)
-        if known is not None:
-            nodessh.forget(inv, source, nodessh.IMAGE_SYNC)  # until the files are written, nothing is vouched for
-        state = run_plan(the_plan, backend)
-        if state.failed is not None:
-            nodessh.forget(inv, source, nodessh.IMAGE_SYNC)  # whatever went wrong, the next run provisions afresh
-            _raise_failure(state, the_plan.op)
-        if known is not None:
-            nodessh.remember(inv, source, targets, known, nodessh.IMAGE_SYNC)
-        return ImageSyncResult(res.name, image, source, image_id, targets, tuple(state.outcomes))
-    finally:
-        guard.release()
+    holder = take_lock(inv, transport, the_plan.op, say)
+    backend = TransportBackend(inv, transport, say)
+    backend.blobs.update(blobs)
+    if known is not None:
+        nodessh.forget(inv, source, nodessh.IMAGE_SYNC)  # until the files are written, nothing is vouched for
+    state = run_plan(lockplan.with_lock(the_plan, inv, holder), backend, done=("lock",))
+    if state.failed is not None:
+        nodessh.forget(inv, source, nodessh.IMAGE_SYNC)  # whatever went wrong, the next run provisions afresh
+        _raise_failure(state, the_plan.op)
+    if known is not None:
+        nodessh.remember(inv, source, targets, known, nodessh.IMAGE_SYNC)
+    return ImageSyncResult(res.name, image, source, image_id, targets, tuple(state.outcomes))
 
 
 def revoke(inv: Inventory, transport: Transport, *, progress: Progress | None = None) -> tuple[str, ...]:
     """``image revoke``: image sync's key, its lines and its gate gone from every node; the nodes."""
     the_plan = plan_image_revoke(inv)
-    guard = ClusterLock(inv, transport, the_plan.op)
-    guard.acquire()
-    try:
-        state = run_plan(the_plan, TransportBackend(inv, transport, progress or (lambda *_: None)))
-        if state.failed is not None:
-            _raise_failure(state, the_plan.op)
-        nodessh.forget_all(inv, nodessh.IMAGE_SYNC)
-        return tuple(inv.names)
-    finally:
-        guard.release()
+    say = progress or (lambda *_: None)
+    holder = take_lock(inv, transport, the_plan.op, say)
+    state = run_plan(lockplan.with_lock(the_plan, inv, holder), TransportBackend(inv, transport, say), done=("lock",))
+    if state.failed is not None:
+        _raise_failure(state, the_plan.op)
+    nodessh.forget_all(inv, nodessh.IMAGE_SYNC)
+    return tuple(inv.names)

@@ -1,12 +1,14 @@
 """The locks and the run records on the state node: the two things every operation shares.
 
 The state node is the inventory's first node. Each stack's record is written
-there atomically (:func:`sparkctl.model.paths.record_path`) and cached on the
-operator's side. A lock is one ``mkdir`` per node (``locks/<node>.d`` on the
-state node): an operation locks exactly the nodes it may change (``up`` of a
-stack: its nodes and the nodes its stack ran on before; ``fabric apply`` and a
-``down`` of everything: every node), so two operations on disjoint node sets
-do not block each other and overlapping ones do.
+there atomically (:func:`sparkctl.model.paths.record_path`) by the plans'
+``record`` steps, and cached on the operator's side. A lock is one ``mkdir``
+per node (``locks/<node>.d`` on the state node), taken and released by plan
+steps (:mod:`sparkctl.plan.lockplan`; :func:`take` runs the ``lock`` step): an
+operation locks exactly the nodes it may change (``up`` of a stack: its nodes
+and the nodes its stack ran on before; ``fabric apply`` and a ``down`` of
+everything: every node), so two operations on disjoint node sets do not block
+each other and overlapping ones do.
 """
 
 from __future__ import annotations
@@ -14,10 +16,10 @@ from __future__ import annotations
 import getpass
 import json
 import os
+import secrets
 import shlex
 import socket
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -31,12 +33,12 @@ from sparkctl.model.paths import (
     LOCKS_DIR,
     RECORD,
     STACKS_DIR,
-    node_lock_dir,
     record_path,
     under,
 )
 from sparkctl.model.record import RunRecord
-from sparkctl.ops.localstate import cluster_dir, read_json, write_json
+from sparkctl.ops.localstate import cluster_dir, read_json
+from sparkctl.plan import lockplan
 from sparkctl.transport import Transport
 
 
@@ -139,13 +141,16 @@ def read_record(inv: Inventory, transport: Transport, stack: str = DEFAULT_STACK
     return rec
 
 
-def write_verdicts(inv: Inventory, transport: Transport, profile: str, at: str, verdicts: list[dict[str, Any]]) -> None:
-    """The last verdict of every law, on the head (what `status` and the head's exporter show)."""
-    head = head_node(inv)
+def write_verdicts(transport: Transport, target: Mapping[str, Any], profile: str, at: str,
+                   verdicts: list[dict[str, Any]]) -> None:
+    """The last verdict of every law, where the check step lists it (``params["verdicts"]``:
+    the state node, the path, its sudo; :func:`sparkctl.plan.planner.verdicts_target`): what
+    `status` and the head's exporter show."""
+    node, path = str(target["node"]), str(target["path"])
     data = json.dumps({"profile": profile, "at": at, "verdicts": verdicts}, indent=1, sort_keys=True).encode() + b"\n"
-    r = transport.put(head, node_path(inv, head, LAWS_VERDICTS), data, 0o644, sudo=node_sudo(inv, head))
+    r = transport.put(node, path, data, 0o644, sudo=bool(target.get("sudo")))
     if not r.ok:
-        raise LifecycleError(f"cannot write {LAWS_VERDICTS} on {head}: {r.error or r.stderr.strip()}", Ref(node=head))
+        raise LifecycleError(f"cannot write {path} on {node}: {r.error or r.stderr.strip()}", Ref(node=node))
 
 
 def read_verdicts(inv: Inventory, transport: Transport) -> dict[str, Any] | None:
@@ -158,146 +163,75 @@ def read_verdicts(inv: Inventory, transport: Transport) -> dict[str, Any] | None
     return data if isinstance(data, dict) else None
 
 
-def write_record(inv: Inventory, transport: Transport, rec: RunRecord) -> None:
-    """Atomic on the state node (temp + rename by the transport) and in the local cache."""
-    head = head_node(inv)
-    data = json.dumps(rec.to_dict(), indent=2, sort_keys=True).encode() + b"\n"
-    write_json(local_record_path(inv, rec.stack), rec.to_dict())
-    r = transport.put(head, node_path(inv, head, record_path(rec.stack)), data, 0o644, sudo=node_sudo(inv, head))
-    if not r.ok:
-        raise LifecycleError(f"cannot write the run record on {head}: {r.error or r.stderr.strip()}", Ref(node=head),
-                             hint="the local cache has it; check the disk on the head node")
-
-
 # --------------------------------------------------------------------------- the lock
 
 
-# The lock of a node set: one mkdir per node, in inventory order, then each holder
-# file, in one script on the state node. A dir already there stops it: the dirs this
-# run made are removed again (only those whose holder line is ours), so a refused
-# acquisition holds nothing. A lock dir is only ever left without a holder by a
-# process killed between mkdir and the write; a failed write of the holder (a full
-# disk) removes what this run made, so a full disk never leaves a lock.
-_ACQUIRE_SCRIPT = """\
-info={info}
-mkdir -p {parent} || exit 3
-undo() {{ for m in {dirs}; do grep -qxF -- "$info" "$m/holder" 2>/dev/null && rm -rf "$m"; done; }}
-for d in {dirs}; do
-  if err=$(mkdir "$d" 2>&1); then
-    if out=$( {{ printf '%s\\n' "$info" > "$d/holder"; }} 2>&1 ); then continue; fi
-    rm -rf "$d"; undo; echo "cannot write $d/holder: ${{out:-write error}}" >&2; exit 3
-  elif [ -d "$d" ]; then
-    undo; echo held; echo "$d"; cat "$d/holder" 2>/dev/null; exit 0
-  fi
-  undo; echo "$err" >&2; exit 3
-done
-echo acquired
-"""
-
-# Whether a holder on the head (the supervisor of `switch --supervise`) still runs.
-_HEAD_HOLDER_ALIVE = ("p={pid}; if [ -d /proc/$p ] && tr '\\000' ' ' < /proc/$p/cmdline 2>/dev/null | "
-                      "grep -qE 'supervisor|planrun'; then echo alive; else echo gone; fi")
+def holder_info(operation: str, token: str | None = None) -> dict[str, Any]:
+    """This process as a lock holder: who, since when, doing what, and the run's token."""
+    pid = os.getpid()
+    since = now_iso()
+    return {"holder": f"{getpass.getuser()}@{socket.gethostname()} pid {pid}", "since": since,
+            "operation": operation, "host": socket.gethostname(), "pid": pid,
+            "run": token or f"{socket.gethostname()}:{pid}:{secrets.token_hex(6)}"}
 
 
-def lock_dirs(inv: Inventory, nodes: Sequence[str] | None = None) -> dict[str, str]:
-    """node -> its lock dir on the state node, in inventory order (every node when ``nodes`` is None)."""
-    head = head_node(inv)
-    want = set(inv.names if nodes is None else nodes)
-    return {n: node_path(inv, head, node_lock_dir(n)) for n in inv.names if n in want}
+def take(inv: Inventory, transport: Transport, step: Mapping[str, Any]) -> str:
+    """Run the plan's ``lock`` step (:func:`sparkctl.plan.lockplan.lock_step`): only its listed commands.
 
-
-@dataclass
-class ClusterLock:
-    """The lock of a node set (every node by default): one mkdir per node on the state node,
-    the holder's user@host, pid and time inside each.
-
-    A lock whose holder is provably gone is broken by the next acquirer: a
-    holder on this machine whose pid is dead, or a switch supervisor on the head
-    (its ``host`` is the head's node name) whose pid no longer runs the
+    All the step's node locks or none. A lock whose holder is provably gone is broken by
+    the next acquirer: a holder on this machine whose pid is dead, or a switch supervisor
+    on the head (its ``host`` is the head's node name) whose pid no longer runs the
     supervisor. A holder on another workstation cannot be checked from here.
     """
+    head = step["nodes"][0]
+    sudo = bool(step.get("sudo", {}).get(head))
+    p = step["params"]
+    scope = list(p.get("nodes") or [])
+    if not scope:
+        return "nothing to lock"
+    dirs = lockplan.lock_dirs(inv, scope)
+    parent = node_path(inv, head, LOCKS_DIR)
+    for _ in range(len(dirs) + 1):  # each round breaks the locks of at most one stale holder
+        r = transport.run(head, step["commands"][head], sudo=sudo, timeout_s=step.get("timeout_s"),
+                          stdin=p["stdin"][head])
+        lines = r.stdout.strip().splitlines()
+        if r.ok and lines[:1] == ["acquired"]:
+            return "acquired"
+        if not r.ok or lines[:1] != ["held"]:
+            raise (LockUnavailable if r.ok is False and not r.error else LifecycleError)(
+                f"cannot take the lock on {head}: {r.error or r.stderr.strip() or f'exit {r.exit_code}'}",
+                Ref(node=head), hint=f"check the disk and permissions of {parent} on {head}")
+        d = lines[1] if len(lines) > 1 else ""
+        node = next((n for n, path in dirs.items() if path == d), "?")
+        raw = lines[2] if len(lines) > 2 else ""
+        try:
+            other = json.loads(raw)
+        except ValueError:
+            other = {"holder": "unknown (no holder file)", "since": "unknown"}
+        if raw and _holder_gone(transport, head, sudo, p, other, raw):
+            transport.run(head, p["break_stale"][head], sudo=sudo, stdin=raw)
+            continue
+        whole = set(dirs) == set(inv.names)
+        what = "the cluster" if whole and len(dirs) > 1 else node
+        raise LockHeld(
+            f"{what} is locked by {other.get('holder')} since {other.get('since')} "
+            f"({other.get('operation', '?')}{'' if what == node else ', holding ' + node})", Ref(node=head),
+            hint="wait for it to finish; if that process is gone, `sparkctl unlock` removes the lock")
+    raise LockHeld(f"the locks of {', '.join(dirs)} kept changing hands", Ref(node=head),
+                   hint="another sparkctl is busy on these nodes; try again")
 
-    inv: Inventory
-    transport: Transport
-    operation: str
-    nodes: Sequence[str] | None = None  # the nodes this operation may change; None = every node
-    holder: str = field(default_factory=lambda: f"{getpass.getuser()}@{socket.gethostname()} pid {os.getpid()}")
-    held: bool = False
 
-    def dirs(self) -> dict[str, str]:
-        return lock_dirs(self.inv, self.nodes)
-
-    def acquire(self, break_stale: bool = True) -> None:
-        head = head_node(self.inv)
-        dirs = self.dirs()
-        if not dirs:
-            self.held = True
-            return
-        parent = node_path(self.inv, head, LOCKS_DIR)
-        info = json.dumps({"holder": self.holder, "since": now_iso(), "operation": self.operation,
-                           "host": socket.gethostname(), "pid": os.getpid()})
-        for _ in range(len(dirs) + 1):  # each round breaks at most one stale lock
-            cmd = _ACQUIRE_SCRIPT.format(info=shlex.quote(info), parent=shlex.quote(parent),
-                                         dirs=" ".join(shlex.quote(d) for d in dirs.values()))
-            r = self.transport.run(head, cmd, sudo=node_sudo(self.inv, head))
-            lines = r.stdout.strip().splitlines()
-            if r.ok and lines[:1] == ["acquired"]:
-                self.held = True
-                return
-            if not r.ok or lines[:1] != ["held"]:
-                raise (LockUnavailable if r.ok is False and not r.error else LifecycleError)(
-                    f"cannot take the lock on {head}: {r.error or r.stderr.strip() or f'exit {r.exit_code}'}",
-                    Ref(node=head), hint=f"check the disk and permissions of {parent} on {head}")
-            d = lines[1] if len(lines) > 1 else ""
-            node = next((n for n, p in dirs.items() if p == d), "?")
-            raw = lines[2] if len(lines) > 2 else ""
-            try:
-                other = json.loads(raw)
-            except ValueError:
-                other = {"holder": "unknown (no holder file)", "since": "unknown"}
-            if not (break_stale and raw and self._holder_gone(other)):
-                whole = self.nodes is None or set(dirs) == set(self.inv.names)
-                what = "the cluster" if whole and len(dirs) > 1 else node
-                raise LockHeld(
-                    f"{what} is locked by {other.get('holder')} since {other.get('since')} "
-                    f"({other.get('operation', '?')}{'' if what == node else ', holding ' + node})",
-                    Ref(node=head),
-                    hint="wait for it to finish; if that process is gone, `sparkctl unlock` removes the lock")
-            q = shlex.quote
-            # Break only the lock we judged: the same holder line, renamed away in one step.
-            self.transport.run(head, f"d={q(d)}; grep -qxF -- {q(raw)} \"$d/holder\" 2>/dev/null && "
-                                     f"mv \"$d\" \"$d.stale.$$\" && rm -rf \"$d.stale.$$\"; true",
-                               sudo=node_sudo(self.inv, head))
-        raise LockHeld(f"the locks of {', '.join(dirs)} kept changing hands", Ref(node=head),
-                       hint="another sparkctl is busy on these nodes; try again")
-
-    def _holder_gone(self, other: Mapping[str, Any]) -> bool:
-        pid = other.get("pid")
-        if not isinstance(pid, int) or pid <= 0:
-            return False
-        if other.get("host") == socket.gethostname():
-            return not _pid_alive(pid)
-        head = head_node(self.inv)
-        if other.get("host") == head:  # the supervisor writes the head's node name as its host
-            r = self.transport.run(head, _HEAD_HOLDER_ALIVE.format(pid=int(pid)))
-            return r.ok and r.stdout.strip() == "gone"
+def _holder_gone(transport: Transport, head: str, sudo: bool, params: Mapping[str, Any],
+                 other: Mapping[str, Any], raw: str) -> bool:
+    pid = other.get("pid")
+    if not isinstance(pid, int) or pid <= 0:
         return False
-
-    def release(self) -> None:
-        head = head_node(self.inv)
-        holder = shlex.quote(self.holder)
-        dirs = " ".join(shlex.quote(d) for d in self.dirs().values())
-        if not dirs:
-            return
-        self.transport.run(head, f"for d in {dirs}; do grep -qF -- {holder} \"$d/holder\" 2>/dev/null && "
-                                 "rm -rf \"$d\"; done; true", sudo=node_sudo(self.inv, head))
-
-    def __enter__(self) -> "ClusterLock":
-        self.acquire()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.release()
+    if other.get("host") == socket.gethostname():
+        return not _pid_alive(pid)
+    if other.get("host") == head:  # the supervisor writes the head's node name as its host
+        r = transport.run(head, params["holder_alive"][head], sudo=sudo, stdin=raw)
+        return r.ok and r.stdout.strip() == "gone"
+    return False
 
 
 def _pid_alive(pid: Any) -> bool:
@@ -310,7 +244,7 @@ def _pid_alive(pid: Any) -> bool:
 
 def held_command(inv: Inventory, nodes: Sequence[str]) -> str:
     """Prints ``held`` when any of ``nodes`` is locked, else ``free`` (run on the state node)."""
-    dirs = " ".join(shlex.quote(d) for d in lock_dirs(inv, nodes).values()) or "/nonexistent"
+    dirs = " ".join(shlex.quote(d) for d in lockplan.lock_dirs(inv, nodes).values()) or "/nonexistent"
     return f"for d in {dirs}; do [ -d \"$d\" ] && {{ echo held; exit 0; }}; done; echo free"
 
 
@@ -318,7 +252,7 @@ def break_lock(inv: Inventory, transport: Transport, nodes: Sequence[str] | None
     """Remove the locks of ``nodes`` (every node, and the one lock of a sparkctl before stacks,
     when None); returns the holders that were there."""
     head = head_node(inv)
-    dirs = list(lock_dirs(inv, nodes).values()) + ([node_path(inv, head, LOCK_DIR)] if nodes is None else [])
+    dirs = list(lockplan.lock_dirs(inv, nodes).values()) + ([node_path(inv, head, LOCK_DIR)] if nodes is None else [])
     q = " ".join(shlex.quote(d) for d in dirs)
     r = transport.run(head, f"for d in {q}; do cat \"$d/holder\" 2>/dev/null; rm -rf \"$d\"; done; true",
                       sudo=node_sudo(inv, head))

@@ -9,7 +9,8 @@ ssh over the fabric (the supervised switch's runner on the head, ``image sync``'
 * its public half authorized on each peer (sparkctl's authorized_keys, and the
   login user's ``~/.ssh/authorized_keys`` on a real host) with ``restrict`` and
   ``from=`` the source's fabric addresses: no forwarding, no pty, and only from
-  the fabric;
+  the fabric; the steps that write it are the plans' (the supervised switch's,
+  :mod:`sparkctl.plan.supervised`; image sync's, :mod:`sparkctl.plan.imageplan`);
 * the peers' host keys, from the operator's own verified connections (no trust
   on first use from the node), in the source's known_hosts
   (``SUPERVISOR_KNOWN_HOSTS``), and :func:`ssh_argv`, the exact ssh command line;
@@ -55,7 +56,7 @@ from sparkctl.model.paths import (
     SUPERVISOR_KNOWN_HOSTS,
 )
 from sparkctl.ops.localstate import cluster_dir, write_json
-from sparkctl.ops.lock import node_path, node_sudo
+from sparkctl.ops.lock import node_path
 from sparkctl.plan.imageplan import key_comment
 from sparkctl.transport import Transport
 
@@ -171,7 +172,7 @@ def verify_command(inv: Inventory, node: str, kind: NodeKey = SUPERVISOR) -> str
     Prints ``auth SRC`` for each remembered source whose line is in the
     authorized_keys that this node's sshd reads (the ssh user's
     ``~/.ssh/authorized_keys`` on a real host; sparkctl's file on a simulated
-    node, see :func:`provision`); when the node is a remembered source, ``key
+    node, see :mod:`sparkctl.plan.supervised`); when the node is a remembered source, ``key
     SHA256 MODE`` (``keymode MODE SIZE`` when the key is root's and unreadable to
     the ssh user) and ``kh SHA256`` of its known_hosts (0644). A grant remembered
     without a line (image sync's: its plan authorizes the line every run) asks the
@@ -217,41 +218,6 @@ def still_provisioned(inv: Inventory, src: str, peers: Sequence[str], answers: M
     key = local.read_bytes()
     key_ok = f"key {_sha(key)} 600" in mine or f"keymode 600 {len(key)}" in mine
     return key_ok and f"kh {st.get('known_hosts_sha256')}" in mine
-
-
-def provision(inv: Inventory, transport: Transport, src: str, peers: Sequence[str]) -> dict[str, str]:
-    """Authorize the key on ``peers`` for ``src``, and put the key and the peers' host keys on ``src``.
-
-    Returns peer -> the fabric address ``src`` reaches it at. Idempotent (a line
-    already in a file is not added again).
-    """
-    key, pub = local_key(inv)
-    addrs = {n: fabric_address_from(inv, src, n) for n in peers}
-    line = grant_line(inv, src, pub)
-    known_bytes = known_hosts(inv, transport, src, peers)
-    q = shlex.quote
-    add = ("f={f}; mkdir -p \"$(dirname \"$f\")\"; touch \"$f\"; chmod 600 \"$f\"; "
-           "grep -qxF {line} \"$f\" || printf '%s\\n' {line} >> \"$f\"")
-    for sudo in (True, False):
-        cmds = {n: add.format(f=q(node_path(inv, n, NODE_AUTHORIZED_KEYS)), line=q(line)) for n in peers
-                if node_sudo(inv, n) == sudo}
-        if cmds:
-            transport.run_all(cmds, sudo=sudo).raise_for("authorizing the node-to-node key")
-    # On a real host sshd reads the ssh user's ~/.ssh/authorized_keys; a simulated node
-    # (SPARKCTL_SIM_NODE in its session) reads the file above, and its ~ is the host's.
-    user = {n: ("[ -n \"${SPARKCTL_SIM_NODE:-}\" ] && exit 0; "
-                + add.format(f="\"$HOME/.ssh/authorized_keys\"", line=q(line)).replace("mkdir -p", "mkdir -m 700 -p"))
-            for n in peers}
-    if user:
-        transport.run_all(user).raise_for("authorizing the node-to-node key in ~/.ssh/authorized_keys")
-    ss = node_sudo(inv, src)
-    forget(inv, src)  # until the files are all written, nothing is vouched for
-    for path, data, mode in ((SUPERVISOR_KEY, key, 0o600), (SUPERVISOR_KNOWN_HOSTS, known_bytes, 0o644)):
-        r = transport.put(src, node_path(inv, src, path), data, mode, sudo=ss)
-        if not r.ok:
-            raise LifecycleError(f"cannot write {path} on {src}: {r.error or r.stderr.strip()}", Ref(node=src))
-    remember(inv, src, peers, known_bytes, SUPERVISOR, line)
-    return addrs
 
 
 def known_hosts(inv: Inventory, transport: Transport, src: str, peers: Sequence[str]) -> bytes:

@@ -169,7 +169,8 @@ def exporter_steps(inv: Inventory, files: ExporterFiles) -> list[Step]:
     return [
         Step("exporter-push", "exporter", "put", nodes, f"push the exporter: sparkctl's zip ({__version__}), the pinned "
              f"{PROMETHEUS_CLIENT.filename} (sha256 {PROMETHEUS_CLIENT.sha256[:12]}...), its configuration, its unit",
-             changes=f"{EXPORTER_DIR}, {EXPORTER_CONFIG}, {UNIT_NAME}", files=put),
+             changes=f"{EXPORTER_DIR}, {EXPORTER_CONFIG}, {UNIT_NAME}", files=put,
+             sudo={n: inv.node(n).sudo for n in nodes}),
         Step("exporter", "exporter", "run", nodes, f"enable and restart {UNIT_NAME} (port {EXPORTER_PORT} on the "
              f"management address; the status page on {files.head}, port {PAGE_PORT}), wait for /metrics",
              changes=f"{UNIT_NAME} enabled and running", commands=start,

@@ -443,7 +443,8 @@ def plan_fabric_apply(inv: Inventory, fabric: FabricFiles, profile: str | None =
         steps += [
             Step("push", "push", "put", nodes, "push the rendered fabric files", changes="netplan file and "
                  "fabric filter unit (INPUT; DOCKER-USER on relays)"
-                 + (", sysctl file on " + ", ".join(relays) if relays else ""), files=put),
+                 + (", sysctl file on " + ", ".join(relays) if relays else ""), files=put,
+                 sudo={n: inv.node(n).sudo for n in nodes}),
             Step("apply", "apply", "run", nodes, "flush stale fabric addresses, netplan generate, networkctl "
                  "reconfigure the fabric ports only (never netplan apply), sysctl -p, enable units",
                  changes="fabric addresses, routes, forwarding, rp_filter, INPUT and DOCKER-USER rules, enabled units",

@@ -301,7 +301,8 @@ def ensure_steps(setup: GatewaySetup, facts: GatewayFacts, inv: Inventory, persi
         refs = tuple(FileRef(f"{wdir}/{w.filename}", 0o644, w.sha256) for w in setup.wheels)
         steps.append(Step("gateway-wheels", "gateway", "put", (node,),
                           f"push the pinned wheels ({', '.join(f'{w.name} {w.version}' for w in setup.wheels)}, "
-                          f"{setup.platform.describe()})", changes=f"{wdir}", files={node: refs}, on_fail=on_fail))
+                          f"{setup.platform.describe()})", changes=f"{wdir}", files={node: refs}, sudo=sudo,
+                          on_fail=on_fail))
         cmd = install_command(setup, prefix)
         steps.append(Step("gateway-install", "gateway", "run", (node,),
                           f"verify their SHA-256 and unpack them into {setup.site}",
@@ -312,7 +313,7 @@ def ensure_steps(setup: GatewaySetup, facts: GatewayFacts, inv: Inventory, persi
     refs = tuple(FileRef(f.path, f.mode, f.sha256) for f in sorted(setup.files.values(), key=lambda f: f.path))
     steps.append(Step("gateway-push", "gateway", "put", (node,), f"write the gateway's {len(refs)} files atomically",
                       changes="the gateway's unit, launch script, env file, config and ctl", files={node: refs},
-                      on_fail=on_fail))
+                      sudo=sudo, on_fail=on_fail))
     verb = "restart" if changed else "start"
     start = (f"systemctl daemon-reload && systemctl {verb} {UNIT_NAME}"
              + (f" && systemctl enable {UNIT_NAME}" if persist else "")

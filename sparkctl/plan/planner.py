@@ -146,19 +146,30 @@ def record_for(res: Resolved, rendering: Rendering, sets: Sequence[str], state: 
 # --------------------------------------------------------------------------- steps
 
 
-def _fan(inv: Inventory, cmds: Mapping[str, str]) -> dict[str, bool]:
+def _fan(inv: Inventory, cmds: Mapping[str, object]) -> dict[str, bool]:
     return {n: inv.node(n).sudo for n in cmds}
 
 
-def _record_step(prefix: str, sid: str, phase: str, head: str, rec: RunRecord, summary: str, *,
+def record_step(inv: Inventory, sid: str, phase: str, head: str, rec: RunRecord, summary: str, *,
                  on_fail: str = "abort", note_from_failure: bool = False, state_if_left: str | None = None) -> Step:
-    params: dict[str, object] = {"record": rec.to_dict(), "path": under(prefix, record_path(rec.stack))}
+    """Write ``rec`` on the head (atomically, with the inventory's sudo there) at its stack's record path;
+    when that write fails and the record claims nothing serves, ``rm -f`` it: no record also says nothing serves."""
+    path = under(inv.node(head).prefix, record_path(rec.stack))
+    params: dict[str, object] = {"record": rec.to_dict(), "path": path}
+    if rec.state != "serving":
+        params["remove_on_failure"] = {head: f"rm -f {shlex.quote(path)}"}
     if note_from_failure:
         params["note_from_failure"] = True
     if state_if_left:
         params["state_if_left"] = state_if_left
     return Step(sid, phase, "record", (head,), summary, changes=f"the run record on {head}: {rec.state}",
-                params=params, on_fail=on_fail)
+                sudo={head: inv.node(head).sudo}, params=params, on_fail=on_fail)
+
+
+def verdicts_target(inv: Inventory) -> dict[str, Any]:
+    """Where a check step keeps the laws' verdicts: on the state node, with its sudo (a write the step lists)."""
+    head = inv.nodes[0].name
+    return {"node": head, "path": under(inv.node(head).prefix, LAWS_VERDICTS), "sudo": inv.node(head).sudo}
 
 
 def _stop_step(inv: Inventory, sid: str, phase: str, nodes: Sequence[str], ports: Sequence[int], timeout_s: int,
@@ -179,7 +190,8 @@ def _bring_up(res: Resolved, inv: Inventory, rendering: Rendering, restart: Sequ
     count = sum(len(v) for v in files.values())
     steps.append(Step(f"{prefix}push", "push", "put", tuple(restart),
                       f"write {count} files atomically (temp name, then rename)",
-                      changes=f"{res.name}'s rendered files", files=files, on_fail=on_fail))
+                      changes=f"{res.name}'s rendered files", files=files, sudo=_fan(inv, files),
+                      on_fail=on_fail))
     logs = {n: rotate_log_command(inv, n) for n in restart}
     steps.append(Step(f"{prefix}logs", "push", "run", tuple(restart), "keep the last engine log as engine.log.1",
                       changes="engine.log moved aside", commands=logs, sudo=_fan(inv, logs), on_fail="continue"))
@@ -346,8 +358,11 @@ def _changed(res: Resolved, rendering: Rendering, facts: UpFacts) -> list[str]:
 def plan_up(res: Resolved, inv: Inventory, rendering: Rendering, facts: UpFacts, *, sets: Sequence[str] = (),
             waivers: Mapping[str, str] | None = None, started_at: str = "", skip_check: bool = False,
             op: str = "up", failure_branch: str = "stop",
-            gateway: tuple[gatewayplan.GatewaySetup, gatewayplan.GatewayFacts] | None = None) -> Plan:
-    """``gateway``: serve.gateway's setup and what was read on its node (None: no gateway)."""
+            gateway: tuple[gatewayplan.GatewaySetup, gatewayplan.GatewayFacts] | None = None,
+            probes: tuple[Mapping[str, str], Mapping[str, str]] = ({}, {})) -> Plan:
+    """``gateway``: serve.gateway's setup and what was read on its node (None: no gateway).
+    ``probes``: the check's scripts (node -> the batched probe script, node -> the fabric probe
+    script; ``sparkctl.ops.check`` builds them): the check step lists them and runs only them."""
     p = res.profile
     lay = rendering.layout
     waivers = dict(waivers or {})
@@ -376,8 +391,12 @@ def plan_up(res: Resolved, inv: Inventory, rendering: Rendering, facts: UpFacts,
     if not skip_check:
         steps.append(Step("check", "check", "check", lay.nodes, "probe every node in parallel and judge the laws "
                           f"(a failure stops here); keep the verdicts in {LAWS_VERDICTS} on the head",
-                          params={"profile": res.name, "waivers": waivers,
-                                  "ignore": ["served_model", "clock_cap", "page_cache"]}))
+                          changes=f"the laws' verdicts in {LAWS_VERDICTS} on {inv.nodes[0].name}",
+                          commands=dict(probes[0]), sudo={n: False for n in probes[0]},
+                          params={"profile": res.name, "sets": list(sets), "waivers": waivers,
+                                  "ignore": ["served_model", "clock_cap", "page_cache"],
+                                  "verdicts": verdicts_target(inv),
+                                  **({"fabric_probe": dict(probes[1])} if probes[1] else {})}))
     if p.laws.clock_cap_mhz is not None:
         cmds = {n: " && ".join(clocklock.lock_commands(p.laws.clock_cap_mhz, inv.node(n).prefix,
                                                         inv.node(n).proc_root)) for n in lay.nodes}
@@ -389,8 +408,7 @@ def plan_up(res: Resolved, inv: Inventory, rendering: Rendering, facts: UpFacts,
                           listen=head_listen(res, rendering, inv), gateway=gw_entry)
     # The record changes before the cluster does: if the head cannot take it (a full
     # disk), nothing has been touched yet and the previous record still tells the truth.
-    steps.append(_record_step(inv.node(head).prefix, "record-start", "record-start", head, starting,
-                              "record that this run starts"))
+    steps.append(record_step(inv, "record-start", "record-start", head, starting, "record that this run starts"))
     # serve.gateway: what stops is drained first (removed from the gateway, then idle at the engine).
     if prev and prev.gateway:
         partial = bool(prev) and prev.profile == res.name and not whole  # only some replicas restart
@@ -407,7 +425,7 @@ def plan_up(res: Resolved, inv: Inventory, rendering: Rendering, facts: UpFacts,
         steps.extend(gatewayplan.register_step(gw_entry, inv, "gateway-register", "gateway", failure_branch))
     steps.extend(_persist_step(res, inv, restart, "", failure_branch))
     serving = replace(starting, state="serving", note="")
-    steps.append(_record_step(inv.node(head).prefix, "record", "record", head, serving, f"record {res.name} serving",
+    steps.append(record_step(inv, "record", "record", head, serving, f"record {res.name} serving",
                               on_fail=failure_branch))
     failed = replace(starting, state="failed")
     stop_nodes = list(dict.fromkeys([*lay.nodes, *stale]))
@@ -417,7 +435,7 @@ def plan_up(res: Resolved, inv: Inventory, rendering: Rendering, facts: UpFacts,
         *([_disable_step(inv, "disable-started", "rollback", persisted)] if persisted else []),
         _stop_step(inv, "stop-started", "rollback", stop_nodes, ports, p.serve.stop_timeout_s,
                    "stop what this run started", "continue"),
-        _record_step(inv.node(head).prefix, "record-failed", "rollback", head, failed, "record that nothing serves",
+        record_step(inv, "record-failed", "rollback", head, failed, "record that nothing serves",
                      on_fail="continue", note_from_failure=True),
     )
     return Plan(op, res.name, tuple(steps), {"stop": stop_branch}, reads=reads,
@@ -439,7 +457,7 @@ def _gateway_only(res: Resolved, inv: Inventory, rendering: Rendering, facts: Up
     head = inv.nodes[0].name
     rec = replace(prev, gateway=entry, updated_at=started_at)
     steps = [*ensure, *gatewayplan.register_step(entry, inv, "gateway-register", "gateway", "abort"),
-             _record_step(inv.node(head).prefix, "record", "record", head, rec, f"record {res.name}'s gateway")]
+             record_step(inv, "record", "record", head, rec, f"record {res.name}'s gateway")]
     return Plan(op, res.name, tuple(steps), reads=(*reads, f"the gateway on {setup.node}"),
                 note=f"{res.name} already serving with the same files: only the gateway")
 
@@ -468,9 +486,9 @@ def plan_down(inv: Inventory, records: RunRecord | Sequence[RunRecord] | None, *
     for r in recs:
         if r.state not in ("stopped", "failed"):
             # Before anything stops: an interrupted or half-done down never leaves "serving" behind.
-            steps.append(_record_step(inv.node(head).prefix, sid("record-stopping", r), "stop", head,
-                                      r.with_state("stopping", started_at, "down in progress"),
-                                      f"record that {_stack_words(r)} is stopping", on_fail="continue"))
+            steps.append(record_step(inv, sid("record-stopping", r), "stop", head,
+                                     r.with_state("stopping", started_at, "down in progress"),
+                                     f"record that {_stack_words(r)} is stopping", on_fail="continue"))
     for r in recs:
         if r.gateway and r.state not in ("stopped", "failed"):
             # serve.gateway: removed from the gateway and idle at the engine before it stops
@@ -481,10 +499,10 @@ def plan_down(inv: Inventory, records: RunRecord | Sequence[RunRecord] | None, *
                             "no engine process, ports closed", "continue"))
     for r in recs:
         if r.state != "stopped":
-            steps.append(_record_step(inv.node(head).prefix, sid("record", r), "record", head,
-                                      r.with_state("stopped", started_at, "down"),
-                                      f"record that nothing runs{_stack_suffix(r)}", on_fail="continue",
-                                      state_if_left="failed"))
+            steps.append(record_step(inv, sid("record", r), "record", head,
+                                     r.with_state("stopped", started_at, "down"),
+                                     f"record that nothing runs{_stack_suffix(r)}", on_fail="continue",
+                                     state_if_left="failed"))
     cmds = {n: meminfo_command(inv, n) for n in nodes}
     steps.append(Step("leaks", "verify", "leaks", tuple(nodes), "read /proc/meminfo: memory not given back with no "
                       "engine (the leak law)", commands=cmds, on_fail="continue"))
@@ -507,14 +525,18 @@ def _stack_suffix(r: RunRecord) -> str:
 def plan_switch(res: Resolved, inv: Inventory, rendering: Rendering, facts: UpFacts, *, sets: Sequence[str] = (),
                 waivers: Mapping[str, str] | None = None, started_at: str = "", skip_check: bool = False,
                 previous: tuple[Resolved, Rendering] | None = None, op: str = "switch",
-                gateway: tuple[gatewayplan.GatewaySetup, gatewayplan.GatewayFacts] | None = None) -> Plan:
-    """``up`` of the new profile whose failure, once the old stack is stopped, brings the old one back."""
+                gateway: tuple[gatewayplan.GatewaySetup, gatewayplan.GatewayFacts] | None = None,
+                rollback_note: str = "rolled back",
+                probes: tuple[Mapping[str, str], Mapping[str, str]] = ({}, {})) -> Plan:
+    """``up`` of the new profile whose failure, once the old stack is stopped, brings the old one back.
+
+    ``rollback_note``: the note of the record the way back writes (a supervised switch says who rolled back)."""
     prev = facts.record
     if previous is None or prev is None or prev.state != "serving" or prev.profile == res.name:
-        return replace(plan_up(res, inv, rendering, facts, sets=sets, waivers=waivers, started_at=started_at,
-                               skip_check=skip_check, op=op, gateway=gateway))
+        return plan_up(res, inv, rendering, facts, sets=sets, waivers=waivers, started_at=started_at,
+                       skip_check=skip_check, op=op, gateway=gateway, probes=probes)
     base = plan_up(res, inv, rendering, facts, sets=sets, waivers=waivers, started_at=started_at,
-                   skip_check=skip_check, op=op, failure_branch="rollback", gateway=gateway)
+                   skip_check=skip_check, op=op, failure_branch="rollback", gateway=gateway, probes=probes)
     prev_res, prev_rendering = previous
     head = inv.nodes[0].name
     ports = sorted({res.profile.serve.port, res.profile.serve.master_port, prev.port})
@@ -525,8 +547,8 @@ def plan_switch(res: Resolved, inv: Inventory, rendering: Rendering, facts: UpFa
     back += [replace(s, phase="rollback", on_fail="continue" if s.on_fail == "continue" else "stop")
              for s in _bring_up(prev_res, inv, prev_rendering, list(prev_rendering.layout.nodes), "rollback-", "stop")]
     back += gatewayplan.register_step(prev.gateway, inv, "rollback-gateway-register", "rollback", "stop")
-    restored = replace(prev, state="serving", updated_at=started_at, note="rolled back")
-    back.append(_record_step(inv.node(head).prefix, "rollback-record", "rollback", head, restored,
+    restored = replace(prev, state="serving", updated_at=started_at, note=rollback_note)
+    back.append(record_step(inv, "rollback-record", "rollback", head, restored,
                              f"record {prev_res.name} serving again", on_fail="stop"))
     return replace(base, branches={"rollback": tuple(back), **base.branches},
                    reads=(*base.reads, f"{prev.profile}'s profile and files (the way back)"))

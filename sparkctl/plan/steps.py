@@ -10,6 +10,17 @@ plan, as JSON, is what the supervised switch hands to the runner on the head
 File contents are not in a plan (they may hold secrets): a ``put`` step names
 each file by path, mode and SHA-256, and the executor gets the bytes from the
 rendering (or, on the head, from the plan file's 0600 blob store).
+
+Every command a step runs is in the step: its ``commands`` (one per node), or
+one of the node -> command maps in its ``params`` named in
+:data:`PARAM_COMMANDS` (the ready step's liveness and log reads, the check's
+probe scripts, the lock's stale check and break), each with the step's
+``sudo`` for that node; every file it writes is in its ``files`` or, for a
+``record`` step, is the record at ``params["path"]`` or, for a ``check`` step,
+the laws' verdicts at ``params["verdicts"]`` (node, path, that node's sudo).
+:func:`calls` lists them all, :func:`describe` prints them, and the
+plan-equals-execution test holds a run to exactly them. A step kind is one function in the interpreter
+(``planrun.KINDS``); adding one (drain, wait, register ...) adds a name here.
 """
 
 from __future__ import annotations
@@ -19,9 +30,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 # What a step does; the interpreter (sparkctl.remote.planrun) knows each kind.
-KINDS = ("check", "run", "stop", "put", "ready", "record", "leaks")
-# What a failed step leads to: nothing more, or the named branch.
-ON_FAIL = ("abort", "stop", "rollback", "continue")
+KINDS = ("check", "run", "stop", "put", "ready", "record", "leaks", "lock")
+# What a failed step leads to: nothing more ("abort"), the next step ("continue"), or the
+# branch of that name (the planner's: "stop", "rollback", "restore-record"). The branch
+# "finally" runs after everything else, whatever happened (the lock's release).
+ON_FAIL = ("abort", "continue", "stop", "rollback", "restore-record")
+FINALLY = "finally"
+# The params that hold node -> command maps a step kind runs besides ``commands``.
+PARAM_COMMANDS = ("alive", "tail", "tail_on_failure", "fabric_probe", "holder_alive", "break_stale",
+                  "remove_on_failure")
 
 
 @dataclass(frozen=True)
@@ -54,7 +71,8 @@ class Step:
                              "summary": self.summary, "changes": self.changes, "on_fail": self.on_fail}
         if self.commands:
             d["commands"] = dict(self.commands)
-            d["sudo"] = {n: bool(self.sudo.get(n, False)) for n in self.commands}
+        if self.commands or self.sudo:
+            d["sudo"] = {n: bool(self.sudo.get(n, False)) for n in dict.fromkeys([*self.commands, *self.sudo])}
         if self.timeout_s is not None:
             d["timeout_s"] = self.timeout_s
         if self.files:
@@ -84,7 +102,8 @@ class Plan:
 
     @property
     def noop(self) -> bool:
-        return not self.steps
+        """Nothing to do but, at most, take and release the lock."""
+        return all(s.kind == "lock" for s in self.steps)
 
     def all_steps(self) -> list[Step]:
         return [*self.steps, *(s for b in self.branches.values() for s in b)]
@@ -101,6 +120,35 @@ class Plan:
                    reads=tuple(d.get("reads", ())), note=d.get("note", ""))
 
 
+@dataclass(frozen=True)
+class Call:
+    """One command or file write a step may make on a node."""
+
+    node: str
+    kind: str  # run | put
+    text: str  # the shell command, or the path a put writes
+    sudo: bool
+    sha256: str | None = None  # put: the content's hash; None: decided when the step runs (a record, verdicts)
+    source: str = "commands"  # where the step lists it: commands, files, or the params key
+
+
+def calls(step: Step) -> list[Call]:
+    """Every command and write ``step`` may make, from the step alone: what the plan promises."""
+    out = [Call(n, "run", c, bool(step.sudo.get(n, False))) for n, c in step.commands.items()]
+    for n, fs in step.files.items():
+        out.extend(Call(n, "put", f.path, bool(step.sudo.get(n, False)), f.sha256 or None, "files") for f in fs)
+    if step.kind == "record":
+        n = step.nodes[0]
+        out.append(Call(n, "put", str(step.params["path"]), bool(step.sudo.get(n, False)), None, "record"))
+    if step.kind == "check" and step.params.get("verdicts"):
+        v = step.params["verdicts"]  # the probes' sudo is not the write's: the target carries its own
+        out.append(Call(str(v["node"]), "put", str(v["path"]), bool(v.get("sudo")), None, "verdicts"))
+    for key in PARAM_COMMANDS:
+        for n, c in (step.params.get(key) or {}).items():
+            out.append(Call(n, "run", c, bool(step.sudo.get(n, False)), source=key))
+    return out
+
+
 def describe(plan: Plan) -> list[str]:
     """The plan as the lines ``sparkctl plan`` prints: every step, every command."""
     lines = [f"plan {plan.op} {plan.profile or ''}".rstrip()]
@@ -115,14 +163,26 @@ def describe(plan: Plan) -> list[str]:
             lines.append(f"{indent}{i:2d}. {s.phase:<10} {', '.join(s.nodes)}: {s.summary}{fail}")
             if s.changes != "nothing":
                 lines.append(f"{indent}      changes: {s.changes}")
-            for n, cmd in s.commands.items():
-                prompt = "#" if s.sudo.get(n) else "$"  # as root (sudo -n), as the login user
-                first, *rest = cmd.splitlines() or [""]
+            stdin = s.params.get("stdin") or {}
+            for c in calls(s):
+                prompt = "#" if c.sudo else "$"  # as root (sudo -n), as the login user
+                if c.kind == "put" and c.source == "record":
+                    lines.append(f"{indent}      {c.node}{prompt} write {c.text} (644: the run record, its time "
+                                 "and steps as they ran)")
+                    continue
+                if c.kind == "put" and c.source == "verdicts":
+                    lines.append(f"{indent}      {c.node}{prompt} write {c.text} (644: the laws' verdicts, as judged)")
+                    continue
+                if c.kind == "put":
+                    f = next(f for f in s.files[c.node] if f.path == c.text)
+                    sha = f"sha256 {f.sha256[:12]}" if f.sha256 else "content read when it runs"
+                    lines.append(f"{indent}      {c.node}: {f.path} ({f.mode:o}, {sha})")
+                    continue
+                first, *rest = c.text.splitlines() or [""]
                 more = f"  (+{len(rest)} lines)" if rest else ""
-                lines.append(f"{indent}      {n}{prompt} {first}{more}")
-            for n, fs in s.files.items():
-                for f in fs:
-                    lines.append(f"{indent}      {n}: {f.path} ({f.mode:o}, sha256 {f.sha256[:12]})")
+                when = "" if c.source == "commands" else f"  [{c.source.replace('_', ' ')}]"
+                feed = f"  <<< {stdin[c.node]}" if c.source == "commands" and c.node in stdin else ""
+                lines.append(f"{indent}      {c.node}{prompt} {first}{more}{when}{feed}")
     body(plan.steps, "  ")
     for name, steps in plan.branches.items():
         lines.append(f"  branch {name}:")

@@ -52,12 +52,19 @@ class Backend(Protocol):
         """The one readiness probe (``endpoint_probe``); ``api_key`` names where the key is, never the key."""
         ...
 
-    def run_all(self, commands: Mapping[str, str], sudo: Mapping[str, bool],
-                timeout_s: float | None) -> dict[str, Res]: ...
-    def put_all(self, files: Mapping[str, Sequence[Mapping[str, Any]]]) -> dict[str, Res]: ...
-    def write_record(self, node: str, path: str, data: Mapping[str, Any]) -> Res: ...
+    def run_all(self, commands: Mapping[str, str], sudo: Mapping[str, bool], timeout_s: float | None,
+                stdin: Mapping[str, str] | None = None) -> dict[str, Res]:
+        """One fan-out; ``sudo`` and ``stdin`` per node (a node without stdin reads none)."""
+        ...
+    def put_all(self, files: Mapping[str, Sequence[Mapping[str, Any]]], sudo: Mapping[str, bool]) -> dict[str, Res]: ...
+    def write_record(self, node: str, path: str, data: Mapping[str, Any], sudo: bool,
+                     remove_on_failure: str | None) -> Res:
+        """Write the record atomically; when that fails and it claims nothing serves, run
+        ``remove_on_failure`` (the step's listed ``rm -f``): no record also says nothing serves."""
+        ...
     def leaks(self, results: Mapping[str, Mapping[str, Any]]) -> dict[str, float]: ...  # node -> GiB held
-    def check(self, params: Mapping[str, Any]) -> str: ...
+    def check(self, step: Mapping[str, Any]) -> str: ...  # runs only the step's listed probe scripts
+    def lock(self, step: Mapping[str, Any]) -> str: ...  # the node locks; only the step's listed commands
 
 
 class StepFailed(Exception):
@@ -84,6 +91,7 @@ class RunState:
     branches: list[str] = field(default_factory=list)  # entered, in order
     completed: list[str] = field(default_factory=list)  # branches that ran to their end
     branch_failure: StepFailed | None = None  # the first failure inside a branch
+    outputs: dict[str, dict[str, str]] = field(default_factory=dict)  # run step id -> node -> stdout
     soft_failures: list[StepFailed] = field(default_factory=list)  # steps with on_fail "continue" that failed
     left: dict[str, str] = field(default_factory=dict)  # node -> what the stop step found still running
     leaks: dict[str, float] = field(default_factory=dict)  # node -> GiB held with no engine
@@ -96,13 +104,18 @@ def _last_line(r: Res) -> str:
     return r.get("error") or ((r.get("stderr") or "").strip().splitlines() or [f"exit {r.get('exit_code')}"])[-1]
 
 
-def _fan(step: dict[str, Any], backend: Backend, commands: dict[str, str] | None = None) -> dict[str, Res]:
+def _fan(step: dict[str, Any], backend: Backend, commands: dict[str, str] | None = None,
+         timeout_s: float | None = None) -> dict[str, Res]:
+    """Run the step's commands (or one of its params' command maps) with the step's sudo."""
     cmds = commands if commands is not None else step.get("commands", {})
-    return backend.run_all(cmds, step.get("sudo", {}), step.get("timeout_s"))
+    stdin = (step.get("params") or {}).get("stdin") if commands is None else None
+    return backend.run_all(cmds, step.get("sudo", {}), timeout_s or step.get("timeout_s"),
+                           **({"stdin": stdin} if stdin else {}))
 
 
 def _run(step: dict[str, Any], backend: Backend, state: RunState) -> str:
     res = _fan(step, backend)
+    state.outputs[step["id"]] = {n: r.get("stdout", "") for n, r in res.items()}
     bad = sorted(n for n, r in res.items() if not r["ok"])
     if bad:
         raise StepFailed(step, f"{step['summary']} failed on {', '.join(bad)}: {_last_line(res[bad[0]])}", bad[0])
@@ -133,7 +146,7 @@ def _stop(step: dict[str, Any], backend: Backend, state: RunState) -> str:
 
 
 def _put(step: dict[str, Any], backend: Backend, state: RunState) -> str:
-    res = backend.put_all(step.get("files", {}))
+    res = backend.put_all(step.get("files", {}), step.get("sudo", {}))
     bad = sorted(n for n, r in res.items() if not r["ok"])
     if bad:
         raise StepFailed(step, f"pushing the rendered files failed on {', '.join(bad)}: {_last_line(res[bad[0]])}",
@@ -161,9 +174,9 @@ def _ready(step: dict[str, Any], backend: Backend, state: RunState) -> str:
         if not pending:
             return f"serving after {elapsed:.1f} s"
         if backend.monotonic() >= next_watch:
-            alive = backend.run_all(p["alive"], {}, 30)
+            alive = _fan(step, backend, p["alive"], 30)
             dead = sorted(n for n, r in alive.items() if not (r["ok"] and "alive" in r.get("stdout", "")))
-            tails = backend.run_all(p["tail"], {}, 30)
+            tails = _fan(step, backend, p["tail"], 30)
             for n in p["alive"]:
                 backend.emit(n, "waiting", f"{elapsed:5.1f}s  {tails.get(n, {}).get('stdout', '').strip()[-100:]}")
             if dead:
@@ -176,7 +189,7 @@ def _ready(step: dict[str, Any], backend: Backend, state: RunState) -> str:
 
 def _not_ready(step: dict[str, Any], backend: Backend, detail: str) -> None:
     p = step["params"]
-    tails = backend.run_all(p.get("tail_on_failure", {}), {}, 30)
+    tails = _fan(step, backend, p.get("tail_on_failure", {}), 30)
     lines = [f"  [{n}] {line}" for n in p.get("tail_on_failure", {})
              for line in tails.get(n, {}).get("stdout", "").splitlines()[-6:]]
     head = next(iter(p["endpoints"]))
@@ -198,7 +211,9 @@ def _record(step: dict[str, Any], backend: Backend, state: RunState) -> str:
         data["state"] = p["state_if_left"]
         data["note"] = ("down left " + "; ".join(f"{n}: {w}" for n, w in sorted(state.left.items())))[:300]
     data["steps"] = [{k: o[k] for k in ("id", "phase", "ok", "seconds")} for o in state.outcomes]
-    r = backend.write_record(step["nodes"][0], p["path"], data)
+    node = step["nodes"][0]
+    r = backend.write_record(node, p["path"], data, bool(step.get("sudo", {}).get(node)),
+                             (p.get("remove_on_failure") or {}).get(node))
     if not r["ok"]:
         raise StepFailed(step, f"cannot write the run record on {step['nodes'][0]}: {_last_line(r)}",
                          step["nodes"][0], hint="check the disk on the head node")
@@ -212,11 +227,16 @@ def _leaks(step: dict[str, Any], backend: Backend, state: RunState) -> str:
 
 
 def _check(step: dict[str, Any], backend: Backend, state: RunState) -> str:
-    return backend.check(step["params"])
+    return backend.check(step)
 
 
+def _lock(step: dict[str, Any], backend: Backend, state: RunState) -> str:
+    return backend.lock(step)
+
+
+# One function per step kind (sparkctl.plan.steps.KINDS); a new kind is one entry here.
 KINDS = {"run": _run, "stop": _stop, "put": _put, "ready": _ready, "record": _record, "leaks": _leaks,
-         "check": _check}
+         "check": _check, "lock": _lock}
 
 
 def _step(step: dict[str, Any], backend: Backend, state: RunState) -> None:
@@ -264,12 +284,31 @@ def _branch(plan: dict[str, Any], name: str, backend: Backend, state: RunState) 
             name = f.step.get("on_fail", "abort")
 
 
-def execute(plan: dict[str, Any], backend: Backend) -> RunState:
+def execute(plan: dict[str, Any], backend: Backend, done: Sequence[str] = ()) -> RunState:
     """Run ``plan``; returns what happened. Re-raises KeyboardInterrupt (its argument: the
-    RunState) after stopping what was started."""
+    RunState) after stopping what was started. Branch ``finally`` runs last, whatever happened.
+
+    ``done``: ids of leading steps the caller already ran with this same plan's step (the
+    operator's executor takes the lock, step ``lock``, before it reads the facts it plans from)."""
     state = RunState(f"{plan['op']} {plan.get('profile') or ''}".strip())
     try:
+        _main(plan, backend, state, done)
+    finally:
+        for s in plan.get("branches", {}).get("finally", []):
+            try:
+                _step(s, backend, state)
+            except StepFailed as f:
+                state.soft_failures.append(f)
+    return state
+
+
+def _main(plan: dict[str, Any], backend: Backend, state: RunState, done: Sequence[str]) -> None:
+    try:
         for s in plan["steps"]:
+            if s["id"] in done:
+                state.outcomes.append({"id": s["id"], "phase": s["phase"], "ok": True, "seconds": 0.0,
+                                       "detail": "before planning"})
+                continue
             _step(s, backend, state)
         state.result = "done"
     except StepFailed as f:
@@ -284,7 +323,6 @@ def execute(plan: dict[str, Any], backend: Backend) -> RunState:
             _branch(plan, "stop", backend, state)  # Ctrl-C stops what was started; it never rolls back
         state.result = "interrupted"
         raise KeyboardInterrupt(state) from None
-    return state
 
 
 # --------------------------------------------------------------------------- on the head: a supervised switch
@@ -371,15 +409,17 @@ class HeadBackend:
         return {"ok": p.returncode == 0, "exit_code": p.returncode, "stdout": p.stdout.decode(errors="replace"),
                 "stderr": p.stderr.decode(errors="replace"), "error": ""}
 
-    def run_all(self, commands: Mapping[str, str], sudo: Mapping[str, bool], timeout_s: float | None
-                ) -> dict[str, Res]:
+    def run_all(self, commands: Mapping[str, str], sudo: Mapping[str, bool], timeout_s: float | None,
+                stdin: Mapping[str, str] | None = None) -> dict[str, Res]:
         if not commands:
             return {}
+        feed = {n: v.encode() for n, v in (stdin or {}).items()}
         with ThreadPoolExecutor(max_workers=len(commands)) as pool:
-            futs = {n: pool.submit(self._one, n, c, bool(sudo.get(n)), timeout_s) for n, c in commands.items()}
+            futs = {n: pool.submit(self._one, n, c, bool(sudo.get(n)), timeout_s, feed.get(n))
+                    for n, c in commands.items()}
             return {n: f.result() for n, f in futs.items()}
 
-    def _put_node(self, node: str, files: Sequence[Mapping[str, Any]]) -> Res:
+    def _put_node(self, node: str, files: Sequence[Mapping[str, Any]], sudo: bool) -> Res:
         for f in files:
             data = base64.b64decode(self.blobs[f["sha256"]])
             path, mode = f["path"], f["mode"]
@@ -387,30 +427,37 @@ class HeadBackend:
             q = shlex.quote
             cmd = (f"mkdir -p {q(os.path.dirname(path) or '/')} && cat > {q(tmp)} && chmod {mode} {q(tmp)} && "
                    f"mv -f {q(tmp)} {q(path)}")
-            r = self._one(node, cmd, bool(self.nodes[node].get("sudo")), 60, stdin=data)
+            r = self._one(node, cmd, sudo, 60, stdin=data)
             if not r["ok"]:
                 return r
         return {"ok": True, "exit_code": 0, "stdout": "", "stderr": "", "error": ""}
 
-    def put_all(self, files: Mapping[str, Sequence[Mapping[str, Any]]]) -> dict[str, Res]:
+    def put_all(self, files: Mapping[str, Sequence[Mapping[str, Any]]], sudo: Mapping[str, bool]) -> dict[str, Res]:
         with ThreadPoolExecutor(max_workers=max(1, len(files))) as pool:
-            futs = {n: pool.submit(self._put_node, n, fs) for n, fs in files.items()}
+            futs = {n: pool.submit(self._put_node, n, fs, bool(sudo.get(n, self.nodes[n].get("sudo"))))
+                    for n, fs in files.items()}
             return {n: f.result() for n, f in futs.items()}
 
-    def write_record(self, node: str, path: str, data: Mapping[str, Any]) -> Res:
+    def write_record(self, node: str, path: str, data: Mapping[str, Any], sudo: bool,
+                     remove_on_failure: str | None) -> Res:
+        """The record is on the head, where this runner runs as root: written here, atomically."""
         try:
             _atomic_write(path, (json.dumps(data, indent=2, sort_keys=True) + "\n").encode(), 0o644)
             return {"ok": True, "exit_code": 0, "stdout": "", "stderr": "", "error": ""}
         except OSError as exc:
-            if data.get("state") != "serving" and os.path.exists(path):
-                os.unlink(path)  # no record claims nothing serves; a stale "serving" must not outlive its stack
+            if data.get("state") != "serving" and remove_on_failure:
+                # no record claims nothing serves; a stale "serving" must not outlive its stack
+                self._one(node, remove_on_failure, sudo, 30)
             return {"ok": False, "exit_code": None, "stdout": "", "stderr": "", "error": str(exc)}
 
     def leaks(self, results: Mapping[str, Mapping[str, Any]]) -> dict[str, float]:
         return {}
 
-    def check(self, params: Mapping[str, Any]) -> str:
+    def check(self, step: Mapping[str, Any]) -> str:
         raise RuntimeError("the check runs on the operator's side before the supervisor starts")
+
+    def lock(self, step: Mapping[str, Any]) -> str:
+        raise RuntimeError("the operator takes the lock; the supervisor is handed it at its start")
 
 
 FINAL = {"done": "done", "failed+rollback": "rolled-back"}
@@ -434,36 +481,26 @@ def supervise(plan_path: str, events: str, pid_file: str, lock_dirs: Sequence[st
 
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, terminated)
+    # The plan's branch "finally" releases the lock at the end, if it is still this run's.
     rc = 2
+    backend.emit(doc["head"], "started", f"supervisor pid {os.getpid()}: switching from "
+                                         f"{doc.get('previous') or 'nothing'} to {doc['plan']['profile']}")
     try:
-        backend.emit(doc["head"], "started", f"supervisor pid {os.getpid()}: switching from "
-                                             f"{doc.get('previous') or 'nothing'} to {doc['plan']['profile']}")
-        try:
-            state = execute(doc["plan"], backend)
-        except KeyboardInterrupt:
-            backend.emit("*", "aborted", "supervisor interrupted")
-            return 130
-        failure = state.failure or {}
-        if state.result == "done":
-            backend.emit("*", "done", f"{doc['plan']['profile']} serves {doc['served_name']}")
-            rc = 0
-        elif "rollback" in state.completed:
-            backend.emit("*", "rolled-back", f"{doc.get('previous')} serves {doc.get('previous_served_name')} again "
-                                             f"({str(failure.get('detail'))[:200]})")
-            rc = 1
-        else:
-            backend.emit("*", "failed", f"{str(failure.get('detail'))[:300]}; nothing serves")
-            rc = 2
-    finally:
-        # release each lock only if it is still ours
-        for lock_dir in lock_dirs:
-            try:
-                with open(os.path.join(lock_dir, "holder"), encoding="utf-8") as fh:
-                    ours = json.loads(fh.read()).get("pid") == os.getpid()
-            except (OSError, ValueError):
-                ours = False
-            if ours:
-                subprocess.run(["rm", "-rf", lock_dir], check=False)
+        state = execute(doc["plan"], backend)
+    except KeyboardInterrupt:
+        backend.emit("*", "aborted", "supervisor interrupted")
+        return 130
+    failure = state.failure or {}
+    if state.result == "done":
+        backend.emit("*", "done", f"{doc['plan']['profile']} serves {doc['served_name']}")
+        rc = 0
+    elif "rollback" in state.completed:
+        backend.emit("*", "rolled-back", f"{doc.get('previous')} serves {doc.get('previous_served_name')} again "
+                                         f"({str(failure.get('detail'))[:200]})")
+        rc = 1
+    else:
+        backend.emit("*", "failed", f"{str(failure.get('detail'))[:300]}; nothing serves")
+        rc = 2
     return rc
 
 

@@ -72,8 +72,8 @@ class Transport(Protocol):
     ) -> CommandResult: ...
 
     def run_all(
-        self, commands: Mapping[str, Command], *, sudo: bool = False, timeout_s: float | None = None,
-        deadline_s: float | None = None,
+        self, commands: Mapping[str, Command], *, sudo: bool | Mapping[str, bool] = False,
+        timeout_s: float | None = None, deadline_s: float | None = None,
     ) -> FanOut: ...
 
     def put(self, node: str, remote_path: str, data: bytes, mode: int, *, sudo: bool = False) -> CommandResult: ...
@@ -194,10 +194,13 @@ class BaseTransport:
         )
 
     def run_all(
-        self, commands: Mapping[str, Command], *, sudo: bool = False, timeout_s: float | None = None,
-        deadline_s: float | None = None,
+        self, commands: Mapping[str, Command], *, sudo: bool | Mapping[str, bool] = False,
+        timeout_s: float | None = None, deadline_s: float | None = None,
     ) -> FanOut:
         """Run one command per node in parallel and wait for all of them.
+
+        ``sudo`` is one flag or one per node: nodes with and without sudo in one
+        step are one fan-out, never two waves.
 
         Nodes that have not answered when the deadline passes get an error
         result (``deadline: ...``) and their remote commands are cancelled.
@@ -216,7 +219,8 @@ class BaseTransport:
         cmds = {node: command_line(c) for node, c in commands.items()}
 
         def one(node: str, cancel: threading.Event) -> CommandResult:
-            return self._run(node, cmds[node], label=cmds[node], sudo=sudo, timeout_s=timeout, stdin=None,
+            use_sudo = bool(sudo.get(node, False)) if isinstance(sudo, Mapping) else sudo
+            return self._run(node, cmds[node], label=cmds[node], sudo=use_sudo, timeout_s=timeout, stdin=None,
                              cancel=cancel)
 
         return self._fan_out({n: one for n in cmds}, cmds, deadline_s)

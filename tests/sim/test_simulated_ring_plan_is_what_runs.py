@@ -1,133 +1,237 @@
-"""End-to-end on the SIMULATED 4-node ring: `sparkctl plan` is what `up`, `switch` and `down` run.
+"""End-to-end on the SIMULATED 4-node ring: nothing runs that the printed plan does not list.
 
-For each operation: print the plan with the CLI (`plan ... --json`, through real
-SSH), then run the operation in this process over a recording transport (real
-SSH underneath) and compare step for step: the same step ids in the same order,
-and inside each step exactly the plan's commands on the plan's nodes and the
-plan's files (path and SHA-256). Only the reads that planning itself does
-(the record, which engines run, the lock) come before the first step.
-Real: OpenSSH, the rendered files, the stop/start scripts; simulated: engines, GB10 tools.
+Each operation (fabric apply, up, switch, switch --supervise, down) runs in this
+process over real SSH with a :class:`plancheck.Recorder` on its transport: every
+command and every write, with its node and its sudo. The plans the operation
+executed are caught at the interpreter (``planrun.execute``), and the check is
+strict: every recorded command must be one a step of those plans lists
+(``sparkctl.plan.steps.calls``), save the commented read-only fact gathering of
+``plancheck.READ_ONLY``. The executed plan is the printed one: the CLI's
+``sparkctl plan ... --json`` (another process, through real SSH) has the same
+steps with the same commands and files. A planted extra command and a planted
+write are caught (:func:`test_simulated_checker_reports_a_planted_command`).
+Real: OpenSSH, the rendered files, the scripts, the supervisor on the head;
+simulated: engines, GB10 tools.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
+import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 
+from sparkctl.cli.base import secrets_from_env
 from sparkctl.model.inventory import load_inventory
 from sparkctl.model.profiles import resolve
 from sparkctl.model.resources import Roots
-from sparkctl.ops import executor
+from sparkctl.ops import executor, fabric, supervise
 from sparkctl.plan.laws import Waiver
+from sparkctl.remote import planrun
 from sparkctl.transport import SSHTransport, TransportSettings
+from tests.plancheck import Ran, Recorder, unplanned
 from tests.sim.helpers import WAIVE, WAIVE_REASON
 
 pytestmark = [pytest.mark.e2e, pytest.mark.needs_root]
 
-
-class Recorder:
-    """Every command and put, between the step markers the interpreter emits."""
-
-    def __init__(self, transport: SSHTransport) -> None:
-        self.log: list[tuple[str, ...]] = []
-        inner = transport._run
-
-        def run(node: str, cmd: str, *, label: str, sudo: bool, timeout_s: float, stdin: bytes | None,
-                cancel: Any) -> Any:
-            if label.startswith("put "):
-                self.log.append(("put", node, label[4:], hashlib.sha256(stdin or b"").hexdigest()))
-            else:
-                self.log.append(("run", node, cmd, str(bool(sudo))))
-            return inner(node, cmd, label=label, sudo=sudo, timeout_s=timeout_s, stdin=stdin, cancel=cancel)
-
-        transport._run = run  # type: ignore[method-assign]
-
-    def progress(self, node: str, phase: str, message: str) -> None:
-        if node == "*":
-            self.log.append(("step", phase, message))
-
-    def segments(self) -> list[tuple[tuple[str, str], list[tuple[str, ...]]]]:
-        out: list[tuple[tuple[str, str], list[tuple[str, ...]]]] = []
-        for e in self.log:
-            if e[0] == "step":
-                out.append(((e[1], e[2]), []))
-            elif out:
-                out[-1][1].append(e)
-        return out
+OLD, NEW = "ds41f-tp4-ring", "tensorfold-tp4-ring"
+# Two stacks side by side (as tests/sim/test_simulated_ring_two_stacks.py): each locks its own nodes.
+STACKS = {"left": ("topology.nodes=[spark-a, spark-b]", "topology.stack=left"),
+          "right": ("topology.nodes=[spark-c, spark-d]", "topology.stack=right", "model.served_name=dsv41-right")}
+# The real gateway in front of the real llama.cpp engine (as tests/sim/test_simulated_ring_gateway.py).
+GATEWAY = "tiny-gateway"
+GATEWAY_TEXT = """\
+description: the tiny real engine, two replicas behind the gateway (a SIMULATED-ring test)
+extends: tiny-llamacpp
+engine:
+  binary: python3 -m sparkctl_sim.llamacpp_routes.llama_cpp.server
+topology:
+  nodes: [spark-a, spark-b]
+  replicas: 2
+serve:
+  api_key_env: SPARKCTL_GW_TEST_KEY
+  gateway:
+    enabled: true
+"""
 
 
-def _plan(sim: Any, *args: str) -> dict[str, Any]:
+@pytest.fixture(scope="module")
+def ring(sim_ring: Any) -> Iterator[Any]:
+    with pytest.MonkeyPatch.context() as mp:
+        for k, v in sim_ring.env.items():
+            if k.startswith(("SPARKCTL_", "XDG_")):
+                mp.setenv(k, v)
+        yield sim_ring
+
+
+def _printed(sim: Any, *args: str) -> dict[str, Any]:
     r = sim.sparkctl("-i", str(sim.inventory), "plan", *args, "--json")
     assert r.returncode == 0, r.stdout + r.stderr
     return json.loads(r.stdout)
 
 
-def _compare(plan: dict[str, Any], rec: Recorder) -> int:
-    segs = [s for s in rec.segments() if s[0][1] in {st["summary"] for st in plan["steps"]}]
-    assert [s[0] for s in segs] == [(st["phase"], st["summary"]) for st in plan["steps"]], "steps differ"
-    compared = 0
-    for step, (_, calls) in zip(plan["steps"], segs):
-        if step["kind"] in ("run", "stop"):
-            ran = sorted((c[1], c[2], c[3]) for c in calls if c[0] == "run")
-            want = sorted((n, cmd, str(bool(step["sudo"].get(n)))) for n, cmd in step["commands"].items())
-            assert ran == want, (step["id"], ran, want)
-            compared += 1
-        if step["kind"] == "put":
-            put = sorted((c[1], c[2], c[3]) for c in calls if c[0] == "put")
-            want = sorted((n, f["path"], f["sha256"]) for n, fs in step["files"].items() for f in fs)
-            assert put == want, step["id"]
-            compared += 1
-    return compared
-
-
-@pytest.fixture
-def inproc(sim_ring: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
-    for k, v in sim_ring.env.items():
-        if k.startswith(("SPARKCTL_", "XDG_")):
-            monkeypatch.setenv(k, v)
-    return sim_ring
-
-
-def _run(sim: Any, op: str, profile: str | None = None) -> Recorder:
+def _operation(sim: Any, op: str, profile: str | None = None, plant: Callable[[Any], None] | None = None,
+               sets: tuple[str, ...] = (), stack: str | None = None) -> tuple[list[dict[str, Any]], list[Ran], Any]:
+    """Run ``op`` here: (every plan it executed, every command its transport ran, its result)."""
     inv = load_inventory(sim.inventory)
-    roots = Roots.make(env={})
+    roots = Roots.make(inventory=str(sim.inventory), env={})  # profiles beside the inventory too, as the CLI
     waivers = {"page_size": Waiver("page_size", WAIVE_REASON)}
-    with SSHTransport(inv.nodes, TransportSettings(5, 60, 120)) as tr:
+    plans: list[dict[str, Any]] = []
+    real = planrun.execute
+
+    def execute(plan: dict[str, Any], backend: Any, done: Any = ()) -> Any:
+        plans.append(json.loads(json.dumps(plan)))
+        return real(plan, backend, done)
+
+    with pytest.MonkeyPatch.context() as mp, SSHTransport(inv.nodes, TransportSettings(5, 60, 120)) as tr:
+        mp.setattr(planrun, "execute", execute)
+        if plant:
+            plant(mp)
         rec = Recorder(tr)
-        if op == "down":
-            executor.down(inv, tr, progress=rec.progress)
+        res = resolve(profile, roots, sets) if profile else None
+        secrets = secrets_from_env(res) if res else {}
+        if op == "fabric":
+            out: Any = fabric.apply(inv, tr, roots)
         elif op == "up":
-            executor.up(resolve(profile, roots), inv, tr, roots, waivers=waivers, progress=rec.progress)
+            out = executor.up(res, inv, tr, roots, sets=sets, waivers=waivers, secrets=secrets)
+        elif op == "switch":
+            out = executor.switch(res, inv, tr, roots, waivers=waivers)
+        elif op == "supervise":
+            out = supervise.switch_supervised(res, inv, tr, roots, waivers=waivers, wait=True)
         else:
-            executor.switch(resolve(profile, roots), inv, tr, roots, waivers=waivers, progress=rec.progress)
-    return rec
+            out = executor.down(inv, tr, stack=stack)
+    return plans, rec.log, out
 
 
-def test_simulated_plan_up_switch_down_is_exactly_what_runs(inproc: Any) -> None:
-    sim = inproc
-    plan = _plan(sim, "up", "ds41f-tp4-ring", *WAIVE)
-    assert plan["steps"] and plan["steps"][0]["phase"] == "check"
-    rec = _run(sim, "up", "ds41f-tp4-ring")
-    assert _compare(plan, rec) >= 7  # clock, stop-stale, push, logs, reload, two start groups
-    # the comparison can fail: a plan that says one thing more than what ran
-    import copy
+def _main(plans: list[dict[str, Any]]) -> dict[str, Any]:
+    """The operation's plan (the first one ran only the lock step, before the reads)."""
+    assert [s["id"] for s in plans[0]["steps"]] == ["lock"], plans[0]
+    return plans[-1]
 
-    other = copy.deepcopy(plan)
-    step = next(s for s in other["steps"] if s["phase"] == "start")
-    step["commands"] = {n: c + " --extra" for n, c in step["commands"].items()}
-    with pytest.raises(AssertionError):
-        _compare(other, rec)
-    noop = _plan(sim, "up", "ds41f-tp4-ring", *WAIVE)
-    assert noop["steps"] == [] and "already serving" in noop["note"]
-    rec = _run(sim, "up", "ds41f-tp4-ring")
-    assert not [c for c in rec.log if c[0] == "put"], "a no-op up wrote files"
-    plan = _plan(sim, "switch", "tensorfold-tp4-ring", *WAIVE)
-    assert "rollback" in plan["branches"]
-    assert _compare(plan, _run(sim, "switch", "tensorfold-tp4-ring")) >= 7
-    plan = _plan(sim, "down")
-    assert _compare(plan, _run(sim, "down")) >= 2
-    assert os.environ.get("SPARKCTL_SIM_DIR")
+
+def _shape(plan: dict[str, Any]) -> list[tuple[Any, ...]]:
+    """What must match between the printed and the executed plan: steps, commands, sudo, files (by hash)."""
+    out = []
+    for name, steps in [("", plan["steps"]), *sorted(plan.get("branches", {}).items())]:
+        for s in steps:
+            out.append((name, s["id"], s["kind"], tuple(s["nodes"]), json.dumps(s.get("commands", {}), sort_keys=True),
+                        json.dumps(s.get("sudo", {}), sort_keys=True), json.dumps(s.get("files", {}), sort_keys=True)))
+    return out
+
+
+def _strict(plans: list[dict[str, Any]], log: list[Ran], *, writes: int) -> None:
+    extra = unplanned(plans, log)
+    assert not extra, "ran outside the plan:\n" + "\n".join(f"  {r.node} {r.kind} sudo={r.sudo}: {r.text[:160]!r}"
+                                                           for r in extra)
+    assert sum(r.kind == "put" for r in log) >= writes, [r for r in log if r.kind == "put"]
+
+
+def test_simulated_every_command_of_fabric_up_switch_supervise_down_is_in_the_printed_plan(ring: Any) -> None:
+    t0 = time.monotonic()
+    plans, log, _ = _operation(ring, "fabric")
+    _strict(plans, log, writes=4)  # the fabric files on every cabled node
+    assert _shape(_main(plans)) == _shape(_printed(ring, "fabric"))
+
+    printed = _printed(ring, "up", OLD, *WAIVE)
+    plans, log, out = _operation(ring, "up", OLD)
+    assert out.action == "started"
+    _strict(plans, log, writes=10)
+    assert _shape(_main(plans)) == _shape(printed)  # the printed plan is the executed one
+    assert any(r.text == printed["branches"]["finally"][0]["commands"]["spark-a"] for r in log)  # unlocked
+
+    printed = _printed(ring, "switch", NEW, *WAIVE)
+    plans, log, out = _operation(ring, "switch", NEW)
+    assert out.switched and "rollback" in _main(plans)["branches"]
+    _strict(plans, log, writes=10)
+    assert _shape(_main(plans)) == _shape(printed)
+
+    printed = _printed(ring, "switch", OLD, "--supervise", *WAIVE)
+    plans, log, out = _operation(ring, "supervise", OLD)
+    assert out.phase == "done", out.events[-3:]
+    _strict(plans, log, writes=6)  # record, key, known_hosts, plan file, runner, probe
+    ran = _main(plans)
+    assert [s["id"] for s in ran["steps"]] == [s["id"] for s in printed["operator"]["steps"]]
+    for sid in ("supervisor-grant", "supervisor-grant-user", "launch"):
+        assert sid in {s["id"] for s in ran["steps"]}, sid
+    # the plan file the runner executes is the printed head plan (same steps and commands)
+    doc = json.loads(ring.ssh("spark-a", "cat /var/lib/sparkctl/supervisor-plan.json").stdout)
+    assert [s["id"] for s in doc["plan"]["steps"]] == [s["id"] for s in printed["head"]["steps"]]
+    assert doc["plan"]["branches"]["rollback"][-1]["params"]["record"]["note"] == "rolled back by supervisor"
+
+    printed = _printed(ring, "down")
+    plans, log, _ = _operation(ring, "down")
+    _strict(plans, log, writes=1)
+    assert _shape(_main(plans)) == _shape(printed)
+    print(f"fabric apply, up, switch, switch --supervise, down: {time.monotonic() - t0:.0f} s")
+
+
+def test_simulated_checker_reports_a_planted_command(ring: Any) -> None:
+    """The negative control: a step that also runs `true` and writes a file is caught, by name."""
+    real_run_all, real_put_all = executor.TransportBackend.run_all, executor.TransportBackend.put_all
+
+    def run_all(self: Any, commands: Any, sudo: Any, timeout_s: Any, stdin: Any = None) -> Any:
+        if "spark-b" in commands:
+            self.transport.run("spark-b", "true")  # planted: no step lists it
+            self.transport.put("spark-b", "/tmp/sparkctl-planted", b"x", 0o644)
+        return real_run_all(self, commands, sudo, timeout_s, stdin)
+
+    def plant(mp: pytest.MonkeyPatch) -> None:
+        mp.setattr(executor.TransportBackend, "run_all", run_all)
+
+    plans, log, _ = _operation(ring, "down", plant=plant)
+    extra = unplanned(plans, log)
+    assert Ran("spark-b", "run", "true", False) in extra, extra
+    assert any(r.kind == "put" and r.text == "/tmp/sparkctl-planted" for r in extra), extra
+    assert all(r.node == "spark-b" and r.text in ("true", "/tmp/sparkctl-planted") for r in extra), extra
+    with pytest.raises(AssertionError, match="ran outside the plan"):
+        _strict(plans, log, writes=0)
+    assert real_put_all is executor.TransportBackend.put_all
+
+
+def _sets(sets: tuple[str, ...]) -> tuple[str, ...]:
+    return tuple(a for x in sets for a in ("--set", x))
+
+
+def test_simulated_stacks_and_the_gateway_run_only_their_printed_plans(ring: Any,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two stacks (each `up` locks only its own nodes; `down --stack` only that stack's), then
+    the real gateway: its install, start, register and drain steps are the only commands run."""
+    t0 = time.monotonic()
+    for name, sets in STACKS.items():
+        printed = _printed(ring, "up", "tensorfold-tp2", *_sets(sets), *WAIVE)
+        plans, log, out = _operation(ring, "up", "tensorfold-tp2", sets=sets)
+        assert out.action == "started", out
+        _strict(plans, log, writes=4)
+        assert _shape(_main(plans)) == _shape(printed)
+        lock = _main(plans)["steps"][0]
+        assert lock["kind"] == "lock" and lock["params"]["nodes"] == list(sets[0][16:-1].split(", ")), lock
+        assert any(s["params"].get("path", "").endswith(f"stacks/{name}.json")
+                   for s in _main(plans)["steps"] if s["kind"] == "record")
+    printed = _printed(ring, "down", "--stack", "right")
+    plans, log, out = _operation(ring, "down", stack="right")
+    _strict(plans, log, writes=1)
+    assert _shape(_main(plans)) == _shape(printed)
+    assert set(out.stopped) == {"spark-c", "spark-d"} and _main(plans)["steps"][0]["params"]["nodes"] == [
+        "spark-c", "spark-d"]
+    plans, log, _ = _operation(ring, "down")
+    _strict(plans, log, writes=1)
+
+    (ring.inventory.parent / "profiles").mkdir(exist_ok=True)
+    (ring.inventory.parent / "profiles" / f"{GATEWAY}.yaml").write_text(GATEWAY_TEXT)
+    ring.env["SPARKCTL_GW_TEST_KEY"] = "gw-test-key"
+    monkeypatch.setenv("SPARKCTL_GW_TEST_KEY", "gw-test-key")
+    printed = _printed(ring, "up", GATEWAY, *WAIVE)
+    plans, log, out = _operation(ring, "up", GATEWAY)
+    assert out.action == "started", out
+    _strict(plans, log, writes=4)
+    ids = [s["id"] for s in _main(plans)["steps"]]
+    assert {"gateway-wheels", "gateway-install", "gateway-push", "gateway-start", "gateway-register"} <= set(ids), ids
+    assert _shape(_main(plans)) == _shape(printed)
+    printed = _printed(ring, "down")
+    plans, log, _ = _operation(ring, "down")
+    _strict(plans, log, writes=1)
+    assert "gateway-drain" in [s["id"] for s in _main(plans)["steps"]]
+    assert _shape(_main(plans)) == _shape(printed)
+    print(f"two stacks, down --stack, the gateway up and down: {time.monotonic() - t0:.0f} s")
