@@ -96,3 +96,69 @@ def test_a_failed_step_leads_to_its_branch_and_the_state_says_so() -> None:
                                                            ("rec", True)]
     assert backend.records[-1]["note"] == "up p failed in phase two: two failed on a: boom"
     assert state.record == backend.records[-1]
+
+
+class _Warming(_Fake):
+    """The endpoint never serves within the test; the liveness check answers from a script per node."""
+
+    def __init__(self, answers: dict[str, list[dict[str, Any]]]) -> None:
+        super().__init__()
+        self.answers = answers
+
+    def probe(self, url: str, served_name: str, metric: str | None, smoke: bool,
+              api_key: Any = None, via: str | None = None) -> tuple[bool, str]:
+        return False, "connection refused"
+
+    def sleep(self, seconds: float) -> None:
+        self.t += seconds
+
+    def run_all(self, commands: Any, sudo: Any, timeout_s: float | None, stdin: Any = None) -> dict[str, Any]:
+        out = {}
+        for n, c in commands.items():
+            if c == "alive?":
+                seq = self.answers[n]
+                out[n] = seq.pop(0) if len(seq) > 1 else seq[0]
+            else:
+                out[n] = {"ok": True, "exit_code": 0, "stdout": "log line", "stderr": "", "error": ""}
+        return out
+
+
+ALIVE = {"ok": True, "exit_code": 0, "stdout": "alive\n", "stderr": "", "error": ""}
+DEAD = {"ok": True, "exit_code": 0, "stdout": "dead\n", "stderr": "", "error": ""}
+NO_ANSWER = {"ok": False, "exit_code": None, "stdout": "", "stderr": "",
+             "error": "Error reading SSH protocol banner[Errno 104] Connection reset by peer"}
+
+
+def _ready_step(deadline_s: float = 30.0) -> dict[str, Any]:
+    return {"id": "ready", "phase": "ready", "kind": "ready", "nodes": ["a", "b"], "summary": "ready",
+            "params": {"endpoints": {"a": "http://a:8000"}, "served_name": "m", "deadline_s": deadline_s,
+                       "alive": {"a": "alive?", "b": "alive?"}, "tail": {"a": "tail", "b": "tail"},
+                       "tail_on_failure": {"a": "tail", "b": "tail"}, "profile": "p"}}
+
+
+def _ready_failure(answers: dict[str, list[dict[str, Any]]], deadline_s: float = 30.0) -> str:
+    state = planrun.execute({"op": "up", "profile": "p", "steps": [_ready_step(deadline_s)], "branches": {}},
+                            _Warming(answers))
+    assert state.failure is not None
+    return str(state.failure["detail"])
+
+
+def test_a_liveness_check_that_got_no_answer_is_not_a_dead_rank() -> None:
+    # a rank still loading, whose node's SSH session was reset once under load: the wait goes on to its deadline
+    detail = _ready_failure({"a": [ALIVE], "b": [NO_ANSWER, ALIVE]})
+    assert "not ready within 30 s" in detail and "exited" not in detail
+
+
+def test_one_dead_answer_between_two_execs_is_not_a_dead_rank() -> None:
+    detail = _ready_failure({"a": [ALIVE], "b": [DEAD, ALIVE]})
+    assert "not ready within 30 s" in detail
+
+
+def test_a_rank_that_answers_dead_twice_fails_the_wait_at_once_naming_its_node() -> None:
+    detail = _ready_failure({"a": [ALIVE], "b": [DEAD, DEAD]}, deadline_s=600)
+    assert detail == "p did not become ready: rank on b exited before the endpoint was ready"
+
+
+def test_a_node_that_never_answers_is_named_at_the_deadline() -> None:
+    detail = _ready_failure({"a": [ALIVE], "b": [NO_ANSWER]})
+    assert "b did not answer the liveness check: Error reading SSH protocol banner" in detail

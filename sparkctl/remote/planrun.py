@@ -159,6 +159,8 @@ def _ready(step: dict[str, Any], backend: Backend, state: RunState) -> str:
     t0 = backend.monotonic()
     pending = dict(p["endpoints"])
     last, next_watch = "", 0.0
+    dead_once: set[str] = set()  # answered "dead" at the last watch
+    unanswered: dict[str, str] = {}  # node -> why its last liveness check got no answer
     while True:
         elapsed = backend.monotonic() - t0
         for node, url in list(pending.items()):
@@ -175,7 +177,14 @@ def _ready(step: dict[str, Any], backend: Backend, state: RunState) -> str:
             return f"serving after {elapsed:.1f} s"
         if backend.monotonic() >= next_watch:
             alive = _fan(step, backend, p["alive"], 30)
-            dead = sorted(n for n, r in alive.items() if not (r["ok"] and "alive" in r.get("stdout", "")))
+            # Only an answer is evidence: a check that did not get through (an SSH session refused
+            # or reset under load, a timeout) says nothing about the rank, and one "dead" can be a
+            # process between two execs. A rank is dead when it answers "dead" twice in a row.
+            answered = {n: r for n, r in alive.items() if r["ok"] and r.get("stdout", "").strip()}
+            unanswered = {n: _last_line(r) for n, r in alive.items() if n not in answered}
+            now_dead = {n for n, r in answered.items() if "alive" not in r.get("stdout", "")}
+            dead = sorted(now_dead & dead_once)
+            dead_once = now_dead
             tails = _fan(step, backend, p["tail"], 30)
             for n in p["alive"]:
                 backend.emit(n, "waiting", f"{elapsed:5.1f}s  {tails.get(n, {}).get('stdout', '').strip()[-100:]}")
@@ -183,7 +192,9 @@ def _ready(step: dict[str, Any], backend: Backend, state: RunState) -> str:
                 _not_ready(step, backend, f"rank on {', '.join(dead)} exited before the endpoint was ready")
             next_watch = backend.monotonic() + 2.0
         if elapsed > float(p["deadline_s"]):
-            _not_ready(step, backend, f"not ready within {float(p['deadline_s']):.0f} s: {last}")
+            silent = "; ".join(f"{n} did not answer the liveness check: {w}" for n, w in sorted(unanswered.items()))
+            _not_ready(step, backend, f"not ready within {float(p['deadline_s']):.0f} s: {last}"
+                       + (f" ({silent})" if silent else ""))
         backend.sleep(0.3)
 
 
