@@ -285,3 +285,34 @@ def test_the_probe_script_is_posix_sh_and_parses_when_run_here() -> None:
 def test_parse_probe_of_a_cut_off_output() -> None:
     hostname, seen, bad = parse_probe("@@sparkctl:manifest:hostname@@\n@@sparkctl:section:hostname@@\nspark-a\n")
     assert hostname is None and seen == {} and "the probe's output was cut off" in bad
+
+
+# --------------------------------------------------------------------------- the command's edges
+
+
+def test_host_arguments() -> None:
+    from sparkctl.errors import ConfigError
+    from sparkctl.ops.discover import HostArg, parse_host_arg
+
+    assert parse_host_arg("10.0.0.1") == HostArg(None, None, "10.0.0.1", None)
+    assert parse_host_arg("spark-a=nvidia@spark-a.lan:2222") == HostArg("spark-a", "nvidia", "spark-a.lan", 2222)
+    assert parse_host_arg("b=[fd00::1]:22") == HostArg("b", None, "fd00::1", 22)
+    for bad in ("a b", "x=y=z", "-oProxyCommand=x@h", "h:99999", "Root@h"):
+        with pytest.raises(ConfigError):
+            parse_host_arg(bad)
+
+
+def test_discover_never_overwrites_without_force(tmp_path) -> None:
+    from sparkctl.cli.main import main
+
+    out = tmp_path / "inv.yaml"
+    out.write_text("keep me\n")
+    assert main(["inventory", "discover", "10.0.0.1", "--output", str(out)]) == 2
+    assert out.read_text() == "keep me\n"
+
+
+def test_inventory_without_a_subcommand_still_shows_the_inventory(capsys) -> None:
+    from sparkctl.cli.main import main
+
+    assert main(["-i", "inventory.yaml", "inventory", "--json"]) == 0
+    assert '"topology": "ring"' in capsys.readouterr().out

@@ -250,7 +250,8 @@ def _ring(names: list[str], cables: list[tuple[PortEnd, PortEnd]], notes: list[s
     for a, b in cables:
         adj[a.node].append((a, b))
         adj[b.node].append((b, a))
-    bad = [f"{n} has {len(adj[n])} cable(s) to the others ({', '.join(f'{a.port} to {b}' for a, b in adj[n]) or '-'})"
+    bad = [f"{n} has {len(adj[n])} cable(s) to the others "
+           f"({', '.join(f'{a.port} to {b}' for a, b in sorted(adj[n], key=lambda t: t[0].port)) or '-'})"
            for n in names if len(adj[n]) != 2 or len({b.node for _, b in adj[n]}) != 2]
     order = [names[0]]
     ring_cables: list[tuple[PortEnd, PortEnd]] = []
