@@ -316,3 +316,79 @@ def test_inventory_without_a_subcommand_still_shows_the_inventory(capsys) -> Non
 
     assert main(["-i", "inventory.yaml", "inventory", "--json"]) == 0
     assert '"topology": "ring"' in capsys.readouterr().out
+
+
+def probe_output(h: HostSeen, *, hostname: str | None = None) -> str:
+    """What the probe script prints on a host that sees ``h`` (the batch format, sparkctl.facts.batch)."""
+    secs = [("hostname", hostname or h.name), ("ibdev2netdev", "\n".join(
+        f"{'roce' + nd[2:].replace('np0', '').replace('np1', '')} port 1 ==> {nd} ({'Up' if s.up else 'Down'})"
+        for nd, s in h.netdevs.items()))]
+    pings = []
+    for nd, s in h.netdevs.items():
+        secs += [(f"d.{nd}.mac", s.mac), (f"d.{nd}.operstate", s.operstate), (f"d.{nd}.cc0", str(s.carrier_changes[0])),
+                 (f"d.{nd}.mtu", str(s.mtu)),
+                 (f"d.{nd}.ethtool", f"\tSpeed: {s.speed_mbps}Mb/s\n\tLink detected: yes" if s.up else
+                  "\tSpeed: Unknown!\n\tLink detected: no"),
+                 (f"d.{nd}.addr6", "\n".join(f"7: {nd}    inet6 {a}/64 scope link \\       valid_lft forever" for a in s.own))]
+        pings += [f"{nd} 64 bytes from {a}%{nd}: icmp_seq=1 ttl=64 time=0.1 ms" for a in s.answered]
+    secs.append(("ping", "\n".join(pings)))
+    for nd, s in h.netdevs.items():
+        secs += [(f"d.{nd}.neigh", "\n".join(f"{a} lladdr {m} STALE" for a, m in s.neighbours.items())),
+                 (f"d.{nd}.cc1", str(s.carrier_changes[1]))]
+    body = "".join(f"@@sparkctl:section:{n}@@\n{t}\n@@sparkctl:rc:{n}:0@@\n" for n, t in secs)
+    return body + "@@sparkctl:done@@\n"
+
+
+def test_discover_over_a_fake_transport_names_nodes_by_hostname_and_finds_the_ring() -> None:
+    from sparkctl.facts.batch import remote_command
+    from sparkctl.model.cabling import SshSettings
+    from sparkctl.ops.discover import discover
+    from sparkctl.transport import FakeTransport, reply
+
+    hosts = cluster(RING, RING_CABLES)
+    cmd = remote_command(probe_script())
+    addrs = [f"10.0.0.{i + 1}" for i in range(4)]
+    script = {(a, cmd): reply(probe_output(h, hostname=f"{h.name}.lab.example")) for a, h in zip(addrs, hosts)}
+    fakes: list[FakeTransport] = []
+
+    def make(nodes):  # type: ignore[no-untyped-def]
+        assert [n.ssh_user for n in nodes] == ["nvidia", "nvidia", "admin", "nvidia"]
+        fakes.append(FakeTransport(script, nodes=[n.name for n in nodes]))
+        return fakes[0]
+
+    events: list[tuple[str, str]] = []
+    args = [addrs[2], addrs[0], "admin@" + addrs[3], addrs[1]]
+    d = discover(args, SshSettings(), make, lambda n, phase, _m: events.append((n, phase)))
+    assert d.finding.ok and d.finding.topology == "ring" and d.finding.order[0] == "spark-c"
+    assert same_cycle(d.finding.order, tuple(RING))
+    assert {n for n, p in events if p == "read"} == set(args[:2] + [addrs[3], addrs[1]])
+    assert [c.command for c in fakes[0].calls] == [cmd] * 4  # one read-only script per host, nothing else
+    assert d.unreadable == {}
+    assert d.hosts[0].netdevs["enp1s0f0np0"].speed_mbps == 200000
+
+
+def test_discover_names_the_hosts_that_do_not_answer() -> None:
+    from sparkctl.errors import TransportError
+    from sparkctl.facts.batch import remote_command
+    from sparkctl.model.cabling import SshSettings
+    from sparkctl.ops.discover import discover
+    from sparkctl.transport import FakeTransport, reply
+
+    cmd = remote_command(probe_script())
+    script = {("10.0.0.1", cmd): reply(probe_output(cluster(RING[:1], [])[0])),
+              ("10.0.0.2", cmd): reply(error="unreachable: connection refused")}
+    with pytest.raises(TransportError, match="1 of 2 host"):
+        discover(["10.0.0.1", "10.0.0.2"], SshSettings(), lambda nodes: FakeTransport(script), lambda *a: None)
+
+
+def test_rdma_names_other_than_a_sparks_go_into_the_inventory() -> None:
+    hosts = cluster(RING[:2], [("spark-a:p0", "spark-b:p0")])
+    renamed = {nd: NetdevSeen(**{**s.__dict__, "rdma": f"mlx5_{k}"}) for k, (nd, s) in enumerate(hosts[1].netdevs.items())}
+    hosts = [HostSeen(hosts[0].name, hosts[0].host, {nd: NetdevSeen(**{**s.__dict__, "rdma": None})
+                                                     for nd, s in hosts[0].netdevs.items()}),
+             HostSeen(hosts[1].name, hosts[1].host, renamed)]
+    f = find_topology(hosts)
+    inv = loads_inventory(inventory_text(f, hosts, cluster="p"))
+    assert inv.node("spark-b").ports["p0"].rdma == ("mlx5_0", "mlx5_1")
+    assert inv.node("spark-a").ports["p0"].rdma == ("rocep1s0f0", "roceP2p1s0f0")  # unknown: a Spark's names
+    assert inv.link_between("spark-a", "spark-b").b.rdma == "mlx5_0"

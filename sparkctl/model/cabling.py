@@ -296,6 +296,19 @@ def _yaml_str(s: str) -> str:
     return json.dumps(s)  # a JSON string is a YAML scalar, quoted and escaped
 
 
+def _ports(h: HostSeen) -> str:
+    """``ports:`` when ibdev2netdev names the RDMA devices otherwise than a Spark does (``mlx5_N`` on some hosts)."""
+    spec = default_ports()
+    rdma = {cage: tuple(h.netdevs[nd].rdma if nd in h.netdevs else None for nd in twins) for cage, twins in CAGES}
+    if all(r is None or r == d for cage, twins in rdma.items() for r, d in zip(twins, spec[cage].rdma)):
+        return ""
+    if any(r is None for twins in rdma.values() for r in twins):
+        return ""  # half known: the Spark's names stay, `check` judges them
+    cages = ", ".join(f"{cage}: {{netdevs: [{', '.join(spec[cage].netdevs)}], rdma: [{', '.join(map(str, rdma[cage]))}]}}"
+                      for cage, _ in CAGES)
+    return f", ports: {{{cages}}}"
+
+
 def inventory_text(finding: Finding, hosts: Sequence[HostSeen], *, cluster: str, fabric_pool: str = "10.20.0.0/16",
                    mtu: int = 9000, ssh: SshSettings = SshSettings()) -> str:
     """The inventory of a pair, ring or single host found by :func:`find_topology` (nodes in ring order)."""
@@ -314,7 +327,7 @@ def inventory_text(finding: Finding, hosts: Sequence[HostSeen], *, cluster: str,
     if ssh.known_hosts:
         out.append(f"  known_hosts: {_yaml_str(ssh.known_hosts)}")
     out += [f"  sudo: {'true' if ssh.sudo else 'false'}", "nodes:                          # head first"]
-    out += [f"  - {{name: {_yaml_str(n)}, host: {_yaml_str(by_name[n].host)}}}" for n in finding.order]
+    out += [f"  - {{name: {_yaml_str(n)}, host: {_yaml_str(by_name[n].host)}{_ports(by_name[n])}}}" for n in finding.order]
     out.append("cables:" + ("" if finding.cables else " []"))
     out += [f"  - [{_yaml_str(str(a))}, {_yaml_str(str(b))}]" for a, b in finding.cables]
     return "\n".join(out) + "\n"
