@@ -161,7 +161,9 @@ def test_an_up_port_nothing_answers_is_named() -> None:
 
 def test_a_box_cabled_to_itself_is_named() -> None:
     f = find_topology(cluster_self())
-    assert any("is cabled to its own box" in p for p in f.problems), f.problems
+    assert "spark-a:p0 (enp1s0f0np0) is cabled to its own box (spark-a:p1)" in f.problems, f.problems
+    assert "spark-a:p1 (enP2p1s0f1np1) is cabled to its own box (spark-a:p0)" in f.problems, f.problems
+    assert not any("goes nowhere" in p and p.startswith("spark-a") for p in f.problems), f.problems
 
 
 def cluster_self() -> list[HostSeen]:

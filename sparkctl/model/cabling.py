@@ -173,13 +173,13 @@ def find_topology(hosts: Sequence[HostSeen]) -> Finding:
                 if not seen.up:
                     continue
                 peers, strangers = _peers(seen, by_mac, by_addr)
-                if any(p.node == h.name for p in peers):
-                    own = sorted(str(p) for p in peers if p.node == h.name)
+                own = sorted(str(p) for p in peers if p.node == h.name)
+                if own:
                     problems.append(f"{me} ({nd}) is cabled to its own box ({', '.join(own)})")
                     peers = {p for p in peers if p.node != h.name}
                 if len({p.node for p in peers}) > 1:
                     switched.setdefault(me, set()).update(peers)
-                elif not peers:
+                elif not peers and not own:
                     what = (f"answered only by {strangers} address(es) of no host given" if strangers
                             else "nothing answered")
                     problems.append(f"{me} ({nd}) is up but its cable goes nowhere among these hosts ({what})")

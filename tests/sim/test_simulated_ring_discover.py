@@ -117,3 +117,21 @@ def test_simulated_discover_names_two_crossed_cables(sim_ring, tmp_path) -> None
         cross()  # crossing the same two ends again restores them
     r = discover(sim_ring, hosts_of(sim_ring, RING), "--json")
     assert r.returncode == 0 and json.loads(r.stdout)["topology"] == "ring", r.stdout + r.stderr
+
+
+def test_simulated_discover_names_a_box_cabled_to_itself(sim_ring) -> None:
+    # spark-a:p0 ran to spark-b:p1, spark-b:p0 to spark-c:p1; crossed, spark-b's p0 runs to its own p1
+    def cross() -> None:
+        for nd in P0:
+            sim_ring.sparkctl("sim", "fault", "spark-a", "cross", "--iface", nd, "--to", f"spark-b:{nd}", check=True)
+
+    cross()
+    try:
+        r = discover(sim_ring, hosts_of(sim_ring, RING), "--json")
+        assert r.returncode == 4, r.stdout + r.stderr
+        problems = json.loads(r.stdout)["problems"]
+        for nd, other in zip(P0, ("enp1s0f1np1", "enP2p1s0f1np1")):
+            assert f"spark-b:p0 ({nd}) is cabled to its own box (spark-b:p1)" in problems, problems
+            assert f"spark-b:p1 ({other}) is cabled to its own box (spark-b:p0)" in problems, problems
+    finally:
+        cross()
