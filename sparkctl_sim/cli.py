@@ -244,7 +244,7 @@ def sim_image_publish_cmd(image: str, size_mib: float) -> None:
 
 FAULTS = ("kill-engine", "link-down", "link-up", "stale-link", "mtu", "sshd-stop", "sshd-start",
           "unreachable", "reachable", "wedge", "unwedge", "leak-on-death", "disk-full", "disk-ok",
-          "overcommit", "orphan-container")
+          "overcommit", "orphan-container", "cross")
 
 
 @sim_group.command("fault")
@@ -254,9 +254,17 @@ FAULTS = ("kill-engine", "link-down", "link-up", "stale-link", "mtu", "sshd-stop
 @click.option("--mtu", "mtu_bytes", type=int, default=1500, show_default=True, help="for kind mtu")
 @click.option("--path", "disk_path", default="/var/lib/sparkctl", show_default=True,
               help="for kind disk-full: the node's directory whose disk fills (where the record lives)")
-def sim_fault_cmd(node: str, kind: str, iface: str, mtu_bytes: int, disk_path: str) -> None:
+@click.option("--to", "cross_to", metavar="NODE:IFACE",
+              help="for kind cross: the other cable end; NODE:--iface and it swap the boxes they face")
+def sim_fault_cmd(node: str, kind: str, iface: str, mtu_bytes: int, disk_path: str, cross_to: str | None) -> None:
     """Inject a fault into a simulated node."""
-    from sparkctl_sim import cluster, clusterdocker, overcommit
+    from sparkctl_sim import cluster, clustercables, clusterdocker, overcommit
+
+    def cross() -> None:
+        if not cross_to or cross_to.count(":") != 1:
+            raise click.UsageError("cross needs --to NODE:IFACE (the other cable end)")
+        other = cross_to.split(":")
+        clustercables.cross(root, (node, iface), (other[0], other[1]))
 
     root = sim_root()
     actions = {
@@ -278,6 +286,8 @@ def sim_fault_cmd(node: str, kind: str, iface: str, mtu_bytes: int, disk_path: s
         "overcommit": lambda: overcommit.overcommit(root, node),
         # the engine's `docker run` CLI is SIGKILLed; its container keeps running under its name
         "orphan-container": lambda: clusterdocker.orphan_container(root, node),
+        # two cables crossed by hand: NODE:--iface and --to swap the far ends they face
+        "cross": cross,
     }
     result = actions[kind]()
     out.print(f"{node}: {kind} done" + (f" ({result})" if result not in (None, []) else ""), markup=False)

@@ -52,6 +52,7 @@ from sparkctl_sim.clusterroot import (
     netns_name,
 )
 from sparkctl_sim.netns import SimError
+from sparkctl_sim.shims.ibdev import netdev_mac
 from sparkctl_sim.spec import ClusterSpec, SimLink, SimNode
 
 log = logging.getLogger(__name__)
@@ -404,8 +405,10 @@ def _ensure_cable(lk: SimLink) -> None:
         nx.ip(nsa, "link", "delete", lk.a_ifname)
     if b is not None:
         nx.ip(nsb, "link", "delete", lk.b_ifname)
-    nx.run(["ip", "link", "add", lk.a_ifname, "netns", nsa, "type", "veth",
-            "peer", "name", lk.b_ifname, "netns", nsb])
+    # Each end has its NIC's one MAC (shims.ibdev.netdev_mac), whose EUI-64 is both its RoCE
+    # link-local GID (ib_core roce_gid_mgmt.c) and its IPv6 link-local address (RFC 4291 app. A).
+    nx.run(["ip", "link", "add", lk.a_ifname, "netns", nsa, "address", netdev_mac(lk.a_node, lk.a_ifname),
+            "type", "veth", "peer", "name", lk.b_ifname, "netns", nsb, "address", netdev_mac(lk.b_node, lk.b_ifname)])
 
 
 def _apply_node_net(p: SimPaths, spec: ClusterSpec, node: SimNode) -> None:

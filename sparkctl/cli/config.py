@@ -25,6 +25,7 @@ from sparkctl.cli.base import (
     set_option,
 )
 from sparkctl.errors import ConfigError
+from sparkctl.model.inventory import Inventory
 from sparkctl.model.profiles import describe
 
 
@@ -98,15 +99,20 @@ def schema_cmd(markdown: bool) -> None:
 # --------------------------------------------------------------------------- inventory
 
 
-@cli.command("inventory")
+@cli.group("inventory", invoke_without_command=True)
 @inventory_option
 @json_option
-@pass_ctx
-def inventory_cmd(c: Ctx, as_json: bool) -> None:
-    """Show the topology, ring order, neighbours, fabric addresses and routes."""
+@click.pass_context
+def inventory_cmd(ctx: click.Context, as_json: bool) -> None:
+    """Show the topology, ring order, neighbours, fabric addresses and routes (`inventory discover`: find them)."""
+    if ctx.invoked_subcommand is not None:
+        return
+    show_inventory(ctx.find_object(Ctx).inventory(), as_json)  # type: ignore[union-attr]
+
+
+def show_inventory(inv: Inventory, as_json: bool) -> None:
     from sparkctl.cli.views import inventory_view, ring_picture
 
-    inv = c.inventory()
     view = inventory_view(inv)
     if as_json:
         emit_json(view)

@@ -17,6 +17,7 @@ import click
 from sparkctl.cli import bench as _bench  # noqa: F401 - registers its commands
 from sparkctl.cli import cluster as _cluster  # noqa: F401
 from sparkctl.cli import config as _config  # noqa: F401
+from sparkctl.cli import discover as _discover  # noqa: F401
 from sparkctl.cli import fabric as _fabric  # noqa: F401
 from sparkctl.cli import fit as _fit  # noqa: F401
 from sparkctl.cli import image as _image  # noqa: F401
