@@ -219,6 +219,10 @@ def up(spec: ClusterSpec, root: Path, *, progress: Progress | None = None,
 def _check_no_other_sim(p: SimPaths, spec: ClusterSpec) -> None:
     """Refuse namespaces or a bridge that a live sim under another root owns."""
     wanted = {netns_name(n.name) for n in spec.nodes}
+    if spec.switch_ports:
+        from sparkctl_sim.switch import SWITCH_NS
+
+        wanted.add(SWITCH_NS)
     live = set(nx.netns_list())
     for ledger in sorted(LEDGER_DIR.glob("*.json")) if LEDGER_DIR.is_dir() else []:
         if ledger == p.ledger:

@@ -271,7 +271,8 @@ def build(src: Located) -> Inventory:
     pool = _pool(inv, src)
     if topology == "switch":
         switched.check_mtu(inv.cluster.fabric_mtu_bytes, inv.switch, src)
-        links = switched.links(nodes, cables, pool, inv.switch, src)
+        links = tuple(Link(cable=c, twin=t, subnet=net, a=(ep := Endpoint(n, port, dev, rdma, addr)), b=ep)
+                      for c, t, net, n, port, dev, rdma, addr in switched.ends(nodes, cables, pool, inv.switch, src))
     else:
         links = _links(nodes, cables, pool, topology, src)
     routes = _routes(links, ring_order) if topology == "ring" else ()

@@ -17,14 +17,16 @@ Pure: no SSH, no sockets, no clock.
 from __future__ import annotations
 
 import ipaddress
-from typing import TYPE_CHECKING
+from typing import Any, TypeAlias
 
 from sparkctl.errors import InventoryError
 from sparkctl.model.schema import SwitchSpec
 from sparkctl.model.yamlsrc import Located
 
-if TYPE_CHECKING:
-    from sparkctl.model.inventory import Cable, Link, Node
+# sparkctl.model.inventory imports this module: its Node, Cable and Link are typed Any here
+Node: TypeAlias = Any
+Cable: TypeAlias = Any
+Link: TypeAlias = Any
 
 PORT_GROUPS = (("p0", 0), ("p0", 1), ("p1", 0), ("p1", 1))
 
@@ -70,14 +72,13 @@ def subnets(pool: ipaddress.IPv4Network, spec: SwitchSpec | None, src: Located, 
     return out
 
 
-def links(nodes: tuple[Node, ...], cables: list[Cable], pool: ipaddress.IPv4Network,
-          spec: SwitchSpec | None, src: Located) -> tuple[Link, ...]:
-    """One :class:`Link` per node per twin of each switch-facing cage (``a`` and ``b`` the same end)."""
-    from sparkctl.model.inventory import Endpoint, Link
-
+def ends(nodes: tuple[Node, ...], cables: list[Cable], pool: ipaddress.IPv4Network,
+         spec: SwitchSpec | None, src: Located) -> list[tuple[int, int, str, str, str, str, str, str]]:
+    """Per node per twin of each switch-facing cage: (cable, twin, subnet, node, port, netdev, rdma,
+    address); the inventory makes each a Link whose ``a`` and ``b`` are that one end."""
     by_name = {n.name: n for n in nodes}
     nets = subnets(pool, spec, src, {c.a_port for c in cables})
-    out: list[Link] = []
+    out: list[tuple[int, int, str, str, str, str, str, str]] = []
     for port, twin in PORT_GROUPS:
         net = nets.get((port, twin))
         if net is None:
@@ -89,11 +90,10 @@ def links(nodes: tuple[Node, ...], cables: list[Cable], pool: ipaddress.IPv4Netw
             if node.index + 1 >= net.num_addresses - 1:
                 raise InventoryError(f"subnet {net} has no host number for node {node.name}",
                                      src.ref(("nodes", node.index, "name")))
-            ep = Endpoint(node.name, port, node.ports[port].netdevs[twin], node.ports[port].rdma[twin],
-                          str(net.network_address + node.index + 1))
-            out.append(Link(cable=i, twin=twin, subnet=str(net), a=ep, b=ep))
+            out.append((i, twin, str(net), node.name, port, node.ports[port].netdevs[twin],
+                        node.ports[port].rdma[twin], str(net.network_address + node.index + 1)))
     _every_pair_meets(nodes, cables, src)
-    return tuple(out)
+    return out
 
 
 def _every_pair_meets(nodes: tuple[Node, ...], cables: list[Cable], src: Located) -> None:

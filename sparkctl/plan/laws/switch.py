@@ -36,12 +36,12 @@ def check_switch_subnet(ctx: Context) -> list[Verdict]:
     failed: dict[str, set[tuple[str, str]]] = defaultdict(set)  # subnet -> {(from, to)} without an answer
     probed: dict[str, set[tuple[str, str]]] = defaultdict(set)
     for pr in ctx.link_probes:
-        lk = ends.get((pr.node, pr.netdev))
-        if lk is None or pr.df_ping_ok is None:
+        on = ends.get((pr.node, pr.netdev))
+        if on is None or pr.df_ping_ok is None:
             continue
-        probed[lk.subnet].add((pr.node, pr.peer))
+        probed[on.subnet].add((pr.node, pr.peer))
         if pr.df_ping_ok is False:
-            failed[lk.subnet].add((pr.node, pr.peer))
+            failed[on.subnet].add((pr.node, pr.peer))
     out: list[Verdict] = []
     for (node, netdev), lk in sorted(ends.items(), key=lambda kv: (kv[1].subnet, kv[0])):
         peers = [m for m in members[lk.subnet] if m != node]
