@@ -3,6 +3,7 @@ which laws apply behind a switch, and the fabric probes' targets."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from pathlib import Path
 
@@ -182,3 +183,37 @@ def test_without_probes_the_law_is_skipped_and_on_a_ring_it_says_nothing() -> No
     assert {v.status for v in _of(_ctx(()), "switch_subnet")} == {laws.SKIP}
     from helpers import ctx
     assert _of(ctx(), "switch_subnet") == []
+
+
+# --------------------------------------------------------------------------- the simulator's switch (pure parts)
+
+
+def test_the_simulated_switch_spec_carries_every_twin_named_as_on_a_spark_and_survives_its_json() -> None:
+    import dataclasses
+
+    from sparkctl_sim.clusterfaults import _with_peers
+    from sparkctl_sim.clusterroot import SWITCH_PEER, _node_links, _spec_from_json
+    from sparkctl_sim.switch import bridge_name, port_name
+    from sparkctl_sim.topology import sim_inventory_text, spec_from_inventory
+
+    text = sim_inventory_text(16, Path("/tmp/sim"), False, "switch")
+    inv = loads_inventory(text)
+    assert inv.topology == "switch" and len(inv.names) == 16 and inv.names[-1] == "spark-p"
+    spec = spec_from_inventory(inv, False)
+    assert spec.links == () and spec.routes == () and len(spec.switch_ports) == 32
+    assert {sp.group for sp in spec.switch_ports} == {"p0.0", "p0.1"} and spec.switch_mtu == 9216
+    assert _node_links(spec, "spark-c") == [("enp1s0f0np0", "10.40.0.3/24", SWITCH_PEER, "p0.0"),
+                                            ("enP2p1s0f0np0", "10.40.1.3/24", SWITCH_PEER, "p0.1")]
+    assert _with_peers(spec, ["spark-c"]) == ["spark-c"]  # a port down changes no other node's carrier
+    assert _spec_from_json(json.loads(json.dumps(dataclasses.asdict(spec)))) == spec
+    assert bridge_name("p0.1") == "pg-p0.1" and port_name(spec, spec.switch_ports[-1]) == "sw31"
+    assert all(len(x) <= 15 for x in ("pg-p1.1", "sw31"))  # IFNAMSIZ
+
+
+def test_sim_up_refuses_a_switch_size_it_does_not_build() -> None:
+    from sparkctl_sim.topology import sim_inventory_text
+
+    with pytest.raises(ValueError, match="2, 4, 8, 16"):
+        sim_inventory_text(5, Path("/tmp/sim"), False, "switch")
+    with pytest.raises(ValueError, match="needs root"):
+        sim_inventory_text(8, Path("/tmp/sim"), True, "switch")
