@@ -217,3 +217,33 @@ def test_sim_up_refuses_a_switch_size_it_does_not_build() -> None:
         sim_inventory_text(5, Path("/tmp/sim"), False, "switch")
     with pytest.raises(ValueError, match="needs root"):
         sim_inventory_text(8, Path("/tmp/sim"), True, "switch")
+
+
+# --------------------------------------------------------------------------- pipeline stages behind a switch
+
+
+def test_vllm_and_sglang_run_tp4_x_pp2_on_eight_switched_nodes_with_flags_their_contracts_accept() -> None:
+    from sparkctl.plan import contracts
+    from sparkctl.plan.render import engine_argv
+
+    for profile, pp_flag in (("vllm-tp2-fallback", "--pipeline-parallel-size"), ("sglang-tp2", "--pp-size")):
+        res = resolve(profile, ROOTS, ["topology.layout=switch", "topology.tp_size=4", "topology.pp_size=2"])
+        lay = bind(res, SW8)
+        assert len(lay.replicas) == 1 and [r.world_size for r in lay.ranks] == [8] * 8
+        r = lay.rank_of("spark-06")
+        argv = engine_argv(res.profile, r, "/w", "0.0.0.0")
+        tp_flag = "--tensor-parallel-size" if profile.startswith("vllm") else "--tp-size"
+        assert argv[argv.index(tp_flag) + 1] == "4" and argv[argv.index(pp_flag) + 1] == "2"
+        assert argv[argv.index("--nnodes") + 1] == "8" and argv[argv.index("--node-rank") + 1] == "5"
+        e = res.profile.engine
+        assert contracts.warnings(e.name, e.version, {"spark-06": argv}) == ()
+        assert contracts.warnings(e.name, e.version, {"spark-06": [*argv, "--no-such-flag"]})  # it can fail
+
+
+def test_pp_size_is_refused_off_a_switch_and_for_an_engine_without_pipeline_stages(tmp_path: Path) -> None:
+    from sparkctl.errors import SparkctlError
+
+    with pytest.raises(SparkctlError, match="pp_size > 1 needs layout switch"):
+        resolve("vllm-tp2-fallback", ROOTS, ["topology.pp_size=2"])
+    with pytest.raises(SparkctlError, match="runs no pipeline stages"):
+        resolve("tensorfold-tp4x2-switch", ROOTS, ["topology.pp_size=2", "topology.replicas=1"])

@@ -99,10 +99,12 @@ def bind(res: Resolved, inv: Inventory) -> Layout:
         raise ProfileError("a node is listed twice", _ref(res, "topology.nodes"))
     order = {n: i for i, n in enumerate(inv.ring_order)}
     nodes = sorted(wanted, key=lambda n: order[n])
-    need = topo.tp_size * topo.replicas
+    per = topo.tp_size * topo.pp_size  # nodes per replica
+    need = per * topo.replicas
     if len(nodes) != need:
+        pp = f" x pp_size {topo.pp_size}" if topo.pp_size > 1 else ""
         raise ProfileError(
-            f"tp_size {topo.tp_size} x replicas {topo.replicas} needs {need} nodes, "
+            f"tp_size {topo.tp_size}{pp} x replicas {topo.replicas} needs {need} nodes, "
             f"but the profile asks for {len(nodes)} ({', '.join(nodes)})",
             _ref(res, "topology.tp_size"),
             hint="set topology.nodes to exactly the nodes this stack runs on, or change tp_size",
@@ -126,7 +128,7 @@ def bind(res: Resolved, inv: Inventory) -> Layout:
                 f"{len(nodes)} nodes break the ring",
                 _ref(res, "topology.nodes"), hint="a subset of a ring is a pair: use layout pair and tp_size 2",
             )
-    groups = [nodes[i * topo.tp_size:(i + 1) * topo.tp_size] for i in range(topo.replicas)]
+    groups = [nodes[i * per:(i + 1) * per] for i in range(topo.replicas)]
     if topo.layout == "pair" and inv.topology != "switch":
         for g in groups:
             if inv.link_between(g[0], g[1]) is None:

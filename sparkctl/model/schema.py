@@ -248,6 +248,9 @@ class TopologySpec(_Strict):
     """Which nodes serve, and how the ranks are laid out."""
 
     tp_size: int = Field(ge=1, le=8, description="tensor-parallel size: ranks per replica (one GPU per node)")
+    pp_size: int = Field(1, ge=1, le=8, description="pipeline stages per replica, each of tp_size nodes (vLLM "
+                         "--pipeline-parallel-size, SGLang --pp-size; layout switch only): a replica is "
+                         "tp_size x pp_size nodes")
     nodes: list[Name] | None = Field(
         None, description="inventory nodes to use, in any order; all nodes when unset (ranks follow the ring)"
     )
@@ -279,7 +282,9 @@ class TopologySpec(_Strict):
             raise ValueError("layout pair runs two ranks per replica: tp_size must be 2")
         if self.layout == "ring" and self.tp_size < 3:
             raise ValueError("layout ring needs tp_size >= 3 (use layout pair for two nodes)")
-        if self.layout == "switch" and self.tp_size < 2:
+        if self.pp_size > 1 and self.layout != "switch":
+            raise ValueError("pp_size > 1 needs layout switch (pipeline stages across any nodes behind a switch)")
+        if self.layout == "switch" and self.tp_size * self.pp_size < 2:
             raise ValueError("layout switch runs two or more ranks per replica: tp_size >= 2 (layout single for one)")
         return self
 
@@ -463,7 +468,15 @@ class Profile(_Strict):
     def _runtime_needs(self) -> "Profile":
         if self.runtime == "docker" and not self.engine.image:
             raise ValueError("engine.image is required when runtime is docker")
+        if self.topology.pp_size > 1 and self.engine.name not in PP_ENGINES:
+            raise ValueError(f"topology.pp_size > 1: engine {self.engine.name} runs no pipeline stages across "
+                             f"nodes (those that do: {', '.join(PP_ENGINES)})")
         return self
+
+
+# Engines whose multi-node runtime runs pipeline stages (their contracts accept the flag:
+# vLLM --pipeline-parallel-size, SGLang --pp-size, sparkctl/plan/contracts/*.json).
+PP_ENGINES = ("vllm", "sglang")
 
 
 # Keys of dict-typed fields are merged one by one across layers (an overlay can
