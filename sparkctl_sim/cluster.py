@@ -190,7 +190,8 @@ def up(spec: ClusterSpec, root: Path, *, progress: Progress | None = None,
         _install_tools(p, say)
         if not rootless:
             _ensure_host_dirs()
-            say(f"network: bridge {spec.bridge}, {len(spec.nodes)} namespaces, {len(spec.links)} cables")
+            say(f"network: bridge {spec.bridge}, {len(spec.nodes)} namespaces, {len(spec.links)} cables"
+                + (f", a switch of {len(spec.switch_ports)} ports" if spec.switch_ports else ""))
             _converge_network(p, spec)
         if not rootless:
             for node in spec.nodes:
