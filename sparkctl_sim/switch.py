@@ -81,5 +81,10 @@ def move_port(spec: ClusterSpec, node: str, ifname: str, group: str) -> str:
     groups = sorted({s.group for s in spec.switch_ports})
     if group not in groups:
         raise SimError(f"no port group {group!r} on the simulated switch", "groups: " + ", ".join(groups))
-    nx.ip(SWITCH_NS, "link", "set", port_name(spec, sp), "master", bridge_name(group))
+    # a cable moved to another switch port: the node's port loses carrier meanwhile, and the kernel
+    # flushes its neighbour entries on that device (net/ipv4/arp.c, NETDEV_CHANGE: neigh_carrier_down)
+    sw = port_name(spec, sp)
+    nx.ip(SWITCH_NS, "link", "set", sw, "down")
+    nx.ip(SWITCH_NS, "link", "set", sw, "master", bridge_name(group))
+    nx.ip(SWITCH_NS, "link", "set", sw, "up")
     return f"{node}:{ifname} now in {bridge_name(group)} (cabled as {sp.group})"

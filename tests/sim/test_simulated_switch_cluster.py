@@ -48,7 +48,7 @@ def test_simulated_switch_check_up_two_tp4_replicas_status_down(switch8: Sim) ->
     for head in ("spark-a", "spark-e"):  # each replica's head serves, its ranks met over the switch
         assert served(switch8, head=head) == ["dsv41-flash-tensorfold"]
     env = switch8.ssh("spark-g", "cat /etc/sparkctl/engine.env").stdout
-    assert "MASTER_ADDR=10.40.0.5" in env and "NCCL_IB_HCA='=rocep1s0f0,roceP2p1s0f0'" in env
+    assert "MASTER_ADDR=10.40.0.5" in env and "NCCL_IB_HCA==rocep1s0f0,roceP2p1s0f0" in env
     r = switch8.sparkctl("-i", inv, "down", "--json")
     assert r.returncode == 0, r.stdout + r.stderr
     assert status(switch8)["record"]["state"] == "stopped"
