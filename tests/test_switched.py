@@ -106,6 +106,8 @@ def test_any_node_set_binds_and_a_replica_uses_only_the_port_groups_all_its_node
     lay = bind(res, inv)
     assert [r.node for r in lay.ranks] == ["s02", "s05", "s07", "s08"]  # inventory order
     assert lay.rank_of("s02").hca == ("rocep1s0f0", "roceP2p1s0f0")  # its p1 is on no peer's subnet
+    pair = bind(resolve("tensorfold-tp2", ROOTS, ["topology.nodes=[s08, s01]"]), inv)  # a pair: any two nodes
+    assert [(r.node, r.master_addr) for r in pair.ranks] == [("s01", "10.20.0.1"), ("s08", "10.20.0.1")]
 
 
 def test_ring_layout_behind_a_switch_and_switch_layout_on_a_ring_are_refused_with_a_hint() -> None:
