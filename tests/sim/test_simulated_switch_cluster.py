@@ -33,6 +33,9 @@ def check(sim: Sim) -> tuple[int, list[dict]]:
 
 
 def test_simulated_switch_check_up_two_tp4_replicas_status_down(switch8: Sim) -> None:
+    # the profile's GPU clock cap is not locked on fresh boots: --fix locks it (clock_cap's safe remedy)
+    r = switch8.sparkctl("-i", str(switch8.inventory), "check", PROFILE, "--fix", "--bandwidth", "0", *WAIVE)
+    assert "clock" in r.stdout + r.stderr
     code, vs = check(switch8)
     assert code == 0, [v for v in vs if v["status"] == "fail"]
     sw = [v for v in vs if v["law"] == "switch_subnet"]
