@@ -2,7 +2,7 @@
 """`check` and `up` on 2, 4, 8 and 16 SIMULATED nodes behind a simulated switch, side by side in one run.
 
 For each size it builds a private switched cluster (`sparkctl sim up --topology switch
---nodes N --ready` under a temporary SPARKCTL_SIM_DIR, the bundled images loaded) while
+--nodes N --ready --no-images` under a temporary SPARKCTL_SIM_DIR, then the profile's one image) while
 holding the host's e2e locks (tools/check_scaling.py `e2e_lock`: do not wrap this script
 in `flock`), times each command as a user runs it (a new `python -m sparkctl.cli`
 process), then removes the cluster (`sparkctl sim down`) before the next size:
@@ -36,6 +36,7 @@ from check_scaling import e2e_lock  # noqa: E402  (tools/ is not a package)
 
 REPO = Path(__file__).resolve().parent.parent
 PROFILE = "tensorfold-tp4x2-switch"
+IMAGE = "ghcr.io/tensorfold/tensorfold-spark:4x-2026.10"  # its engine.image (profiles/tensorfold-tp4-ring.yaml)
 WAIVE = ("--waive", "page_size", "--reason", "stock 4 KiB kernel (tools/switch_scaling.py)")
 
 
@@ -57,12 +58,12 @@ def measure(n: int, repeats: int, tmp: Path) -> dict[str, list[float]]:
         return time.perf_counter() - t0, r
 
     out: dict[str, list[float]] = {"sim up": [], "check": [], "up": [], "down": []}
-    took, r = run("sim", "up", "--topology", "switch", "--nodes", str(n), "--ready")
+    took, r = run("sim", "up", "--topology", "switch", "--nodes", str(n), "--ready", "--no-images")
     try:
         if r.returncode:
             sys.exit(f"sim up --nodes {n} failed:\n{r.stdout}\n{r.stderr}")
         out["sim up"].append(took)
-        _, r = run("sim", "image", "load", "all", "--bundled")
+        _, r = run("sim", "image", "load", "all", IMAGE)  # the one image the profile runs
         if r.returncode:
             sys.exit(f"sim image load failed:\n{r.stdout}\n{r.stderr}")
         # warm the caches; --fix locks the profile's GPU clock cap (clock_cap's remedy), as an operator would
