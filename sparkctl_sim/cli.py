@@ -48,7 +48,11 @@ def sim_group() -> None:
 
 
 @sim_group.command("up")
-@click.option("--nodes", type=click.Choice(["1", "2", "4"]), default="4", show_default=True)
+@click.option("--nodes", type=click.Choice(["1", "2", "4", "8", "16"]), default="4", show_default=True,
+              help="1, 2 or 4 (the ring) cabled; 2, 4, 8 or 16 behind --topology switch")
+@click.option("--topology", type=click.Choice(["cables", "switch"]), default="cables", show_default=True,
+              help="cables: one box, a pair, the 4-node ring; switch: every node's p0 to a simulated switch "
+                   "(a bridge per port group in its own namespace)")
 @click.option("--inventory-out", type=click.Path(dir_okay=False), help="where to write the inventory")
 @click.option("--rootless", is_flag=True, help="degraded mode without namespaces (automatic when not root)")
 @click.option("--ready", is_flag=True,
@@ -62,7 +66,7 @@ def sim_group() -> None:
 @click.option("--dpkg-lock-s", type=click.FloatRange(min=0), default=90.0, show_default=True,
               help="fresh nodes: unattended-upgrades holds the dpkg lock this many (simulated) seconds "
                    "after the first boot, as on a fresh Ubuntu box; 0: not held")
-def sim_up_cmd(nodes: str, inventory_out: str | None, rootless: bool, ready: bool, no_images: bool,
+def sim_up_cmd(nodes: str, topology: str, inventory_out: str | None, rootless: bool, ready: bool, no_images: bool,
                playbook: str | None, network_manager: bool, dpkg_lock_s: float) -> None:
     """Build (or converge) the simulated cluster and write its inventory.
 
@@ -80,7 +84,11 @@ def sim_up_cmd(nodes: str, inventory_out: str | None, rootless: bool, ready: boo
     rootless = rootless or os.geteuid() != 0
     root.mkdir(parents=True, exist_ok=True)
     inv_path = Path(inventory_out) if inventory_out else root / "inventory.yaml"
-    text = sim_inventory_text(int(nodes), root, rootless)
+    try:
+        text = sim_inventory_text(int(nodes), root, rootless, topology)
+    except ValueError as exc:
+        raise ConfigError(str(exc), hint="--topology switch takes --nodes 2, 4, 8 or 16 (as root); "
+                          "cables take 1, 2 or 4") from None
     inv = loads_inventory(text, str(inv_path))
     speedup = float(os.environ.get("SPARKCTL_SIM_SPEEDUP") or 1.0)
     if speedup <= 0:
@@ -115,6 +123,10 @@ def sim_up_cmd(nodes: str, inventory_out: str | None, rootless: bool, ready: boo
         out.print(f"  not simulated: {escape(lim)}")
     if int(nodes) == 1:
         out.print(f"try: sparkctl -i {inv_path} inventory")
+    elif ready and inv.topology == "switch":
+        out.print(f"try: sparkctl -i {inv_path} check tensorfold-tp4x2-switch" if len(inv.nodes) == 8 else
+                  f"try: sparkctl -i {inv_path} check tensorfold-tp4x2-switch --set topology.replicas=1 "
+                  f"--set topology.tp_size={min(8, len(inv.nodes))}")
     elif ready:
         out.print(f"try: sparkctl -i {inv_path} check ds41f-tp4-ring")
     else:
@@ -244,7 +256,7 @@ def sim_image_publish_cmd(image: str, size_mib: float) -> None:
 
 FAULTS = ("kill-engine", "link-down", "link-up", "stale-link", "mtu", "sshd-stop", "sshd-start",
           "unreachable", "reachable", "wedge", "unwedge", "leak-on-death", "disk-full", "disk-ok",
-          "overcommit", "orphan-container", "cross")
+          "overcommit", "orphan-container", "cross", "switch-port")
 
 
 @sim_group.command("fault")
@@ -252,13 +264,16 @@ FAULTS = ("kill-engine", "link-down", "link-up", "stale-link", "mtu", "sshd-stop
 @click.argument("kind", type=click.Choice(FAULTS))
 @click.option("--iface", default="enp1s0f0np0", show_default=True, help="the twin netdev for link faults")
 @click.option("--mtu", "mtu_bytes", type=int, default=1500, show_default=True, help="for kind mtu")
+@click.option("--group", default="p1.0", show_default=True,
+              help="for kind switch-port: the port group (p0.0 .. p1.1) whose bridge the twin's switch port joins")
 @click.option("--path", "disk_path", default="/var/lib/sparkctl", show_default=True,
               help="for kind disk-full: the node's directory whose disk fills (where the record lives)")
 @click.option("--to", "cross_to", metavar="NODE:IFACE",
               help="for kind cross: the other cable end; NODE:--iface and it swap the boxes they face")
-def sim_fault_cmd(node: str, kind: str, iface: str, mtu_bytes: int, disk_path: str, cross_to: str | None) -> None:
+def sim_fault_cmd(node: str, kind: str, iface: str, mtu_bytes: int, group: str, disk_path: str,
+                  cross_to: str | None) -> None:
     """Inject a fault into a simulated node."""
-    from sparkctl_sim import cluster, clustercables, clusterdocker, overcommit
+    from sparkctl_sim import cluster, clustercables, clusterdocker, clusterfaults, overcommit
 
     def cross() -> None:
         if not cross_to or cross_to.count(":") != 1:
@@ -273,6 +288,8 @@ def sim_fault_cmd(node: str, kind: str, iface: str, mtu_bytes: int, disk_path: s
         "link-up": lambda: cluster.link_up(root, node, iface),
         "stale-link": lambda: cluster.stale_link(root, node, iface),
         "mtu": lambda: cluster.set_mtu(root, node, iface, mtu_bytes),
+        # a switched cluster: the twin's cable in another port group's switch port (or VLAN)
+        "switch-port": lambda: clusterfaults.switch_port_group(root, node, iface, group),
         "sshd-stop": lambda: cluster.stop_sshd(root, node),
         "sshd-start": lambda: cluster.start_sshd(root, node),
         "unreachable": lambda: cluster.unreachable(root, node),

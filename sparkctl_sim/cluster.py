@@ -190,7 +190,8 @@ def up(spec: ClusterSpec, root: Path, *, progress: Progress | None = None,
         _install_tools(p, say)
         if not rootless:
             _ensure_host_dirs()
-            say(f"network: bridge {spec.bridge}, {len(spec.nodes)} namespaces, {len(spec.links)} cables")
+            say(f"network: bridge {spec.bridge}, {len(spec.nodes)} namespaces, {len(spec.links)} cables"
+                + (f", a switch of {len(spec.switch_ports)} ports" if spec.switch_ports else ""))
             _converge_network(p, spec)
         if not rootless:
             for node in spec.nodes:
@@ -219,6 +220,10 @@ def up(spec: ClusterSpec, root: Path, *, progress: Progress | None = None,
 def _check_no_other_sim(p: SimPaths, spec: ClusterSpec) -> None:
     """Refuse namespaces or a bridge that a live sim under another root owns."""
     wanted = {netns_name(n.name) for n in spec.nodes}
+    if spec.switch_ports:
+        from sparkctl_sim.switch import SWITCH_NS
+
+        wanted.add(SWITCH_NS)
     live = set(nx.netns_list())
     for ledger in sorted(LEDGER_DIR.glob("*.json")) if LEDGER_DIR.is_dir() else []:
         if ledger == p.ledger:

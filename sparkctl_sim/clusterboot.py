@@ -344,6 +344,9 @@ def _converge_network(p: SimPaths, spec: ClusterSpec) -> None:
         _ensure_mgmt(p, spec, node, admin_up=True)
     for lk in spec.links:
         _ensure_cable(lk)
+    from sparkctl_sim import switch
+
+    switch.ensure(p, spec)  # a switched cluster's bridges and ports (none on a ring or a pair)
     for node in spec.nodes:
         _apply_node_net(p, spec, node)
     if not spec.fresh:  # a port has carrier once BOTH ends are up: every end is up only now
@@ -425,6 +428,7 @@ def _apply_node_net(p: SimPaths, spec: ClusterSpec, node: SimNode) -> None:
             mtus[lk.a_ifname] = lk.mtu
         if lk.b_node == node.name:
             mtus[lk.b_ifname] = lk.mtu
+    mtus.update({sp.ifname: sp.mtu for sp in spec.switch_ports if sp.node == node.name})
     for ifname, cidr, _peer, _pif in _node_links(spec, node.name):
         if spec.fresh:
             nx.ip(ns, "addr", "flush", "dev", ifname)  # the netns outlives a simulated reboot

@@ -84,6 +84,17 @@ def link_up(root: Path, node: str, ifname: str) -> None:
             _write_sysfs(p, n)
 
 
+def switch_port_group(root: Path, node: str, ifname: str, group: str) -> str:
+    """Miscable one of the node's twins on the simulated switch: its switch port joins ``group``'s bridge."""
+    from sparkctl_sim import switch
+
+    p, spec, rootless = _ctx(root)
+    _need_root_mode(rootless, "switch_port_group")
+    _find_node(spec, node)
+    with _root_lock(p):
+        return switch.move_port(spec, node, ifname, group)
+
+
 def set_mtu(root: Path, node: str, ifname: str, mtu: int) -> None:
     p, spec, rootless = _ctx(root)
     _need_root_mode(rootless, "set_mtu")
@@ -105,9 +116,11 @@ def set_forwarding(root: Path, node: str, enabled: bool) -> None:
 def _with_peers(spec: ClusterSpec, nodes: list[str]) -> list[str]:
     """The nodes and their cable peers (whose carrier follows theirs)."""
     out = dict.fromkeys(nodes)
+    names = {n.name for n in spec.nodes}
     for node in nodes:
         for _i, _c, peer, _pi in _node_links(spec, node):
-            out.setdefault(peer)
+            if peer in names:  # a switch port's peer is the switch: no node's carrier follows it
+                out.setdefault(peer)
     return list(out)
 
 

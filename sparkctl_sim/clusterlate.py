@@ -81,7 +81,8 @@ def cables_dark(spec: ClusterSpec, node: str) -> None:
 
 def peers(spec: ClusterSpec, nodes: Iterable[str]) -> list[str]:
     names = set(nodes)
-    return sorted({peer for n in names for _i, _c, peer, _pi in _node_links(spec, n)} - names)
+    nodes_ = {n.name for n in spec.nodes}  # a switch port's peer is the switch, not a node
+    return sorted({peer for n in names for _i, _c, peer, _pi in _node_links(spec, n) if peer in nodes_} - names)
 
 
 def carrier_changed(p: SimPaths, spec: ClusterSpec, nodes: Iterable[str]) -> None:

@@ -24,7 +24,7 @@ from typing import Any
 
 from sparkctl_sim import netns as nx
 from sparkctl_sim.netns import SimError
-from sparkctl_sim.spec import ClusterSpec, SimLink, SimNode, SimRoute
+from sparkctl_sim.spec import ClusterSpec, SimLink, SimNode, SimRoute, SimSwitchPort
 
 log = logging.getLogger(__name__)
 
@@ -193,11 +193,12 @@ def link_id(link: SimLink) -> str:
 
 
 def _spec_from_json(data: dict[str, Any]) -> ClusterSpec:
-    rest = {k: v for k, v in data.items() if k not in ("nodes", "links", "routes")}
+    rest = {k: v for k, v in data.items() if k not in ("nodes", "links", "routes", "switch_ports")}
     return ClusterSpec(
         nodes=tuple(SimNode(**n) for n in data["nodes"]),
         links=tuple(SimLink(**lk) for lk in data["links"]),
         routes=tuple(SimRoute(**r) for r in data.get("routes", ())),
+        switch_ports=tuple(SimSwitchPort(**sp) for sp in data.get("switch_ports", ())),
         **rest,
     )
 
@@ -307,6 +308,16 @@ def _validate(spec: ClusterSpec, root: Path, rootless: bool) -> None:
                 raise SimError(f"link {link_id(lk)}: {node}:{ifname} is cabled twice")
             ends.add((node, ifname))
             ipaddress.ip_interface(cidr)
+    for sp in spec.switch_ports:
+        if sp.node not in names:
+            raise SimError(f"switch port {sp.node}:{sp.ifname}: unknown node {sp.node!r}")
+        if len(sp.ifname) > nx.IFNAMSIZ or sp.ifname in (MGMT_IFNAME, "lo") or (sp.node, sp.ifname) in ends:
+            raise SimError(f"switch port {sp.node}:{sp.ifname}: bad or twice-cabled interface")
+        ends.add((sp.node, sp.ifname))
+        ipaddress.ip_interface(sp.cidr)
+    if spec.switch_ports and rootless:
+        raise SimError("a switched cluster needs namespaces and bridges: not simulated in rootless mode",
+                       "run the sim as root (sudo)")
     for r in spec.routes:
         if r.node not in names or (r.node, r.dev) not in ends:
             raise SimError(f"route {r}: unknown node or device")
@@ -338,9 +349,13 @@ def _need_root_mode(rootless: bool, what: str) -> None:
 
 
 
+SWITCH_PEER = "switch"  # the peer of a switch port in _node_links: not a node (no carrier follows it)
+
+
 def _node_links(spec: ClusterSpec, node: str) -> list[tuple[str, str, str, str]]:
-    """(ifname, cidr, peer_node, peer_ifname) for every cable end on ``node``."""
-    out = []
+    """(ifname, cidr, peer_node, peer_ifname) for every cable end on ``node``; a switch port's
+    peer is :data:`SWITCH_PEER` and its port group."""
+    out = [(sp.ifname, sp.cidr, SWITCH_PEER, sp.group) for sp in spec.switch_ports if sp.node == node]
     for lk in spec.links:
         if lk.a_node == node:
             out.append((lk.a_ifname, lk.a_cidr, lk.b_node, lk.b_ifname))

@@ -36,6 +36,18 @@ class SimRoute:
 
 
 @dataclass(frozen=True)
+class SimSwitchPort:
+    """One twin of a node's cage cabled to the simulated switch: a veth pair from the node's netdev
+    to a port of the switch's bridge for its port group (sparkctl_sim.switch)."""
+
+    node: str
+    ifname: str  # e.g. enp1s0f1np1, as on a Spark
+    cidr: str  # e.g. 10.40.0.3/24
+    group: str  # the port group (p0.0 .. p1.1): one bridge each
+    mtu: int = 9000
+
+
+@dataclass(frozen=True)
 class SimNode:
     name: str  # inventory name and hostname (UTS namespace)
     mgmt_ip: str  # address on the host bridge (root mode) or a 127/8 address (no-root mode)
@@ -49,6 +61,9 @@ class ClusterSpec:
     nodes: tuple[SimNode, ...]
     links: tuple[SimLink, ...]
     routes: tuple[SimRoute, ...] = ()
+    # A switched cluster: every node's switch-facing twins, and the MTU the switch ports carry.
+    switch_ports: tuple[SimSwitchPort, ...] = ()
+    switch_mtu: int = 9216
     mgmt_cidr: str = "10.201.0.1/24"  # the host (operator) side of the management bridge
     bridge: str = "sparkbr0"
     rootless: bool = False

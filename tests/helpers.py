@@ -64,6 +64,7 @@ INVENTORY_FOR = {
     "vllm-tp2-fallback": "tests/fixtures/inv-pair.yaml",
     "sglang-tp2": "tests/fixtures/inv-pair.yaml",
     "llamacpp-1box": "tests/fixtures/inv-single.yaml",
+    "tensorfold-tp4x2-switch": "inventory-switch.yaml",
 }
 
 

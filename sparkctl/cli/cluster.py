@@ -239,7 +239,8 @@ def plan_cmd(c: Ctx, action: str, profile: str | None, sets: tuple[str, ...], wa
         p = res.profile
         out.print(f"{res.name}: {p.engine.name} {p.engine.version}, {p.model.served_name}, TP{p.topology.tp_size} "
                   f"x{p.topology.replicas} {p.topology.layout} on {inv.topology} ({inv.file})")
-        out.print("ranks (follow the ring): " + "  ".join(
+        order = "in inventory order, behind the switch" if inv.topology == "switch" else "follow the ring"
+        out.print(f"ranks ({order}): " + "  ".join(
             f"{r.node}=rank {r.rank}{'/replica ' + str(r.replica) if p.topology.replicas > 1 else ''} ({r.host_ip})"
             for r in _r.layout.ranks))
     for i, pl in enumerate(plans):

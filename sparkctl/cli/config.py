@@ -120,10 +120,16 @@ def show_inventory(inv: Inventory, as_json: bool) -> None:
     out.print(f"[bold]{inv.name}[/bold]: {inv.topology}, {len(inv.nodes)} nodes, MTU {inv.mtu} ({inv.file})")
     if inv.topology == "ring":
         out.print(ring_picture(inv))
+    if inv.topology == "switch":
+        out.print(f"switch {inv.switch_name} (ports at MTU {inv.switch_mtu}); one subnet per port group, no relay: "
+                  + ", ".join(sorted({lk.subnet for lk in inv.links})), markup=False)
     for n in view["nodes"]:
-        pos = "" if n["ring_position"] is None else f"rank {n['ring_position']}  "
-        out.print(f"\n[bold]{n['name']}[/bold]  {pos}ssh {n['ssh']}  neighbours: "
-                  f"{', '.join(n['neighbours']) or '-'}", markup=True)
+        if inv.topology == "switch":
+            out.print(f"\n[bold]{n['name']}[/bold]  ssh {n['ssh']}  on the switch", markup=True)
+        else:
+            pos = "" if n["ring_position"] is None else f"rank {n['ring_position']}  "
+            out.print(f"\n[bold]{n['name']}[/bold]  {pos}ssh {n['ssh']}  neighbours: "
+                      f"{', '.join(n['neighbours']) or '-'}", markup=True)
         for a in n["addresses"]:
             out.print(f"    {a['port']}  {a['netdev']:<14} {a['rdma']:<13} {a['address']}/24", markup=False)
     if view["routes"]:

@@ -30,6 +30,7 @@ def inventory_view(inv: Inventory) -> dict[str, Any]:
         "ring_order": list(inv.ring_order),
         "mtu": inv.mtu,
         "fabric_pool": inv.fabric_pool,
+        **({"switch": {"name": inv.switch_name, "mtu": inv.switch_mtu}} if inv.topology == "switch" else {}),
         "nodes": sorted(nodes, key=lambda x: (x["ring_position"] is None, x["ring_position"] or 0)),
         "links": [
             {"cable": lk.cable, "twin": lk.twin, "subnet": lk.subnet,

@@ -20,6 +20,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from sparkctl.errors import InventoryError
+from sparkctl.model import switched
 from sparkctl.model.schema import InventoryFile, KernelList, NodeSpec, PortSpec, default_ports
 from sparkctl.model.yamlsrc import Located, load, loads, pydantic_errors
 
@@ -102,6 +103,8 @@ class Inventory:
     fabric_pool: str
     source: Located
     kernels: KernelList = field(default_factory=KernelList)  # laws.kernels: added to the bundled kernel data
+    switch_name: str = ""  # a switched cluster's switch (switch.name)
+    switch_mtu: int = 0  # the MTU its ports carry (switch.mtu_bytes)
 
     # -- lookups (pure) -------------------------------------------------
     def node(self, name: str) -> Node:
@@ -261,13 +264,25 @@ def build(src: Located) -> Inventory:
         cables.append(Cable(an, ap, bn, bp))
 
     topology, ring_order = _topology(nodes, cables, src)
+    if inv.switch is not None and topology != "switch":
+        raise InventoryError(
+            f"switch: is set but no cable runs to it (this inventory is a {topology})", src.ref(("switch",)),
+            hint='cable each node to the switch ([NODE:p0, switch]), or remove switch:')
     pool = _pool(inv, src)
-    links = _links(nodes, cables, pool, topology, src)
+    if topology == "switch":
+        switched.check_mtu(inv.cluster.fabric_mtu_bytes, inv.switch, src)
+        links = tuple(Link(cable=c, twin=t, subnet=net, a=(ep := Endpoint(n, port, dev, rdma, addr)), b=ep)
+                      for c, t, net, n, port, dev, rdma, addr in switched.ends(nodes, cables, pool, inv.switch, src))
+    else:
+        links = _links(nodes, cables, pool, topology, src)
     routes = _routes(links, ring_order) if topology == "ring" else ()
+    sw = inv.switch
     return Inventory(
         file=src.file, name=inv.cluster.name, nodes=nodes, cables=tuple(cables), topology=topology,
         ring_order=ring_order, links=links, routes=routes, mtu=inv.cluster.fabric_mtu_bytes,
         fabric_pool=str(pool), source=src, kernels=inv.laws.kernels,
+        switch_name=(sw.name if sw else "switch") if topology == "switch" else "",
+        switch_mtu=(sw.mtu_bytes if sw else inv.cluster.fabric_mtu_bytes) if topology == "switch" else 0,
     )
 
 
@@ -297,17 +312,24 @@ def _topology(nodes: tuple[Node, ...], cables: list[Cable], src: Located) -> tup
         degree[c.a_node] += 1
         if c.b_node != "switch":
             degree[c.b_node] += 1
+    to_switch = any(c.b_node == "switch" for c in cables)
     for i, n in enumerate(names):
         if degree[n] == 0:
             raise InventoryError(
-                f"node {n!r} has no cable", src.ref(("nodes", i, "name")),
-                hint="add its cable under cables:, or remove the node",
+                f"node {n!r} has no port on the switch" if to_switch else f"node {n!r} has no cable",
+                src.ref(("nodes", i, "name")),
+                hint=f'add [{n}:p0, switch] under cables:, or remove the node' if to_switch
+                else "add its cable under cables:, or remove the node",
             )
-    if any(c.b_node == "switch" for c in cables):
-        if not all(c.b_node == "switch" for c in cables):
+    if to_switch:
+        direct = next((i for i, c in enumerate(cables) if c.b_node != "switch"), None)
+        if direct is not None:
+            c = cables[direct]
             raise InventoryError(
-                "mixing switch cables and direct cables is not supported", src.ref(("cables",)),
-                hint="cable every node to the switch, or none",
+                f"cable {c.a_node}:{c.a_port} <-> {c.b_node}:{c.b_port} runs node to node in a switched cluster",
+                src.ref(("cables", direct)),
+                hint="mixing ring or pair cables and a switch is not supported: cable every node to the switch, "
+                     "or none",
             )
         return "switch", tuple(names)
     if len(nodes) == 2:
@@ -345,19 +367,6 @@ def _links(
     by_name = {n.name: n for n in nodes}
     subnets = list(pool.subnets(new_prefix=24))
     links: list[Link] = []
-    if topology == "switch":
-        # One /24 per twin per switch-facing port, shared by every node on it.
-        for k, (port, twin) in enumerate((p, t) for p in ("p0", "p1") for t in (0, 1)):
-            members = [c for c in cables if c.a_port == port]
-            if not members:
-                continue
-            net = subnets[k]
-            for c in members:
-                node = by_name[c.a_node]
-                ep = Endpoint(node.name, port, node.ports[port].netdevs[twin], node.ports[port].rdma[twin],
-                              str(net.network_address + node.index + 1))
-                links.append(Link(cable=cables.index(c), twin=twin, subnet=str(net), a=ep, b=ep))
-        return tuple(links)
     if 2 * len(cables) > len(subnets):
         raise InventoryError(
             f"fabric_pool {pool} has {len(subnets)} /24s; {len(cables)} cables need {2 * len(cables)}",

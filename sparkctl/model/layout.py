@@ -2,7 +2,10 @@
 
 Ranks follow the physical ring from the head. A replica's nodes must be joined
 by cables (a pair is two adjacent nodes; a ring layout takes the whole ring),
-and the profile's TP size must match the nodes it asks for.
+and the profile's TP size must match the nodes it asks for. Behind a switch
+(layout ``switch``, or ``pair``) any nodes make a replica, in inventory order:
+its ranks use the port groups all of them are on (sparkctl.model.switched),
+so NCCL_IB_HCA and the master address are on subnets every rank shares.
 
 Pure: no SSH, no sockets, no clock.
 """
@@ -12,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sparkctl.errors import ProfileError, Ref
+from sparkctl.model import switched
 from sparkctl.model.inventory import Inventory, Link
 from sparkctl.model.profiles import Resolved
 
@@ -95,19 +99,28 @@ def bind(res: Resolved, inv: Inventory) -> Layout:
         raise ProfileError("a node is listed twice", _ref(res, "topology.nodes"))
     order = {n: i for i, n in enumerate(inv.ring_order)}
     nodes = sorted(wanted, key=lambda n: order[n])
-    need = topo.tp_size * topo.replicas
+    per = topo.tp_size * topo.pp_size  # nodes per replica
+    need = per * topo.replicas
     if len(nodes) != need:
+        pp = f" x pp_size {topo.pp_size}" if topo.pp_size > 1 else ""
         raise ProfileError(
-            f"tp_size {topo.tp_size} x replicas {topo.replicas} needs {need} nodes, "
+            f"tp_size {topo.tp_size}{pp} x replicas {topo.replicas} needs {need} nodes, "
             f"but the profile asks for {len(nodes)} ({', '.join(nodes)})",
             _ref(res, "topology.tp_size"),
             hint="set topology.nodes to exactly the nodes this stack runs on, or change tp_size",
         )
+    if topo.layout == "switch" and inv.topology != "switch":
+        raise ProfileError(
+            f"layout switch needs a switched inventory; {inv.file} is a {inv.topology}",
+            _ref(res, "topology.layout"),
+            hint="cable the nodes to a switch ([NODE:p0, switch]), or use layout pair or ring")
     if topo.layout == "ring":
         if inv.topology != "ring":
             raise ProfileError(
                 f"layout ring needs a ring inventory; {inv.file} is a {inv.topology}",
-                _ref(res, "topology.layout"), hint="use a pair profile on two nodes",
+                _ref(res, "topology.layout"),
+                hint="behind a switch use layout switch (any tp_size >= 2)" if inv.topology == "switch"
+                else "use a pair profile on two nodes",
             )
         if topo.replicas != 1 or len(nodes) != len(inv.ring_order):
             raise ProfileError(
@@ -115,8 +128,8 @@ def bind(res: Resolved, inv: Inventory) -> Layout:
                 f"{len(nodes)} nodes break the ring",
                 _ref(res, "topology.nodes"), hint="a subset of a ring is a pair: use layout pair and tp_size 2",
             )
-    groups = [nodes[i * topo.tp_size:(i + 1) * topo.tp_size] for i in range(topo.replicas)]
-    if topo.layout == "pair":
+    groups = [nodes[i * per:(i + 1) * per] for i in range(topo.replicas)]
+    if topo.layout == "pair" and inv.topology != "switch":
         for g in groups:
             if inv.link_between(g[0], g[1]) is None:
                 raise ProfileError(
@@ -129,7 +142,12 @@ def bind(res: Resolved, inv: Inventory) -> Layout:
         links = [lk for lk in inv.links if lk.a.node in g and lk.b.node in g and lk.a.node != lk.b.node] \
             if len(g) > 1 else []
         if inv.topology == "switch" and len(g) > 1:
-            links = [lk for lk in inv.links if lk.a.node in g]
+            shared = switched.shared_groups(inv.links, g)
+            if not shared:  # the inventory refuses this for the head; a replica of others may still split
+                raise ProfileError(
+                    f"replica {ri} ({', '.join(g)}) shares no switch subnet", _ref(res, "topology.nodes"),
+                    hint="pick nodes cabled to the switch by the same cage")
+            links = [lk for lk in inv.links if lk.a.node in g and (lk.a.port, lk.twin) in shared]
         ranks = []
         head_ip = _host_ip(g[0], g, links, inv)
         for k, node in enumerate(g):

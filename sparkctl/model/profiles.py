@@ -233,12 +233,15 @@ class Resolved:
         """What the engines are run from. serve.gateway is left out: the gateway's files are not the
         engines' (sparkctl.plan.gatewayplan), and changing its port must restart no engine. So are
         topology.stack and topology.shared_name: they name the stack (its record, its locks) and
-        change no engine's files, so a stack serving before they existed is not restarted by them."""
+        change no engine's files, so a stack serving before they existed is not restarted by them.
+        topology.pp_size counts only when it is not 1: one stage is what every profile ran before it
+        existed, so their digests (and the engines serving them) stay as they were."""
         d = self.to_dict()
         if isinstance(d.get("serve"), dict):
             d["serve"] = {k: v for k, v in d["serve"].items() if k != "gateway"}
         if isinstance(d.get("topology"), dict):
-            d["topology"] = {k: v for k, v in d["topology"].items() if k not in ("stack", "shared_name")}
+            d["topology"] = {k: v for k, v in d["topology"].items() if k not in ("stack", "shared_name")
+                             and not (k == "pp_size" and v == 1)}
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
 
 

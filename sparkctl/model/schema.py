@@ -248,11 +248,16 @@ class TopologySpec(_Strict):
     """Which nodes serve, and how the ranks are laid out."""
 
     tp_size: int = Field(ge=1, le=8, description="tensor-parallel size: ranks per replica (one GPU per node)")
+    pp_size: int = Field(1, ge=1, le=8, description="pipeline stages per replica, each of tp_size nodes (vLLM "
+                         "--pipeline-parallel-size, SGLang --pp-size; layout switch only): a replica is "
+                         "tp_size x pp_size nodes")
     nodes: list[Name] | None = Field(
         None, description="inventory nodes to use, in any order; all nodes when unset (ranks follow the ring)"
     )
-    layout: Literal["single", "pair", "ring"] = Field(description="single box, a cabled pair, or the ring")
-    replicas: int = Field(1, ge=1, le=4, description="independent replicas (e.g. two TP2 replicas on a ring's halves)")
+    layout: Literal["single", "pair", "ring", "switch"] = Field(
+        description="single box, a cabled pair, the ring, or any nodes behind the switch (TP2/TP4/TP8 replicas)")
+    replicas: int = Field(1, ge=1, le=8, description="independent replicas (e.g. two TP2 replicas on a ring's halves, "
+                          "two TP4 replicas behind a switch)")
     start_order: Literal["workers-first", "head-first"] = Field(
         "workers-first", description="which ranks start first (real stacks disagree)"
     )
@@ -277,6 +282,10 @@ class TopologySpec(_Strict):
             raise ValueError("layout pair runs two ranks per replica: tp_size must be 2")
         if self.layout == "ring" and self.tp_size < 3:
             raise ValueError("layout ring needs tp_size >= 3 (use layout pair for two nodes)")
+        if self.pp_size > 1 and self.layout != "switch":
+            raise ValueError("pp_size > 1 needs layout switch (pipeline stages across any nodes behind a switch)")
+        if self.layout == "switch" and self.tp_size * self.pp_size < 2:
+            raise ValueError("layout switch runs two or more ranks per replica: tp_size >= 2 (layout single for one)")
         return self
 
 
@@ -459,7 +468,15 @@ class Profile(_Strict):
     def _runtime_needs(self) -> "Profile":
         if self.runtime == "docker" and not self.engine.image:
             raise ValueError("engine.image is required when runtime is docker")
+        if self.topology.pp_size > 1 and self.engine.name not in PP_ENGINES:
+            raise ValueError(f"topology.pp_size > 1: engine {self.engine.name} runs no pipeline stages across "
+                             f"nodes (those that do: {', '.join(PP_ENGINES)})")
         return self
+
+
+# Engines whose multi-node runtime runs pipeline stages (their contracts accept the flag:
+# vLLM --pipeline-parallel-size, SGLang --pp-size, sparkctl/plan/contracts/*.json).
+PP_ENGINES = ("vllm", "sglang")
 
 
 # Keys of dict-typed fields are merged one by one across layers (an overlay can
@@ -544,6 +561,19 @@ class ClusterSpec(_Strict):
     fabric_mtu_bytes: int = Field(9000, ge=1280, le=9216, description="MTU of every fabric twin")
 
 
+class SwitchSpec(_Strict):
+    """The switch the fabric ports run to (NVIDIA's playbook "Connect Multiple DGX Spark through a Switch").
+
+    Each port group (the same cage's same twin on every node) is one subnet: every node's
+    p0 twin 0 on one /24, p0 twin 1 on the next, and so on; no relay, no static route.
+    """
+
+    name: Name = Field("switch", description="the switch's name, in messages")
+    mtu_bytes: int = Field(9216, ge=1280, le=9216, description="the MTU the switch ports carry; the fabric MTU must fit in it")
+    subnets: dict[Literal["p0", "p1"], tuple[str, str]] | None = Field(
+        None, description="each cage's two twin subnets (/24 each); consecutive /24s of fabric_pool when unset")
+
+
 class InventoryLaws(_Strict):
     """Site-wide law data: what this fleet has learned about kernels."""
 
@@ -559,4 +589,5 @@ class InventoryFile(_Strict):
     cables: list[tuple[str, str]] = Field(
         default_factory=list, description='each cable joins "node:port" to "node:port" (port p0 or p1), or "switch"'
     )
+    switch: SwitchSpec | None = Field(None, description="the switch of a switched cluster (cables to \"switch\")")
     laws: InventoryLaws = Field(default_factory=lambda: InventoryLaws(), description="site-wide law data")

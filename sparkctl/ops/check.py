@@ -110,6 +110,15 @@ def _fabric_targets(inv: Inventory, nodes: tuple[str, ...]) -> dict[str, list[Fa
         targets[lk.b.node].append(FabricTarget("bw-server", lk.b.netdev, lk.a.node, "", lk.b.rdma, 18515 + i))
         targets[lk.a.node].append(FabricTarget("bw-client", lk.a.netdev, lk.b.node, lk.b.address, lk.a.rdma,
                                                18515 + i))
+    if inv.topology == "switch":
+        # every port to every peer on its subnet (the switch_subnet law): one subnet per port group
+        on: dict[str, list[Any]] = {}
+        for lk in inv.links:
+            if lk.a.node in inside and lk.a.node == lk.b.node:
+                on.setdefault(lk.subnet, []).append(lk.a)
+        for ends in on.values():
+            for me in ends:
+                targets[me.node] += [FabricTarget("df", me.netdev, p.node, p.address) for p in ends if p.node != me.node]
     if inv.topology == "ring":
         for n in nodes:
             for other in nodes:

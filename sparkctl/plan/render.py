@@ -183,7 +183,10 @@ def engine_argv(p: Profile, r: Rank, weights: str, host: str = "0.0.0.0") -> lis
                 "--rank", str(r.rank), "--rendezvous", f"{r.master_addr}:{r.master_port}",
                 "--listen", f"{host}:{port}", "--ctx", str(m.context_len_tokens), "--mem-fraction", util]
     elif e.name == "vllm":
-        argv = ["serve", weights, "--served-model-name", m.served_name, "--tensor-parallel-size", str(n),
+        # pipeline stages: --pipeline-parallel-size, the world tp x pp nodes (vllm/config/parallel.py)
+        tp, pp = p.topology.tp_size, p.topology.pp_size
+        argv = ["serve", weights, "--served-model-name", m.served_name, "--tensor-parallel-size",
+                str(tp if pp > 1 else n), *(["--pipeline-parallel-size", str(pp)] if pp > 1 else []),
                 "--nnodes", str(n), "--node-rank", str(r.rank), "--master-addr", r.master_addr,
                 "--master-port", str(r.master_port)]
         if r.rank > 0:
@@ -195,7 +198,9 @@ def engine_argv(p: Profile, r: Rank, weights: str, host: str = "0.0.0.0") -> lis
         # --enable-metrics: SGLang 0.5.4 serves /metrics only with it (server_args.py
         # enable_metrics=False; http_server.py mounts the prometheus app only then), and
         # readiness waits for sglang:generation_tokens_total there.
-        argv = ["--model-path", weights, "--served-model-name", m.served_name, "--tp-size", str(n),
+        tp, pp = p.topology.tp_size, p.topology.pp_size
+        argv = ["--model-path", weights, "--served-model-name", m.served_name, "--tp-size",
+                str(tp if pp > 1 else n), *(["--pp-size", str(pp)] if pp > 1 else []),
                 "--nnodes", str(n), "--node-rank", str(r.rank), "--dist-init-addr",
                 f"{r.master_addr}:{r.master_port}", "--host", host, "--port", str(port),
                 "--context-length", str(m.context_len_tokens), "--mem-fraction-static", util, "--enable-metrics"]

@@ -28,7 +28,10 @@ def engine_args(p: Profile) -> list[str]:
 
 
 def fit_for(p: Profile, shape: memfit.ModelShape, node: memfit.NodeMemory) -> memfit.Fit:
-    return memfit.fit(shape, engine=p.engine.name, tp=p.topology.tp_size, context_tokens=p.model.context_len_tokens,
+    # a pipeline stage holds about 1/pp_size of the layers: its weights and KV cache per rank shrink
+    # with pp as with tp (an approximation: KV heads fewer than tp x pp count as replicated)
+    ranks = p.topology.tp_size * p.topology.pp_size
+    return memfit.fit(shape, engine=p.engine.name, tp=ranks, context_tokens=p.model.context_len_tokens,
                       args=engine_args(p), utilization=p.laws.gpu_memory_utilization,
                       min_free_gib=p.laws.min_free_gib, node=node, binary=p.engine.binary or "")
 

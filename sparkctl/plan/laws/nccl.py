@@ -14,7 +14,7 @@ torch/csrc/cuda/nccl.cpp).
 
 from __future__ import annotations
 
-from sparkctl.plan.laws.base import FAIL, OK, WAIVED, WARN, Context, Verdict, each
+from sparkctl.plan.laws.base import FAIL, OK, SKIP, WAIVED, WARN, Context, Verdict, each
 from sparkctl.plan.laws.images import engine_target
 
 MIN_RING_NCCL = (2, 30, 7)
@@ -39,6 +39,10 @@ def _seen(f: object, v: tuple[int, ...]) -> str:
 def check_nccl_version(ctx: Context) -> list[Verdict]:
     p = ctx.profile
     want = f">= {_v(MIN_RING_NCCL)}"
+    if ctx.inventory.topology == "switch":  # ring-only: a switch puts every rank on one subnet per port group
+        return [Verdict(LAW, n, SKIP, f"switched cluster ({ctx.inventory.switch_name})",
+                        "ring only: behind a switch every rank is on each port group's subnet, no relay, "
+                        "no subnet-aware routing") for n in ctx.nodes]
     if p.topology.layout != "ring":
         return [Verdict(LAW, n, OK, f"layout {p.topology.layout}", "any (subnet-aware routing is a ring setting)")
                 for n in ctx.nodes]

@@ -23,6 +23,7 @@ from sparkctl.plan.laws.memory import check_page_cache, remedy_page_cache
 from sparkctl.plan.laws.memoryfit import check_memory_fit
 from sparkctl.plan.laws.nccl import check_nccl_version
 from sparkctl.plan.laws.serving import check_served_model, check_weights
+from sparkctl.plan.laws.switch import check_switch_subnet
 from sparkctl.plan.laws.watchdog import check_memory_watchdog
 
 LAWS: tuple[Law, ...] = (
@@ -35,6 +36,7 @@ LAWS: tuple[Law, ...] = (
     Law("clock_cap", "GPU clock cap", check_clock, remedy_clock),
     Law("ac_cycle", "AC power cycle after a hardware change", check_ac_cycle),
     Law("fabric", "Fabric", check_fabric),
+    Law("switch_subnet", "Every port on a switch subnet answers at jumbo MTU", check_switch_subnet),
     Law("pcie_link", "CX-7 PCIe link at its maximum", check_pcie_link),
     Law("engine_present", "Engine image or binary present", check_engine_present),
     Law("image_identity", "Same image on every node", check_image_identity),

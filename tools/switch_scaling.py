@@ -1,0 +1,123 @@
+#!/usr/bin/env python3
+"""`check` and `up` on 2, 4, 8 and 16 SIMULATED nodes behind a simulated switch, side by side in one run.
+
+For each size it builds a private switched cluster (`sparkctl sim up --topology switch
+--nodes N --ready --no-images` under a temporary SPARKCTL_SIM_DIR, then the profile's one image) while
+holding the host's e2e locks (tools/check_scaling.py `e2e_lock`: do not wrap this script
+in `flock`), times each command as a user runs it (a new `python -m sparkctl.cli`
+process), then removes the cluster (`sparkctl sim down`) before the next size:
+
+* `check PROFILE --json --bandwidth 0`: the probes of every node and the switch_subnet
+  law's don't-fragment pings from every port to every peer on its subnet;
+* `up PROFILE`, then `down` (both timed, shown apart).
+
+The profile is tensorfold-tp4x2-switch with the replicas that fill the size: TP2 x1 on
+2 nodes, TP4 x1 on 4, TP4 x2 on 8, TP4 x4 on 16 (the simulated TensorFold engine). The
+page_size law is waived as in the tests (the stock 4 KiB kernel).
+
+Prints figures; asserts nothing. Target (issue 22): the cost at 16 nodes at most 2x the
+cost at 4. Usage: python3 tools/switch_scaling.py [--sizes 2,4,8,16] [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from check_scaling import e2e_lock  # noqa: E402  (tools/ is not a package)
+
+REPO = Path(__file__).resolve().parent.parent
+PROFILE = "tensorfold-tp4x2-switch"
+IMAGE = "ghcr.io/tensorfold/tensorfold-spark:4x-2026.10"  # its engine.image (profiles/tensorfold-tp4-ring.yaml)
+WAIVE = ("--waive", "page_size", "--reason", "stock 4 KiB kernel (tools/switch_scaling.py)")
+
+
+def sets_for(n: int) -> tuple[str, ...]:
+    tp = 2 if n == 2 else 4
+    return ("--set", f"topology.tp_size={tp}", "--set", f"topology.replicas={n // tp}")
+
+
+def measure(n: int, repeats: int, tmp: Path) -> dict[str, list[float]]:
+    env = {**os.environ, "SPARKCTL_SIM_DIR": str(tmp / f"sim{n}"), "XDG_STATE_HOME": str(tmp / f"state{n}"),
+           "SPARKCTL_SIM_SPEEDUP": "20", "SPARKCTL_SIM_LOAD_S": "1"}
+    env.pop("SPARKCTL_INVENTORY", None)
+    inv = str(tmp / f"sim{n}" / "inventory.yaml")
+
+    def run(*argv: str, timeout: float = 600) -> tuple[float, subprocess.CompletedProcess[str]]:
+        t0 = time.perf_counter()
+        r = subprocess.run([sys.executable, "-m", "sparkctl.cli", *argv], env=env, cwd=tmp, capture_output=True,
+                           text=True, timeout=timeout, check=False)
+        return time.perf_counter() - t0, r
+
+    out: dict[str, list[float]] = {"sim up": [], "check": [], "up": [], "down": []}
+    took, r = run("sim", "up", "--topology", "switch", "--nodes", str(n), "--ready", "--no-images")
+    try:
+        if r.returncode:
+            sys.exit(f"sim up --nodes {n} failed:\n{r.stdout}\n{r.stderr}")
+        out["sim up"].append(took)
+        _, r = run("sim", "image", "load", "all", IMAGE)  # the one image the profile runs
+        if r.returncode:
+            sys.exit(f"sim image load failed:\n{r.stdout}\n{r.stderr}")
+        # warm the caches; --fix locks the profile's GPU clock cap (clock_cap's remedy), as an operator would
+        run("-i", inv, "check", PROFILE, *sets_for(n), "--fix", "--bandwidth", "0", *WAIVE)
+        for _ in range(repeats):
+            took, r = run("-i", inv, "check", PROFILE, *sets_for(n), "--json", "--bandwidth", "0", *WAIVE)
+            verdicts = json.loads(r.stdout or "{}").get("verdicts")
+            if verdicts is None:
+                sys.exit(f"check on {n} nodes (exit {r.returncode}):\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}")
+            failed = sorted({(v["law"], v["node"]) for v in verdicts if v["status"] == "fail"})
+            if failed:
+                print(f"  {n} nodes: check failed {failed} (timed all the same)", flush=True)
+            out["check"].append(took)
+            took, r = run("-i", inv, "up", PROFILE, *sets_for(n), *WAIVE, "--json")
+            if r.returncode:
+                sys.exit(f"up on {n} nodes (exit {r.returncode}):\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}")
+            out["up"].append(took)
+            took, r = run("-i", inv, "down", "--json")
+            if r.returncode:
+                sys.exit(f"down on {n} nodes (exit {r.returncode}):\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}")
+            out["down"].append(took)
+    finally:
+        run("sim", "down", timeout=300)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--sizes", default="2,4,8,16")
+    ap.add_argument("--repeats", type=int, default=3)
+    args = ap.parse_args()
+    sizes = [int(s) for s in args.sizes.split(",")]
+    tmp = Path(tempfile.mkdtemp(prefix="switch-scaling-"))
+    results: dict[int, dict[str, list[float]]] = {}
+    with e2e_lock():
+        for n in sizes:
+            results[n] = measure(n, args.repeats, tmp)
+            print(f"{n:2d} nodes: " + ", ".join(f"{k} {statistics.median(v):.2f} s" for k, v in results[n].items()),
+                  flush=True)
+    print(f"\n{PROFILE} on a SIMULATED switched cluster, {args.repeats} runs each (median, min-max; wall time of "
+          "the whole command, process start included)")
+    print(f"  {'nodes':>5}  " + "  ".join(f"{k:>22}" for k in ("check", "up", "down", "sim up")))
+    for n in sizes:
+        cells = []
+        for k in ("check", "up", "down", "sim up"):
+            v = results[n][k]
+            cells.append(f"{statistics.median(v):6.2f} s ({min(v):5.2f}-{max(v):5.2f})")
+        print(f"  {n:>5}  " + "  ".join(f"{c:>22}" for c in cells))
+    if 4 in results:
+        for n in sizes:
+            ratios = {k: statistics.median(results[n][k]) / statistics.median(results[4][k]) for k in ("check", "up")}
+            print(f"  {n:>2} nodes / 4 nodes: check {ratios['check']:.2f}x, up {ratios['up']:.2f}x"
+                  + ("  (target <= 2x)" if n == 16 else ""))
+
+
+if __name__ == "__main__":
+    main()
