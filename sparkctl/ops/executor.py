@@ -470,8 +470,8 @@ def up(res: Resolved, inv: Inventory, transport: Transport, roots: Roots, *,
 
 
 def _up_result(res: Resolved, plan: Plan, state: planrun.RunState, backend: TransportBackend) -> UpResult:
-    push = next(s for s in plan.steps if s.phase == "push")
-    restarted = tuple(push.nodes)
+    # every push (a rolling switch pushes replica by replica)
+    restarted = tuple(dict.fromkeys(n for s in plan.steps if s.phase == "push" and s.kind == "put" for n in s.nodes))
     whole = not plan.note
     rec = RunRecord.from_dict(state.record) if state.record else None
     ready = sum(o["seconds"] for o in state.outcomes if o["phase"] == "ready")
@@ -538,18 +538,20 @@ def switch(res: Resolved, inv: Inventory, transport: Transport, roots: Roots, *,
                             up=UpResult(res.name, "noop", read_record(inv, transport, stack), (), None))
     if state.result == "done":
         result = _up_result(res, plan, state, backend)
+        # a rolling switch (branches rollback-K) keeps a replica serving throughout
         unavailable = sum(p.seconds for p in result.phases if p.phase in ("stop-stale", "push", "start", "ready"))
         return SwitchResult(res.name, True, False, unavailable if "rollback" in plan.branches else 0.0, up=result)
-    if "rollback" not in state.branches:
+    rollback = next((b for b in state.branches if b == "rollback" or b.startswith("rollback-")), None)
+    if rollback is None:
         _raise_failure(state, op)  # nothing was stopped, or nothing to roll back to
     f = state.failed
     assert f is not None
     first = f.cause.in_phase(op, f.step["phase"]).one_line() if isinstance(f.cause, SparkctlError) else \
         f"{op} failed in phase {f.step['phase']}: {f.detail}"
-    if "rollback" not in state.completed:
+    if rollback not in state.completed:
         b = state.branch_failure
         assert b is not None
-        prev_name = plan.branches["rollback"][-1].params["record"]["profile"]
+        prev_name = plan.branches[rollback][-1].params["record"]["profile"]
         raise LifecycleError(f"switch to {res.name} failed ({f.detail}) and in phase rollback restoring "
                              f"{prev_name} failed too: {b.detail}", Ref(node=b.node),
                              hint="`sparkctl status` shows what runs; `sparkctl up` a profile")

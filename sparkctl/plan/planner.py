@@ -180,8 +180,11 @@ def _stop_step(inv: Inventory, sid: str, phase: str, nodes: Sequence[str], ports
 
 
 def _bring_up(res: Resolved, inv: Inventory, rendering: Rendering, restart: Sequence[str], prefix: str,
-              on_fail: str) -> list[Step]:
-    """push, fresh logs, daemon-reload, start group by group, ready: the steps that make a stack serve."""
+              on_fail: str, only_heads: Sequence[str] | None = None) -> list[Step]:
+    """push, fresh logs, daemon-reload, start group by group, ready: the steps that make a stack serve.
+
+    ``only_heads``: the ready step waits for these heads alone and watches only ``restart``
+    (a rolling switch brings up one replica while the others serve)."""
     p = res.profile
     lay = rendering.layout
     steps: list[Step] = []
@@ -215,7 +218,8 @@ def _bring_up(res: Resolved, inv: Inventory, rendering: Rendering, restart: Sequ
     head = lay.heads()[0].node
     metric = p.serve.tokens_metric or contracts.readiness_metric(p.engine.name, p.engine.version,
                                                                  rendering.argv.get(head, ()))
-    heads = [h.node for h in lay.heads()]
+    heads = [h.node for h in lay.heads() if only_heads is None or h.node in only_heads]
+    watched = list(lay.nodes) if only_heads is None else [n for n in lay.nodes if n in restart]
     listen = head_listen(res, rendering, inv)
     routes = {h: operator_route(h, inv.node(h).host, listen.get(h), p.serve.port) for h in heads}
     steps.append(Step(
@@ -230,9 +234,9 @@ def _bring_up(res: Resolved, inv: Inventory, rendering: Rendering, restart: Sequ
                    else {}),
                 "served_name": p.model.served_name, "metric": metric if p.serve.smoke_request else None,
                 "smoke": bool(p.serve.smoke_request), "deadline_s": float(p.serve.ready_timeout_s),
-                "alive": {n: ALIVE_COMMAND for n in lay.nodes},
-                "tail": {n: tail_command(inv, n, 1) for n in lay.nodes},
-                "tail_on_failure": {n: tail_command(inv, n, 15) for n in lay.nodes},
+                "alive": {n: ALIVE_COMMAND for n in watched},
+                "tail": {n: tail_command(inv, n, 1) for n in watched},
+                "tail_on_failure": {n: tail_command(inv, n, 15) for n in watched},
                 # serve.api_key_env: where the probe finds the key (the operator's variable; on the
                 # head, the 0600 env file), never the key itself: plans are printed
                 **({"api_key": {"env": p.serve.api_key_env, "var": API_KEY_VAR,
@@ -537,6 +541,18 @@ def plan_switch(res: Resolved, inv: Inventory, rendering: Rendering, facts: UpFa
                        skip_check=skip_check, op=op, gateway=gateway, probes=probes)
     base = plan_up(res, inv, rendering, facts, sets=sets, waivers=waivers, started_at=started_at,
                    skip_check=skip_check, op=op, failure_branch="rollback", gateway=gateway, probes=probes)
+    from sparkctl.plan import rolling  # the rolling switch builds on this module's steps
+
+    roll, why = rolling.groups(rendering.layout, previous[1].layout)
+    if gateway and not prev.gateway:
+        roll, why = [], f"{prev.profile} is not behind the gateway"
+    elif gateway and prev.gateway.get("node") != gateway[0].node:
+        roll, why = [], f"the gateway moves from {prev.gateway.get('node')} to {gateway[0].node}"
+    elif not gateway:
+        roll, why = [], "no gateway (serve.gateway) in front of the replicas"
+    if roll and gateway:
+        return rolling.plan_rolling(res, inv, rendering, base, prev, previous, gateway, roll, sets=sets,
+                                    waivers=dict(waivers or {}), started_at=started_at, rollback_note=rollback_note)
     prev_res, prev_rendering = previous
     head = inv.nodes[0].name
     ports = sorted({res.profile.serve.port, res.profile.serve.master_port, prev.port})
@@ -551,4 +567,5 @@ def plan_switch(res: Resolved, inv: Inventory, rendering: Rendering, facts: UpFa
     back.append(record_step(inv, "rollback-record", "rollback", head, restored,
                              f"record {prev_res.name} serving again", on_fail="stop"))
     return replace(base, branches={"rollback": tuple(back), **base.branches},
-                   reads=(*base.reads, f"{prev.profile}'s profile and files (the way back)"))
+                   reads=(*base.reads, f"{prev.profile}'s profile and files (the way back)"),
+                   outage=rolling.outage_text(res, prev, why, gateway is not None))

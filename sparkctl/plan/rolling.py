@@ -1,0 +1,226 @@
+"""The rolling switch: a stack behind the gateway replaced one replica at a time. Pure.
+
+Where the old and the new stack each have two or more replicas, both behind the
+same gateway (``serve.gateway``), ``switch`` replaces them replica by replica
+(issue 20, item 3), every step in the plan ``sparkctl plan switch`` prints:
+
+* ``rK-gateway-drain``: the old replica(s) on the new replica's nodes are removed
+  from the gateway, then their engines must read idle twice (``gateway_ctl drain``);
+* ``rK-stop``: stop them and verify (no engine process, ports closed);
+* ``rK-push`` .. ``rK-start-i``: the new replica's files and ranks on those nodes;
+* ``rK-ready``: the one readiness verdict, for this replica's head only;
+* ``rK-gateway-register``: the gateway routes to it;
+* ``rK-record``: the record says which nodes serve which profile so far;
+
+then the next replica. The other replicas serve throughout: traffic never leaves
+the old stack before a new replica is ready.
+
+A failure from ``rK-stop`` on leads to branch ``rollback-K``: the new replica K is
+removed and stopped, the old replica(s) of those nodes are started again (ready,
+registered), and each replica already replaced (K-1 .. 1) is drained and given
+its old replica back the same way, while the old replicas not yet touched kept
+serving. The branch ends with the old profile's record, a note saying what did
+not come up. A failure inside it falls back to the switch's ``stop`` branch.
+
+Where no replica can stay up (one replica on either side, e.g. TP4 on four
+boxes), the switch is the plain one (``planner.plan_switch``) and its plan says
+the expected outage (:func:`outage_text`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from sparkctl.model.inventory import Inventory
+from sparkctl.model.layout import Layout
+from sparkctl.model.profiles import Resolved
+from sparkctl.model.record import RunRecord
+from sparkctl.plan import gatewayplan
+from sparkctl.plan.render import Rendering
+from sparkctl.plan.steps import Plan, Step
+
+BRANCH = "rollback-{k}"
+
+
+@dataclass(frozen=True)
+class Group:
+    """One step of the roll: a new replica, and the old replicas on its nodes."""
+
+    index: int  # 1-based, in the order the roll takes
+    nodes: tuple[str, ...]  # the new replica's nodes
+    new_heads: tuple[str, ...]
+    old_nodes: tuple[str, ...]  # the old replicas' nodes (within ``nodes``)
+    old_heads: tuple[str, ...]
+
+
+def groups(new: Layout, old: Layout) -> tuple[list[Group], str]:
+    """(the roll's groups, "") when a rolling switch can keep a replica up throughout,
+    else ([], why not): the plain switch with its outage."""
+    if len(new.replicas) < 2 or len(old.replicas) < 2:
+        return [], (f"{'the old' if len(old.replicas) < 2 else 'the new'} stack has one replica: "
+                    "no replica can stay up while it is replaced")
+    outside = [n for n in old.nodes if n not in new.nodes]
+    if outside:
+        return [], f"the old stack runs on {', '.join(outside)}, which the new one does not use"
+    raw: list[tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...], tuple[str, ...]]] = []
+    for rep in new.replicas:
+        nodes = tuple(r.node for r in rep)
+        o_nodes: list[str] = []
+        o_heads: list[str] = []
+        for orep in old.replicas:
+            onodes = [r.node for r in orep]
+            if set(onodes) & set(nodes):
+                if not set(onodes) <= set(nodes):
+                    return [], (f"the old replica on {'+'.join(onodes)} spans two new replicas: it cannot be "
+                                "replaced while the other serves")
+                o_nodes += onodes
+                o_heads.append(orep[0].node)
+        raw.append((nodes, (rep[0].node,), tuple(o_nodes), tuple(o_heads)))
+    # New replicas on nodes no old replica uses come first: they serve before anything stops.
+    raw.sort(key=lambda g: bool(g[3]))
+    out = [Group(i, *g) for i, g in enumerate(raw, 1)]
+    for k, g in enumerate(out):
+        if g.old_heads and k == 0 and not any(o.old_heads for o in out[1:]):
+            return [], "every old replica is on the first new replica's nodes: none would stay up"
+    return out, ""
+
+
+def _only(gw: Mapping[str, Any], heads: Sequence[str]) -> dict[str, Any]:
+    """The record's gateway entry with only these heads' backends."""
+    return {**gw, "backends": [b for b in gw.get("backends", []) if b["head"] in heads]} if gw else {}
+
+
+def _prefixed(steps: Sequence[Step], prefix: str, phase: str | None = None, on_fail: str | None = None
+              ) -> list[Step]:
+    out = []
+    for s in steps:
+        fail = s.on_fail if on_fail is None or s.on_fail == "continue" else on_fail
+        out.append(replace(s, id=f"{prefix}{s.id}", phase=phase or s.phase, on_fail=fail))
+    return out
+
+
+def _restore(g: Group, prefix: str, prev: RunRecord, prev_res: Resolved, prev_rendering: Rendering,
+             inv: Inventory) -> list[Step]:
+    """The old replica(s) of ``g`` back on their nodes: files, start, ready, registered."""
+    from sparkctl.plan import planner
+
+    if not g.old_nodes:
+        return []
+    up = planner._bring_up(prev_res, inv, prev_rendering, list(g.old_nodes), prefix, "stop", only_heads=g.old_heads)
+    steps = [replace(s, phase="rollback", on_fail="continue" if s.on_fail == "continue" else "stop") for s in up]
+    steps += gatewayplan.register_step(_only(prev.gateway, g.old_heads), inv, f"{prefix}gateway-register",
+                                       "rollback", "stop")
+    return steps
+
+
+def _words(nodes: Sequence[str]) -> str:
+    return "+".join(nodes)
+
+
+def plan_rolling(res: Resolved, inv: Inventory, rendering: Rendering, base: Plan, prev: RunRecord,
+                 previous: tuple[Resolved, Rendering], gateway: tuple[gatewayplan.GatewaySetup,
+                                                                      gatewayplan.GatewayFacts],
+                 roll: Sequence[Group], *, sets: Sequence[str], waivers: Mapping[str, str], started_at: str,
+                 rollback_note: str) -> Plan:
+    """The rolling switch from ``prev`` to ``res``. ``base``: the plain switch's plan (its check,
+    clock cap and ``stop`` branch are reused; its other steps are replaced by the roll)."""
+    from sparkctl.plan import planner
+
+    p = res.profile
+    prev_res, prev_rendering = previous
+    head = inv.nodes[0].name
+    ports = sorted({p.serve.port, p.serve.master_port, prev.port})
+    setup, gfacts = gateway
+    gw_entry = gatewayplan.record_entry(res, inv, rendering, setup)
+    n = len(roll)
+
+    steps: list[Step] = [s for s in base.steps if s.phase in ("check", "clock")]
+    # The gateway first, before anything stops: running with these files, and the old replicas
+    # registered (idempotent: a backend already registered is left as it is).
+    steps += gatewayplan.ensure_steps(setup, gfacts, inv, p.serve.persist, "abort")
+    steps += [replace(s, summary=s.summary.replace("(they are ready)", f"(still {prev.profile}'s, serving: "
+                                                   "idempotent)"))
+              for s in gatewayplan.register_step(prev.gateway, inv, "gateway-keep", "gateway", "abort")]
+    starting = planner.record_for(res, rendering, sets, "starting", waivers, started_at,
+                                  f"rolling switch from {prev.profile}, one replica at a time",
+                                  listen=planner.head_listen(res, rendering, inv), gateway=gw_entry)
+    steps.append(planner.record_step(inv, "record-start", "record-start", head, starting,
+                                     "record that the rolling switch starts"))
+    branches: dict[str, tuple[Step, ...]] = {}
+    for g in roll:
+        k = g.index
+        pfx, rb = f"r{k}-", BRANCH.format(k=k)
+        steps += gatewayplan.drain_step(prev.gateway, inv, f"{pfx}gateway-drain", "drain", heads=g.old_heads)
+        steps.append(planner._stop_step(inv, f"{pfx}stop", "stop", g.nodes, ports, p.serve.stop_timeout_s,
+                                        f"stop {prev.profile} on {_words(g.nodes)} (replica {k} of {n}) and "
+                                        "verify: no engine process, ports closed", rb))
+        steps += _prefixed(planner._page_cache_step(res, inv, g.nodes), pfx)
+        steps += _prefixed(planner._watchdog_step(res, inv, g.nodes, rb), pfx)
+        steps += planner._bring_up(res, inv, rendering, list(g.nodes), pfx, rb, only_heads=g.new_heads)
+        steps += gatewayplan.register_step(_only(gw_entry, g.new_heads), inv, f"{pfx}gateway-register",
+                                           "gateway", rb)
+        if k < n:
+            done = [x for h in roll[:k] for x in h.nodes]
+            left = [x for h in roll[k:] for x in h.old_nodes]
+            mid = replace(starting, note=f"rolling switch from {prev.profile}: {_words(done)} serve {res.name}"
+                          + (f", {_words(left)} still serve {prev.profile}" if left else ""))
+            steps.append(planner.record_step(inv, f"{pfx}record", "record", head, mid,
+                                             f"record replica {k} of {n} replaced", on_fail="continue"))
+        # The way back from a failure of replica k: its nodes get the old replica(s) back, then
+        # every replica already replaced is drained and given its old replica back.
+        back = [*gatewayplan.drain_step(_only(gw_entry, g.new_heads), inv, f"rb{k}-gateway-deregister", "rollback",
+                                        wait=False),
+                planner._stop_step(inv, f"rb{k}-stop", "rollback", g.nodes, ports, p.serve.stop_timeout_s,
+                                   f"stop what {res.name} started on {_words(g.nodes)}", "stop")]
+        back += _restore(g, f"rb{k}-", prev, prev_res, prev_rendering, inv)
+        for j in reversed(roll[:k - 1]):
+            jp = f"rb{k}-r{j.index}-"
+            back += gatewayplan.drain_step(_only(gw_entry, j.new_heads), inv, f"{jp}gateway-drain", "rollback")
+            back.append(planner._stop_step(inv, f"{jp}stop", "rollback", j.nodes, ports, p.serve.stop_timeout_s,
+                                           f"stop {res.name} on {_words(j.nodes)} (replaced before)", "stop"))
+            back += _restore(j, jp, prev, prev_res, prev_rendering, inv)
+        restored = replace(prev, state="serving", updated_at=started_at,
+                           note=f"{rollback_note}: {res.name}'s replica on {_words(g.nodes)} did not come up; "
+                           f"{prev.profile} serves again")
+        back.append(planner.record_step(inv, f"rb{k}-record", "rollback", head, restored,
+                                        f"record {prev.profile} serving again", on_fail="stop"))
+        branches[rb] = tuple(back)
+    last = BRANCH.format(k=n)
+    steps += planner._persist_step(res, inv, list(rendering.layout.nodes), "", last)
+    serving = replace(starting, state="serving", note="")
+    steps.append(planner.record_step(inv, "record", "record", head, serving, f"record {res.name} serving",
+                                     on_fail=last))
+    return Plan(base.op, res.name, tuple(steps), {**branches, "stop": base.branches["stop"]},
+                reads=(*base.reads, f"the gateway on {setup.node}"),
+                outage=rolling_outage(res, prev, roll))
+
+
+def rolling_outage(res: Resolved, prev: RunRecord, roll: Sequence[Group]) -> str:
+    new, old = res.profile.model.served_name, prev.served_name
+    text = (f"none expected: {len(roll)} replicas replaced one at a time behind the gateway; the others serve "
+            "throughout")
+    if new != old:
+        text += (f"; the served name changes: requests for {old!r} go to the old replicas still up and get 404 "
+                 f"model_not_found once the last one is drained (step r{len(roll)}-gateway-drain); requests for "
+                 f"{new!r} get 404 until the first new replica is registered (step r1-gateway-register)")
+    return text
+
+
+def outage_text(res: Resolved, prev: RunRecord, why: str, gateway: bool) -> str:
+    """The expected outage of a plain switch (nothing stays up), as ``plan switch`` prints it."""
+    p = res.profile
+    secs = p.serve.stop_timeout_s + p.serve.ready_timeout_s
+    text = (f"{prev.served_name!r} unavailable from the stop of {prev.profile} until {res.name} is ready"
+            f"{' and registered' if gateway else ''}: up to ~{secs} s (stop up to {p.serve.stop_timeout_s} s, "
+            f"ready up to {p.serve.ready_timeout_s} s) ({why})")
+    if gateway and prev.gateway:
+        text += ("; through the gateway: 503 with Retry-After: 1 while the old replicas are draining (smg's settle "
+                 "time, 5 s), then 404 model_not_found until the new replicas are registered; the gateway keeps "
+                 "listening (no refused connection)")
+    else:
+        text += "; clients of the replicas' own ports see refused connections"
+    if p.model.served_name != prev.served_name:
+        text += f"; afterwards {prev.served_name!r} gets 404 and {p.model.served_name!r} is served"
+    return text
