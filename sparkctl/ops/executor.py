@@ -556,4 +556,6 @@ def switch(res: Resolved, inv: Inventory, transport: Transport, roots: Roots, *,
                              f"{prev_name} failed too: {b.detail}", Ref(node=b.node),
                              hint="`sparkctl status` shows what runs; `sparkctl up` a profile")
     prev = read_record(inv, transport, stack)
-    return SwitchResult(prev.profile if prev else "", False, True, time.monotonic() - t0, error=first)
+    # a rolling switch's way back keeps the other replicas serving: no outage
+    return SwitchResult(prev.profile if prev else "", False, True,
+                        0.0 if rollback.startswith("rollback-") else time.monotonic() - t0, error=first)

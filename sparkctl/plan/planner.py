@@ -526,6 +526,9 @@ def _stack_suffix(r: RunRecord) -> str:
     return "" if r.stack == DEFAULT_STACK else f" in stack {r.stack}"
 
 
+ENSURE_IDS = ("gateway-wheels", "gateway-install", "gateway-push", "gateway-start")
+
+
 def plan_switch(res: Resolved, inv: Inventory, rendering: Rendering, facts: UpFacts, *, sets: Sequence[str] = (),
                 waivers: Mapping[str, str] | None = None, started_at: str = "", skip_check: bool = False,
                 previous: tuple[Resolved, Rendering] | None = None, op: str = "switch",
@@ -563,9 +566,26 @@ def plan_switch(res: Resolved, inv: Inventory, rendering: Rendering, facts: UpFa
     back += [replace(s, phase="rollback", on_fail="continue" if s.on_fail == "continue" else "stop")
              for s in _bring_up(prev_res, inv, prev_rendering, list(prev_rendering.layout.nodes), "rollback-", "stop")]
     back += gatewayplan.register_step(prev.gateway, inv, "rollback-gateway-register", "rollback", "stop")
+    steps, branches = list(base.steps), dict(base.branches)
+    held = rolling.held_names(res, prev, gateway)
+    if held:  # no replica stays up: the names answer 503 + Retry-After at the gateway, never 404
+        settle = rolling.hold_seconds(res, prev)
+        # the gateway's files (its ctl, which holds) first, before the record changes: nothing stopped yet
+        ensure = [replace(s, on_fail="abort") for s in steps if s.id in ENSURE_IDS]
+        steps = [s for s in steps if s.id not in ENSURE_IDS]
+        at = next(i for i, s in enumerate(steps) if s.id == "record-start")
+        steps[at:at] = ensure
+        at = next(i for i, s in enumerate(steps) if s.id in ("gateway-drain", "stop-stale"))
+        steps[at:at] = gatewayplan.hold_step(prev.gateway, inv, "gateway-hold", "stop-stale", held, settle)
+        at = next(i for i, s in enumerate(steps) if s.id == "gateway-register") + 1
+        steps[at:at] = gatewayplan.release_step(prev.gateway, inv, "gateway-release", "gateway", held)
+        back += gatewayplan.release_step(prev.gateway, inv, "rollback-gateway-release", "rollback", held)
+        # nothing serves at the end of the stop branch: the names are released (404 from then on)
+        branches["stop"] = (*branches["stop"][:-1], *gatewayplan.release_step(
+            prev.gateway, inv, "gateway-release-stopped", "rollback", held), branches["stop"][-1])
     restored = replace(prev, state="serving", updated_at=started_at, note=rollback_note)
     back.append(record_step(inv, "rollback-record", "rollback", head, restored,
                              f"record {prev_res.name} serving again", on_fail="stop"))
-    return replace(base, branches={"rollback": tuple(back), **base.branches},
+    return replace(base, steps=tuple(steps), branches={"rollback": tuple(back), **branches},
                    reads=(*base.reads, f"{prev.profile}'s profile and files (the way back)"),
-                   outage=rolling.outage_text(res, prev, why, gateway is not None))
+                   outage=rolling.outage_text(res, prev, why, bool(held)))

@@ -208,19 +208,39 @@ def rolling_outage(res: Resolved, prev: RunRecord, roll: Sequence[Group]) -> str
     return text
 
 
-def outage_text(res: Resolved, prev: RunRecord, why: str, gateway: bool) -> str:
+def held_names(res: Resolved, prev: RunRecord, gateway: tuple[gatewayplan.GatewaySetup, Any] | None
+               ) -> list[str]:
+    """The served names a plain switch holds at the gateway (the old one, and the new one if it
+    differs): both stacks behind the same gateway, else none."""
+    if gateway is None or not prev.gateway or prev.gateway.get("node") != gateway[0].node:
+        return []
+    return list(dict.fromkeys([prev.served_name, res.profile.model.served_name]))
+
+
+def hold_seconds(res: Resolved, prev: RunRecord) -> int:
+    """How long a hold lasts at most (smg's settle time for the stand-in): the drain, the stop, the
+    ready wait and the gateway's own steps; ``gateway-release`` ends it as soon as the new replicas
+    are registered."""
+    p = res.profile
+    return int((prev.gateway or {}).get("drain_timeout_s", 600)) + p.serve.stop_timeout_s \
+        + p.serve.ready_timeout_s + 600
+
+
+def outage_text(res: Resolved, prev: RunRecord, why: str, held: bool) -> str:
     """The expected outage of a plain switch (nothing stays up), as ``plan switch`` prints it."""
     p = res.profile
     secs = p.serve.stop_timeout_s + p.serve.ready_timeout_s
-    text = (f"{prev.served_name!r} unavailable from the stop of {prev.profile} until {res.name} is ready"
-            f"{' and registered' if gateway else ''}: up to ~{secs} s (stop up to {p.serve.stop_timeout_s} s, "
+    old, new = prev.served_name, p.model.served_name
+    text = (f"{old!r} unavailable from the stop of {prev.profile} until {res.name} is ready"
+            f"{' and registered' if held else ''}: up to ~{secs} s (stop up to {p.serve.stop_timeout_s} s, "
             f"ready up to {p.serve.ready_timeout_s} s) ({why})")
-    if gateway and prev.gateway:
-        text += ("; through the gateway: 503 with Retry-After: 1 while the old replicas are draining (smg's settle "
-                 "time, 5 s), then 404 model_not_found until the new replicas are registered; the gateway keeps "
-                 "listening (no refused connection)")
+    if held:
+        names = " and ".join(repr(n) for n in dict.fromkeys([old, new]))
+        text += (f"; through the gateway, requests for {names} get 503 with Retry-After: 1 from step gateway-hold "
+                 "to gateway-release (never 404; the gateway keeps listening: no refused connection unless its "
+                 "own files change and it restarts)")
     else:
         text += "; clients of the replicas' own ports see refused connections"
-    if p.model.served_name != prev.served_name:
-        text += f"; afterwards {prev.served_name!r} gets 404 and {p.model.served_name!r} is served"
+    if new != old:
+        text += f"; afterwards {old!r} gets 404 model_not_found and {new!r} is served"
     return text
