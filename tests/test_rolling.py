@@ -27,7 +27,7 @@ def _layout(name: str, sets: tuple[str, ...] = ()) -> Any:
 
 
 def test_which_switches_roll_and_why_the_others_do_not() -> None:
-    from sparkctl.plan import rolling
+    from sparkctl.plan import switchplan as rolling
 
     halves, tp4 = _layout("halves"), _layout("ds41f-tp4-ring")
     roll, why = rolling.groups(_layout("halves-next"), halves)

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 from sparkctl.errors import CheckFailed, ConfigError, Interrupted, LifecycleError, LockHeld, Ref, SparkctlError
 from sparkctl.facts.registry import ProbeParseError
@@ -32,7 +32,7 @@ from sparkctl.ops import readiness
 from sparkctl.ops.check import fabric_scripts, probe_scripts, run_check
 from sparkctl.ops.localstate import write_json
 from sparkctl.ops.lock import holder_info, local_record_path, now_iso, read_record, read_records, take, write_verdicts
-from sparkctl.plan import gatewayplan, laws, lockplan, planner
+from sparkctl.plan import gatewayplan, laws, lockplan, planner, switchplan
 from sparkctl.plan.render import Rendering, render
 from sparkctl.plan.steps import FINALLY, Plan
 from sparkctl.remote import planrun
@@ -325,7 +325,7 @@ def plan_for(op: str, res: Resolved | None, inv: Inventory, transport: Transport
                                skip_check=skip_check, gateway=gateway, probes=probes)
     else:
         previous = _previous(facts.record, res, inv, roots, dict(secrets or {}))
-        plan = planner.plan_switch(res, inv, rendering, facts, sets=sets, waivers=w, started_at=started,
+        plan = switchplan.plan_switch(res, inv, rendering, facts, sets=sets, waivers=w, started_at=started,
                                    skip_check=skip_check, previous=previous, gateway=gateway,
                                    rollback_note=rollback_note, probes=probes)
         extra = (previous[1],) if previous else ()
@@ -365,7 +365,7 @@ def check_step(inv: Inventory, transport: Transport, roots: Roots, say: Progress
     return check
 
 
-def _raise_failure(state: planrun.RunState, op: str) -> None:
+def _raise_failure(state: planrun.RunState, op: str) -> NoReturn:
     f = state.failed
     assert f is not None
     phase = f.step["phase"]

@@ -1,5 +1,7 @@
 """The planner: (resolved profile, inventory, rendering, facts, previous record) -> Plan. Pure.
 
+``switch`` (plain and rolling) is in ``sparkctl.plan.switchplan``, built from these steps.
+
 ``sparkctl plan up|down|switch`` prints these plans, and the executor
 (``sparkctl.ops.executor``) runs exactly these steps, nothing else. The facts
 the planner needs (the run record, which engines run, whether the endpoint
@@ -524,68 +526,3 @@ def _stack_words(r: RunRecord) -> str:
 
 def _stack_suffix(r: RunRecord) -> str:
     return "" if r.stack == DEFAULT_STACK else f" in stack {r.stack}"
-
-
-ENSURE_IDS = ("gateway-wheels", "gateway-install", "gateway-push", "gateway-start")
-
-
-def plan_switch(res: Resolved, inv: Inventory, rendering: Rendering, facts: UpFacts, *, sets: Sequence[str] = (),
-                waivers: Mapping[str, str] | None = None, started_at: str = "", skip_check: bool = False,
-                previous: tuple[Resolved, Rendering] | None = None, op: str = "switch",
-                gateway: tuple[gatewayplan.GatewaySetup, gatewayplan.GatewayFacts] | None = None,
-                rollback_note: str = "rolled back",
-                probes: tuple[Mapping[str, str], Mapping[str, str]] = ({}, {})) -> Plan:
-    """``up`` of the new profile whose failure, once the old stack is stopped, brings the old one back.
-
-    ``rollback_note``: the note of the record the way back writes (a supervised switch says who rolled back)."""
-    prev = facts.record
-    if previous is None or prev is None or prev.state != "serving" or prev.profile == res.name:
-        return plan_up(res, inv, rendering, facts, sets=sets, waivers=waivers, started_at=started_at,
-                       skip_check=skip_check, op=op, gateway=gateway, probes=probes)
-    base = plan_up(res, inv, rendering, facts, sets=sets, waivers=waivers, started_at=started_at,
-                   skip_check=skip_check, op=op, failure_branch="rollback", gateway=gateway, probes=probes)
-    from sparkctl.plan import rolling  # the rolling switch builds on this module's steps
-
-    roll, why = rolling.groups(rendering.layout, previous[1].layout)
-    if gateway and not prev.gateway:
-        roll, why = [], f"{prev.profile} is not behind the gateway"
-    elif gateway and prev.gateway.get("node") != gateway[0].node:
-        roll, why = [], f"the gateway moves from {prev.gateway.get('node')} to {gateway[0].node}"
-    elif not gateway:
-        roll, why = [], "no gateway (serve.gateway) in front of the replicas"
-    if roll and gateway:
-        return rolling.plan_rolling(res, inv, rendering, base, prev, previous, gateway, roll, sets=sets,
-                                    waivers=dict(waivers or {}), started_at=started_at, rollback_note=rollback_note)
-    prev_res, prev_rendering = previous
-    head = inv.nodes[0].name
-    ports = sorted({res.profile.serve.port, res.profile.serve.master_port, prev.port})
-    new_gw = gatewayplan.record_entry(res, inv, rendering, gateway[0]) if gateway else {}
-    back = [*gatewayplan.drain_step(new_gw, inv, "rollback-gateway-deregister", "rollback", wait=False),
-            _stop_step(inv, "rollback-stop", "rollback", own_nodes(rendering, prev), ports,
-                       res.profile.serve.stop_timeout_s, f"stop what {res.name} started", "stop")]
-    back += [replace(s, phase="rollback", on_fail="continue" if s.on_fail == "continue" else "stop")
-             for s in _bring_up(prev_res, inv, prev_rendering, list(prev_rendering.layout.nodes), "rollback-", "stop")]
-    back += gatewayplan.register_step(prev.gateway, inv, "rollback-gateway-register", "rollback", "stop")
-    steps, branches = list(base.steps), dict(base.branches)
-    held = rolling.held_names(res, prev, gateway)
-    if held:  # no replica stays up: the names answer 503 + Retry-After at the gateway, never 404
-        settle = rolling.hold_seconds(res, prev)
-        # the gateway's files (its ctl, which holds) first, before the record changes: nothing stopped yet
-        ensure = [replace(s, on_fail="abort") for s in steps if s.id in ENSURE_IDS]
-        steps = [s for s in steps if s.id not in ENSURE_IDS]
-        at = next(i for i, s in enumerate(steps) if s.id == "record-start")
-        steps[at:at] = ensure
-        at = next(i for i, s in enumerate(steps) if s.id in ("gateway-drain", "stop-stale"))
-        steps[at:at] = gatewayplan.hold_step(prev.gateway, inv, "gateway-hold", "stop-stale", held, settle)
-        at = next(i for i, s in enumerate(steps) if s.id == "gateway-register") + 1
-        steps[at:at] = gatewayplan.release_step(prev.gateway, inv, "gateway-release", "gateway", held)
-        back += gatewayplan.release_step(prev.gateway, inv, "rollback-gateway-release", "rollback", held)
-        # nothing serves at the end of the stop branch: the names are released (404 from then on)
-        branches["stop"] = (*branches["stop"][:-1], *gatewayplan.release_step(
-            prev.gateway, inv, "gateway-release-stopped", "rollback", held), branches["stop"][-1])
-    restored = replace(prev, state="serving", updated_at=started_at, note=rollback_note)
-    back.append(record_step(inv, "rollback-record", "rollback", head, restored,
-                             f"record {prev_res.name} serving again", on_fail="stop"))
-    return replace(base, steps=tuple(steps), branches={"rollback": tuple(back), **branches},
-                   reads=(*base.reads, f"{prev.profile}'s profile and files (the way back)"),
-                   outage=rolling.outage_text(res, prev, why, bool(held)))

@@ -1,6 +1,6 @@
 """``switch --supervise`` as plans: what the operator runs, and what the runner on the head runs. Pure.
 
-One switch plan (``planner.plan_switch``, between the lock steps) is cut at the
+One switch plan (``switchplan.plan_switch``, between the lock steps) is cut at the
 handover (:func:`split`). The operator's part keeps the lock, the check and the
 clock cap (they change no stack) and adds every step that hands the rest over:
 

@@ -1,4 +1,8 @@
-"""The rolling switch: a stack behind the gateway replaced one replica at a time. Pure.
+"""``switch``: the plain one (stop, start, roll back) and the rolling one (one replica at a time). Pure.
+
+:func:`plan_switch` is ``up`` of the new profile whose failure, once the old
+stack is stopped, brings the old one back (branch ``rollback``), built from
+the planner's steps (``sparkctl.plan.planner``); where it can, it rolls:
 
 Where the old and the new stack each have two or more replicas, both behind the
 same gateway (``serve.gateway``), ``switch`` replaces them replica by replica
@@ -23,8 +27,9 @@ serving. The branch ends with the old profile's record, a note saying what did
 not come up. A failure inside it falls back to the switch's ``stop`` branch.
 
 Where no replica can stay up (one replica on either side, e.g. TP4 on four
-boxes), the switch is the plain one (``planner.plan_switch``) and its plan says
-the expected outage (:func:`outage_text`).
+boxes), the switch is the plain one and its plan says the expected outage
+(:func:`outage_text`); behind the gateway the served names are held at 503 +
+Retry-After meanwhile (``gateway-hold`` .. ``gateway-release``, docs/gateway.md).
 """
 
 from __future__ import annotations
@@ -37,7 +42,7 @@ from sparkctl.model.inventory import Inventory
 from sparkctl.model.layout import Layout
 from sparkctl.model.profiles import Resolved
 from sparkctl.model.record import RunRecord
-from sparkctl.plan import gatewayplan
+from sparkctl.plan import gatewayplan, planner
 from sparkctl.plan.render import Rendering
 from sparkctl.plan.steps import Plan, Step
 
@@ -104,8 +109,6 @@ def _prefixed(steps: Sequence[Step], prefix: str, phase: str | None = None, on_f
 def _restore(g: Group, prefix: str, prev: RunRecord, prev_res: Resolved, prev_rendering: Rendering,
              inv: Inventory) -> list[Step]:
     """The old replica(s) of ``g`` back on their nodes: files, start, ready, registered."""
-    from sparkctl.plan import planner
-
     if not g.old_nodes:
         return []
     up = planner._bring_up(prev_res, inv, prev_rendering, list(g.old_nodes), prefix, "stop", only_heads=g.old_heads)
@@ -126,8 +129,6 @@ def plan_rolling(res: Resolved, inv: Inventory, rendering: Rendering, base: Plan
                  rollback_note: str) -> Plan:
     """The rolling switch from ``prev`` to ``res``. ``base``: the plain switch's plan (its check,
     clock cap and ``stop`` branch are reused; its other steps are replaced by the roll)."""
-    from sparkctl.plan import planner
-
     p = res.profile
     prev_res, prev_rendering = previous
     head = inv.nodes[0].name
@@ -244,3 +245,69 @@ def outage_text(res: Resolved, prev: RunRecord, why: str, held: bool) -> str:
     if new != old:
         text += f"; afterwards {old!r} gets 404 model_not_found and {new!r} is served"
     return text
+
+
+# --------------------------------------------------------------------------- the switch
+
+
+ENSURE_IDS = ("gateway-wheels", "gateway-install", "gateway-push", "gateway-start")
+
+
+def plan_switch(res: Resolved, inv: Inventory, rendering: Rendering, facts: planner.UpFacts, *, sets: Sequence[str] = (),
+                waivers: Mapping[str, str] | None = None, started_at: str = "", skip_check: bool = False,
+                previous: tuple[Resolved, Rendering] | None = None, op: str = "switch",
+                gateway: tuple[gatewayplan.GatewaySetup, gatewayplan.GatewayFacts] | None = None,
+                rollback_note: str = "rolled back",
+                probes: tuple[Mapping[str, str], Mapping[str, str]] = ({}, {})) -> Plan:
+    """``up`` of the new profile whose failure, once the old stack is stopped, brings the old one back.
+
+    ``rollback_note``: the note of the record the way back writes (a supervised switch says who rolled back)."""
+    prev = facts.record
+    if previous is None or prev is None or prev.state != "serving" or prev.profile == res.name:
+        return planner.plan_up(res, inv, rendering, facts, sets=sets, waivers=waivers, started_at=started_at,
+                       skip_check=skip_check, op=op, gateway=gateway, probes=probes)
+    base = planner.plan_up(res, inv, rendering, facts, sets=sets, waivers=waivers, started_at=started_at,
+                   skip_check=skip_check, op=op, failure_branch="rollback", gateway=gateway, probes=probes)
+    roll, why = groups(rendering.layout, previous[1].layout)
+    if gateway and not prev.gateway:
+        roll, why = [], f"{prev.profile} is not behind the gateway"
+    elif gateway and prev.gateway.get("node") != gateway[0].node:
+        roll, why = [], f"the gateway moves from {prev.gateway.get('node')} to {gateway[0].node}"
+    elif not gateway:
+        roll, why = [], "no gateway (serve.gateway) in front of the replicas"
+    if roll and gateway:
+        return plan_rolling(res, inv, rendering, base, prev, previous, gateway, roll, sets=sets,
+                                    waivers=dict(waivers or {}), started_at=started_at, rollback_note=rollback_note)
+    prev_res, prev_rendering = previous
+    head = inv.nodes[0].name
+    ports = sorted({res.profile.serve.port, res.profile.serve.master_port, prev.port})
+    new_gw = gatewayplan.record_entry(res, inv, rendering, gateway[0]) if gateway else {}
+    back = [*gatewayplan.drain_step(new_gw, inv, "rollback-gateway-deregister", "rollback", wait=False),
+            planner._stop_step(inv, "rollback-stop", "rollback", planner.own_nodes(rendering, prev), ports,
+                       res.profile.serve.stop_timeout_s, f"stop what {res.name} started", "stop")]
+    back += [replace(s, phase="rollback", on_fail="continue" if s.on_fail == "continue" else "stop")
+             for s in planner._bring_up(prev_res, inv, prev_rendering, list(prev_rendering.layout.nodes), "rollback-", "stop")]
+    back += gatewayplan.register_step(prev.gateway, inv, "rollback-gateway-register", "rollback", "stop")
+    steps, branches = list(base.steps), dict(base.branches)
+    held = held_names(res, prev, gateway)
+    if held:  # no replica stays up: the names answer 503 + Retry-After at the gateway, never 404
+        settle = hold_seconds(res, prev)
+        # the gateway's files (its ctl, which holds) first, before the record changes: nothing stopped yet
+        ensure = [replace(s, on_fail="abort") for s in steps if s.id in ENSURE_IDS]
+        steps = [s for s in steps if s.id not in ENSURE_IDS]
+        at = next(i for i, s in enumerate(steps) if s.id == "record-start")
+        steps[at:at] = ensure
+        at = next(i for i, s in enumerate(steps) if s.id in ("gateway-drain", "stop-stale"))
+        steps[at:at] = gatewayplan.hold_step(prev.gateway, inv, "gateway-hold", "stop-stale", held, settle)
+        at = next(i for i, s in enumerate(steps) if s.id == "gateway-register") + 1
+        steps[at:at] = gatewayplan.release_step(prev.gateway, inv, "gateway-release", "gateway", held)
+        back += gatewayplan.release_step(prev.gateway, inv, "rollback-gateway-release", "rollback", held)
+        # nothing serves at the end of the stop branch: the names are released (404 from then on)
+        branches["stop"] = (*branches["stop"][:-1], *gatewayplan.release_step(
+            prev.gateway, inv, "gateway-release-stopped", "rollback", held), branches["stop"][-1])
+    restored = replace(prev, state="serving", updated_at=started_at, note=rollback_note)
+    back.append(planner.record_step(inv, "rollback-record", "rollback", head, restored,
+                             f"record {prev_res.name} serving again", on_fail="stop"))
+    return replace(base, steps=tuple(steps), branches={"rollback": tuple(back), **branches},
+                   reads=(*base.reads, f"{prev.profile}'s profile and files (the way back)"),
+                   outage=outage_text(res, prev, why, bool(held)))
