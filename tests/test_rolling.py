@@ -177,3 +177,79 @@ def test_the_rolling_switch_when_every_replica_serves() -> None:
     assert notes[0][:2] == ("halves-next", "starting")
     assert "spark-a+spark-b serve halves-next, spark-c+spark-d still serve halves" in notes[1][2]
     assert notes[-1][:2] == ("halves-next", "serving")
+
+
+# --------------------------------------------------------------------------- the hold (gateway_ctl)
+
+
+def test_hold_keeps_the_name_draining_with_its_settle_time_and_release_removes_it_at_once() -> None:
+    """Against a stand-in of smg's worker API that drains as smg 1.13.0 does (DELETE of a ready worker:
+    Draining for its settle time; of a draining one: removed). The real smg: the e2e module."""
+    import json
+    import threading
+    from http.server import ThreadingHTTPServer
+
+    from sparkctl.remote import gateway_ctl
+    from tests.test_gateway import _Stub
+
+    calls: list[tuple[str, str, Any]] = []
+
+    class Smg(_Stub):
+        def handler(self) -> Any:
+            stub, base = self, super().handler()
+
+            class H(base):  # type: ignore[misc,valid-type]
+                def do_POST(self) -> None:  # noqa: N802
+                    spec = json.loads(self.rfile.read(int(self.headers["content-length"])))
+                    # smg asks the backend before it registers it: the stand-in must answer /v1/models
+                    with gateway_ctl._OPENER.open(f"{spec['url']}/v1/models", timeout=5) as r:
+                        served = json.loads(r.read())["data"][0]["id"]
+                    wid = f"w{len(stub.workers) + len(stub.deleted)}"
+                    stub.workers[wid] = {"id": wid, "url": spec["url"], "model_id": served, "status": "ready",
+                                         "labels": spec.get("labels", {}), "settle": 5}
+                    calls.append(("POST", wid, spec.get("labels")))
+                    self._send(202, {"worker_id": wid})
+
+                def do_PATCH(self) -> None:  # noqa: N802
+                    wid = self.path.rsplit("/", 1)[-1]
+                    body = json.loads(self.rfile.read(int(self.headers["content-length"])))
+                    stub.workers[wid]["settle"] = body["health"]["drain_settle_secs"]
+                    calls.append(("PATCH", wid, body))
+                    self._send(202, {"worker_id": wid})
+
+                def do_DELETE(self) -> None:  # noqa: N802
+                    wid = self.path.rsplit("/", 1)[-1]
+                    w = stub.workers[wid]
+                    calls.append(("DELETE", wid, w["status"]))
+                    if w["status"] == "draining":
+                        del stub.workers[wid]
+                    else:
+                        w["status"] = "draining"
+                    self._send(202, {"worker_id": wid})
+
+                def do_GET(self) -> None:  # noqa: N802
+                    if self.path.startswith("/workers/"):
+                        self._send(200, stub.workers[self.path.rsplit("/", 1)[-1]])
+                    else:
+                        super().do_GET()
+            return H
+
+    s = Smg()
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), s.handler())
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    gw = f"http://127.0.0.1:{srv.server_address[1]}"
+    try:
+        msg = gateway_ctl.hold(gw, None, ["x", "y"], 900, 5)
+        assert msg == "holding x, y at 503 + Retry-After for up to 900 s"
+        held = sorted((w["model_id"], w["status"], w["settle"], w["labels"]) for w in s.workers.values())
+        assert held == [("x", "draining", 900, {"sparkctl_hold": "1"}), ("y", "draining", 900, {"sparkctl_hold": "1"})]
+        # the settle time is set before the removal (the removal sleeps the value it reads)
+        kinds = [c[0] for c in calls]
+        assert kinds == ["POST", "PATCH", "DELETE", "POST", "PATCH", "DELETE"], calls
+        s.workers["r"] = {"id": "r", "url": "http://10.0.0.1:8080", "model_id": "x", "status": "ready", "labels": {}}
+        assert gateway_ctl.release(gw, None, ["x"]) == "released 1 holder(s)"
+        assert sorted(w["model_id"] for w in s.workers.values()) == ["x", "y"]  # the replica stays; y still held
+        assert gateway_ctl.release(gw, None, []) == "released 1 holder(s)" and list(s.workers) == ["r"]
+    finally:
+        srv.shutdown()
+        srv.server_close()

@@ -205,7 +205,17 @@ def drain(gw: str, key: str | None, backends: list[str], metrics: list[str], slo
         except (OSError, http.client.HTTPException) as exc:
             # the gateway is down: it routes nothing to anyone; the engine's gauges still decide
             print(f"gateway not answering ({type(exc).__name__}); waiting on the engines alone", file=sys.stderr)
+    # smg answers the DELETE (202) before it marks the worker Draining: until it does, it may still
+    # route a request there, so the engine's gauges count only from then
     t0 = time.monotonic()
+    while removed and time.monotonic() - t0 < 10:
+        try:
+            if not any(_same(str(w.get("url", "")), b) and w.get("status") != "draining"
+                       for w in workers(gw, key) for b in backends):
+                break
+        except (OSError, http.client.HTTPException, Failed):
+            break
+        time.sleep(0.05)
     idle = {b: 0 for b in backends}
     last: dict[str, float] = {}
     while True:

@@ -78,8 +78,9 @@ def _gw(sim: Sim) -> str:
 class Load:
     """Open loop: a streaming request every ``period`` s in its own thread, up to ``limit``."""
 
-    def __init__(self, url: str, period: float = LOAD_PERIOD_S, limit: int = 2000) -> None:
+    def __init__(self, url: str, period: float = LOAD_PERIOD_S, limit: int = 2000, max_tokens: int = 24) -> None:
         self.url, self.period, self.limit = url, period, limit
+        self.body = {**BODY, "max_tokens": max_tokens}
         self.results: list[dict[str, Any]] = []
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -89,7 +90,7 @@ class Load:
         r: dict[str, Any] = {"t": time.monotonic(), "status": None, "done": False, "model": None, "error": "",
                              "retry_after": None}
         try:
-            with httpx.stream("POST", f"{self.url}/v1/chat/completions", json=BODY, timeout=60) as s:
+            with httpx.stream("POST", f"{self.url}/v1/chat/completions", json=self.body, timeout=60) as s:
                 r["status"] = s.status_code
                 r["retry_after"] = s.headers.get("retry-after")
                 if s.status_code == 200:
@@ -216,7 +217,7 @@ def test_simulated_rolling_switch_whose_new_replica_never_gets_ready_rolls_back_
 
 def test_simulated_negative_control_a_replica_stopped_without_draining_fails_requests(ring: Sim) -> None:
     gw = _gw(ring)
-    with Load(gw, period=0.1) as load:
+    with Load(gw, period=0.1, max_tokens=200) as load:  # longer streams: some are in flight at the kill
         time.sleep(1.5)
         ring.sparkctl("sim", "fault", "spark-b", "kill-engine", check=True)
         time.sleep(4)
