@@ -10,8 +10,8 @@ through the gateway while:
 * the new replica 2 is killed while it loads (`sparkctl sim fault spark-b kill-engine`): the switch
   rolls back replica by replica while the untouched old replica serves; no request fails and the
   record says the old profile serves, with a note;
-* the negative control: a replica's engine killed with no drain (the same fault, while it serves)
-  makes the same load count failures, so the zero above can fail;
+* the negative control: the engine of the replica serving the load killed with no drain makes the
+  same load count failures, so the zeros above can fail;
 * a switch where no replica can stay up (two replicas to one): the gateway answers 503 with
   Retry-After during the stated outage, never 404 and never a refused connection, then serves again.
 
@@ -216,10 +216,15 @@ def test_simulated_rolling_switch_whose_new_replica_never_gets_ready_rolls_back_
 
 
 def test_simulated_negative_control_a_replica_stopped_without_draining_fails_requests(ring: Sim) -> None:
+    """The same load, and the replica that serves it (smg's default policy keeps a prompt on one
+    worker) killed with no drain: its streams in flight are cut, so the load counts failures."""
     gw = _gw(ring)
+    before = {n: _chats(ring, n, "engine.log") for n in ("spark-a", "spark-b")}
     with Load(gw, period=0.1, max_tokens=200) as load:  # longer streams: some are in flight at the kill
-        time.sleep(1.5)
-        ring.sparkctl("sim", "fault", "spark-b", "kill-engine", check=True)
+        time.sleep(2)
+        busy = max(before, key=lambda n: _chats(ring, n, "engine.log") - before[n])
+        # the engine alone (spark-a also runs the gateway): SIGKILL, as a crash or a stop without drain
+        assert ring.ssh(busy, "pkill -KILL -f 'llama_cpp[.]server'").returncode == 0
         time.sleep(4)
     assert len(load.failed()) > 0, f"{len(load.results)} requests, none failed: the load test cannot fail"
 
