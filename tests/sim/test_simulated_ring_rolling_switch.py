@@ -88,7 +88,7 @@ class Load:
 
     def _one(self) -> None:
         r: dict[str, Any] = {"t": time.monotonic(), "status": None, "done": False, "model": None, "error": "",
-                             "retry_after": None}
+                             "retry_after": None, "ttft": None}
         try:
             with httpx.stream("POST", f"{self.url}/v1/chat/completions", json=self.body, timeout=60) as s:
                 r["status"] = s.status_code
@@ -98,6 +98,7 @@ class Load:
                         if line == "data: [DONE]":
                             r["done"] = True
                         elif line.startswith("data:") and r["model"] is None:
+                            r["ttft"] = time.monotonic() - r["t"]
                             r["model"] = json.loads(line[5:]).get("model")
                 else:
                     s.read()
@@ -126,6 +127,20 @@ class Load:
         self._main.join()
         for t in self._threads:
             t.join(70)
+
+    def summary(self) -> str:
+        """Figures for the run's output: counts by status, time to first token, the longest gap."""
+        by: dict[Any, int] = {}
+        for r in self.results:
+            by[r["status"]] = by.get(r["status"], 0) + 1
+        ttft = sorted(r["ttft"] for r in self.results if r["ttft"] is not None)
+        firsts = sorted(r["t"] + r["ttft"] for r in self.results if r["ttft"] is not None)
+        gap = max((b - a for a, b in zip(firsts, firsts[1:])), default=0.0)
+
+        def q(f: float) -> float:
+            return ttft[min(len(ttft) - 1, int(f * len(ttft)))] * 1000 if ttft else float("nan")
+        return (f"{len(self.results)} requests, {len(self.failed())} failed, by status {by}; time to first token "
+                f"p50 {q(0.5):.0f} ms p99 {q(0.99):.0f} ms; longest gap between first tokens {gap:.2f} s")
 
     def failed(self) -> list[dict[str, Any]]:
         return [r for r in self.results if r["status"] != 200 or not r["done"]]
@@ -162,6 +177,7 @@ def test_simulated_rolling_switch_fails_no_request(ring: Sim) -> None:
         time.sleep(2)
         r = ring.sparkctl("-i", inv, "switch", "roll-new", "--json", timeout=400)
         time.sleep(2)
+    print(f"rolling switch: {load.summary()}")
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert json.loads(r.stdout)["switched"]
     rec = _record(ring)
@@ -174,6 +190,7 @@ def test_simulated_rolling_switch_fails_no_request(ring: Sim) -> None:
     # both stacks answered: the old engine's log (kept as engine.log.1) and the new one's
     old = sum(_chats(ring, n, "engine.log.1") for n in ("spark-a", "spark-b"))
     new = sum(_chats(ring, n, "engine.log") for n in ("spark-a", "spark-b"))
+    print(f"rolling switch: chat completions answered by the old engines {old}, by the new {new}")
     assert old > 0 and new > 0, (old, new)
 
 
@@ -203,6 +220,7 @@ def test_simulated_rolling_switch_whose_new_replica_never_gets_ready_rolls_back_
         stop.set()
         watcher.join()
         time.sleep(2)
+    print(f"rolled back: {load.summary()}")
     assert killed, "the new replica was never seen loading"
     out = json.loads(r.stdout)
     assert r.returncode != 0 and out["rolled_back"] and not out["switched"], r.stdout[-2000:]
@@ -226,6 +244,7 @@ def test_simulated_negative_control_a_replica_stopped_without_draining_fails_req
         # the engine alone (spark-a also runs the gateway): SIGKILL, as a crash or a stop without drain
         assert ring.ssh(busy, "pkill -KILL -f 'llama_cpp[.]server'").returncode == 0
         time.sleep(4)
+    print(f"negative control ({busy} killed, no drain): {load.summary()}")
     assert len(load.failed()) > 0, f"{len(load.results)} requests, none failed: the load test cannot fail"
 
 
@@ -242,6 +261,7 @@ def test_simulated_switch_where_no_replica_stays_up_answers_503_with_retry_after
     with Load(gw, period=0.2) as load:
         r = ring.sparkctl("-i", inv, "switch", "roll-one", "--json", timeout=400)
         time.sleep(3)
+    print(f"outage (2 replicas to 1): {load.summary()}")
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     bad = [x for x in load.results if x["status"] not in (200, 503)
            or (x["status"] == 503 and x["retry_after"] is None) or (x["status"] == 200 and not x["done"])]
