@@ -18,7 +18,7 @@ from sparkctl.model.inventory import load_inventory
 from sparkctl.model.profiles import resolve
 from sparkctl.model.resources import Roots
 from sparkctl.ops import nodessh
-from sparkctl.plan import lockplan, planner, supervised
+from sparkctl.plan import lockplan, planner, supervised, switchplan
 from sparkctl.plan.render import render
 
 REPO = Path(__file__).resolve().parent.parent
@@ -113,7 +113,7 @@ def plan_case(name: str) -> dict[str, Any]:
     previous = (prev_res, render(prev_res, inv, roots, secrets={}))
     scope = planner.own_nodes(rendering, record)  # the stack's nodes, old and new (executor.lock_scope)
     if case["op"] == "switch":
-        return _locked(planner.plan_switch(res, inv, rendering, facts, started_at=STARTED, previous=previous,
+        return _locked(switchplan.plan_switch(res, inv, rendering, facts, started_at=STARTED, previous=previous,
                                            gateway=gateway), inv, scope).to_dict()
     return _supervised(inv, res, rendering, facts, previous, record, gateway, scope)
 
@@ -122,7 +122,7 @@ def _supervised(inv: Any, res: Any, rendering: Any, facts: Any, previous: Any, r
                 scope: Any) -> dict[str, Any]:
     """`switch --supervise`, with stand-in bytes for the key, the host keys and the runner."""
     holder = {**HOLDER, "operation": f"switch --supervise {res.name}"}
-    plan = lockplan.with_lock(planner.plan_switch(res, inv, rendering, facts, started_at=STARTED, previous=previous,
+    plan = lockplan.with_lock(switchplan.plan_switch(res, inv, rendering, facts, started_at=STARTED, previous=previous,
                                                   rollback_note=supervised.ROLLBACK_NOTE, gateway=gateway),
                               inv, holder, scope)
     head, peers = inv.nodes[0].name, tuple(inv.names[1:])

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 from sparkctl.errors import CheckFailed, ConfigError, Interrupted, LifecycleError, LockHeld, Ref, SparkctlError
 from sparkctl.facts.registry import ProbeParseError
@@ -32,7 +32,7 @@ from sparkctl.ops import readiness
 from sparkctl.ops.check import fabric_scripts, probe_scripts, run_check
 from sparkctl.ops.localstate import write_json
 from sparkctl.ops.lock import holder_info, local_record_path, now_iso, read_record, read_records, take, write_verdicts
-from sparkctl.plan import gatewayplan, laws, lockplan, planner
+from sparkctl.plan import gatewayplan, laws, lockplan, planner, switchplan
 from sparkctl.plan.render import Rendering, render
 from sparkctl.plan.steps import FINALLY, Plan
 from sparkctl.remote import planrun
@@ -325,7 +325,7 @@ def plan_for(op: str, res: Resolved | None, inv: Inventory, transport: Transport
                                skip_check=skip_check, gateway=gateway, probes=probes)
     else:
         previous = _previous(facts.record, res, inv, roots, dict(secrets or {}))
-        plan = planner.plan_switch(res, inv, rendering, facts, sets=sets, waivers=w, started_at=started,
+        plan = switchplan.plan_switch(res, inv, rendering, facts, sets=sets, waivers=w, started_at=started,
                                    skip_check=skip_check, previous=previous, gateway=gateway,
                                    rollback_note=rollback_note, probes=probes)
         extra = (previous[1],) if previous else ()
@@ -365,7 +365,7 @@ def check_step(inv: Inventory, transport: Transport, roots: Roots, say: Progress
     return check
 
 
-def _raise_failure(state: planrun.RunState, op: str) -> None:
+def _raise_failure(state: planrun.RunState, op: str) -> NoReturn:
     f = state.failed
     assert f is not None
     phase = f.step["phase"]
@@ -470,8 +470,8 @@ def up(res: Resolved, inv: Inventory, transport: Transport, roots: Roots, *,
 
 
 def _up_result(res: Resolved, plan: Plan, state: planrun.RunState, backend: TransportBackend) -> UpResult:
-    push = next(s for s in plan.steps if s.phase == "push")
-    restarted = tuple(push.nodes)
+    # every push (a rolling switch pushes replica by replica)
+    restarted = tuple(dict.fromkeys(n for s in plan.steps if s.phase == "push" and s.kind == "put" for n in s.nodes))
     whole = not plan.note
     rec = RunRecord.from_dict(state.record) if state.record else None
     ready = sum(o["seconds"] for o in state.outcomes if o["phase"] == "ready")
@@ -538,20 +538,24 @@ def switch(res: Resolved, inv: Inventory, transport: Transport, roots: Roots, *,
                             up=UpResult(res.name, "noop", read_record(inv, transport, stack), (), None))
     if state.result == "done":
         result = _up_result(res, plan, state, backend)
+        # a rolling switch (branches rollback-K) keeps a replica serving throughout
         unavailable = sum(p.seconds for p in result.phases if p.phase in ("stop-stale", "push", "start", "ready"))
         return SwitchResult(res.name, True, False, unavailable if "rollback" in plan.branches else 0.0, up=result)
-    if "rollback" not in state.branches:
+    rollback = next((b for b in state.branches if b == "rollback" or b.startswith("rollback-")), None)
+    if rollback is None:
         _raise_failure(state, op)  # nothing was stopped, or nothing to roll back to
     f = state.failed
     assert f is not None
     first = f.cause.in_phase(op, f.step["phase"]).one_line() if isinstance(f.cause, SparkctlError) else \
         f"{op} failed in phase {f.step['phase']}: {f.detail}"
-    if "rollback" not in state.completed:
+    if rollback not in state.completed:
         b = state.branch_failure
         assert b is not None
-        prev_name = plan.branches["rollback"][-1].params["record"]["profile"]
+        prev_name = plan.branches[rollback][-1].params["record"]["profile"]
         raise LifecycleError(f"switch to {res.name} failed ({f.detail}) and in phase rollback restoring "
                              f"{prev_name} failed too: {b.detail}", Ref(node=b.node),
                              hint="`sparkctl status` shows what runs; `sparkctl up` a profile")
     prev = read_record(inv, transport, stack)
-    return SwitchResult(prev.profile if prev else "", False, True, time.monotonic() - t0, error=first)
+    # a rolling switch's way back keeps the other replicas serving: no outage
+    return SwitchResult(prev.profile if prev else "", False, True,
+                        0.0 if rollback.startswith("rollback-") else time.monotonic() - t0, error=first)

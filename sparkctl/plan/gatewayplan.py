@@ -378,3 +378,36 @@ def record_entry(res: Resolved, inv: Inventory, rendering: Rendering, setup: Gat
     return {"node": setup.node, "url": setup.url, "listen": setup.listen, "port": g.port,
             "backends": backends(res, inv, rendering), "gauge": {"metrics": list(metrics), "slots": slots},
             "drain_timeout_s": g.drain_timeout_s}
+
+
+def hold_step(gw: Mapping[str, Any], inv: Inventory, sid: str, phase: str, models: Sequence[str], settle_s: int,
+              on_fail: str = "continue") -> list[Step]:
+    """Where no replica stays up: keep ``models`` registered-but-draining at the gateway (a stand-in
+    worker, ``gateway_ctl.py hold``) so requests get 503 + Retry-After, never 404, until released."""
+    if not gw or gw.get("node") not in inv.names or not models:
+        return []
+    node = gw["node"]
+    prefix = inv.node(node).prefix
+    ctl = shlex.quote(under(prefix, GATEWAY_CTL))
+    names = "".join(f" --model {shlex.quote(m)}" for m in models)
+    cmd = f"if [ -e {ctl} ]; then {_ctl(prefix)}hold {_cfg(prefix)}{names} --settle {int(settle_s)} --timeout 60; fi"
+    return [Step(sid, phase, "run", (node,),
+                 f"hold {', '.join(repr(m) for m in models)} at the gateway: 503 with Retry-After until released "
+                 f"(up to {int(settle_s)} s), never 404, while no replica serves",
+                 changes="a stand-in worker per name, draining at the gateway", commands={node: cmd},
+                 sudo={node: inv.node(node).sudo}, timeout_s=90 * len(models), on_fail=on_fail)]
+
+
+def release_step(gw: Mapping[str, Any], inv: Inventory, sid: str, phase: str, models: Sequence[str],
+                 on_fail: str = "continue") -> list[Step]:
+    """Remove the stand-ins of :func:`hold_step`: the registered replicas serve the names from here."""
+    if not gw or gw.get("node") not in inv.names or not models:
+        return []
+    node = gw["node"]
+    prefix = inv.node(node).prefix
+    ctl = shlex.quote(under(prefix, GATEWAY_CTL))
+    names = "".join(f" --model {shlex.quote(m)}" for m in models)
+    return [Step(sid, phase, "run", (node,), f"release the gateway's hold on {', '.join(repr(m) for m in models)}",
+                 changes="the stand-in workers removed from the gateway",
+                 commands={node: f"if [ -e {ctl} ]; then {_ctl(prefix)}release {_cfg(prefix)}{names}; fi"},
+                 sudo={node: inv.node(node).sudo}, timeout_s=60, on_fail=on_fail)]

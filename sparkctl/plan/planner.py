@@ -1,5 +1,7 @@
 """The planner: (resolved profile, inventory, rendering, facts, previous record) -> Plan. Pure.
 
+``switch`` (plain and rolling) is in ``sparkctl.plan.switchplan``, built from these steps.
+
 ``sparkctl plan up|down|switch`` prints these plans, and the executor
 (``sparkctl.ops.executor``) runs exactly these steps, nothing else. The facts
 the planner needs (the run record, which engines run, whether the endpoint
@@ -180,8 +182,11 @@ def _stop_step(inv: Inventory, sid: str, phase: str, nodes: Sequence[str], ports
 
 
 def _bring_up(res: Resolved, inv: Inventory, rendering: Rendering, restart: Sequence[str], prefix: str,
-              on_fail: str) -> list[Step]:
-    """push, fresh logs, daemon-reload, start group by group, ready: the steps that make a stack serve."""
+              on_fail: str, only_heads: Sequence[str] | None = None) -> list[Step]:
+    """push, fresh logs, daemon-reload, start group by group, ready: the steps that make a stack serve.
+
+    ``only_heads``: the ready step waits for these heads alone and watches only ``restart``
+    (a rolling switch brings up one replica while the others serve)."""
     p = res.profile
     lay = rendering.layout
     steps: list[Step] = []
@@ -215,7 +220,8 @@ def _bring_up(res: Resolved, inv: Inventory, rendering: Rendering, restart: Sequ
     head = lay.heads()[0].node
     metric = p.serve.tokens_metric or contracts.readiness_metric(p.engine.name, p.engine.version,
                                                                  rendering.argv.get(head, ()))
-    heads = [h.node for h in lay.heads()]
+    heads = [h.node for h in lay.heads() if only_heads is None or h.node in only_heads]
+    watched = list(lay.nodes) if only_heads is None else [n for n in lay.nodes if n in restart]
     listen = head_listen(res, rendering, inv)
     routes = {h: operator_route(h, inv.node(h).host, listen.get(h), p.serve.port) for h in heads}
     steps.append(Step(
@@ -230,9 +236,9 @@ def _bring_up(res: Resolved, inv: Inventory, rendering: Rendering, restart: Sequ
                    else {}),
                 "served_name": p.model.served_name, "metric": metric if p.serve.smoke_request else None,
                 "smoke": bool(p.serve.smoke_request), "deadline_s": float(p.serve.ready_timeout_s),
-                "alive": {n: ALIVE_COMMAND for n in lay.nodes},
-                "tail": {n: tail_command(inv, n, 1) for n in lay.nodes},
-                "tail_on_failure": {n: tail_command(inv, n, 15) for n in lay.nodes},
+                "alive": {n: ALIVE_COMMAND for n in watched},
+                "tail": {n: tail_command(inv, n, 1) for n in watched},
+                "tail_on_failure": {n: tail_command(inv, n, 15) for n in watched},
                 # serve.api_key_env: where the probe finds the key (the operator's variable; on the
                 # head, the 0600 env file), never the key itself: plans are printed
                 **({"api_key": {"env": p.serve.api_key_env, "var": API_KEY_VAR,
@@ -520,35 +526,3 @@ def _stack_words(r: RunRecord) -> str:
 
 def _stack_suffix(r: RunRecord) -> str:
     return "" if r.stack == DEFAULT_STACK else f" in stack {r.stack}"
-
-
-def plan_switch(res: Resolved, inv: Inventory, rendering: Rendering, facts: UpFacts, *, sets: Sequence[str] = (),
-                waivers: Mapping[str, str] | None = None, started_at: str = "", skip_check: bool = False,
-                previous: tuple[Resolved, Rendering] | None = None, op: str = "switch",
-                gateway: tuple[gatewayplan.GatewaySetup, gatewayplan.GatewayFacts] | None = None,
-                rollback_note: str = "rolled back",
-                probes: tuple[Mapping[str, str], Mapping[str, str]] = ({}, {})) -> Plan:
-    """``up`` of the new profile whose failure, once the old stack is stopped, brings the old one back.
-
-    ``rollback_note``: the note of the record the way back writes (a supervised switch says who rolled back)."""
-    prev = facts.record
-    if previous is None or prev is None or prev.state != "serving" or prev.profile == res.name:
-        return plan_up(res, inv, rendering, facts, sets=sets, waivers=waivers, started_at=started_at,
-                       skip_check=skip_check, op=op, gateway=gateway, probes=probes)
-    base = plan_up(res, inv, rendering, facts, sets=sets, waivers=waivers, started_at=started_at,
-                   skip_check=skip_check, op=op, failure_branch="rollback", gateway=gateway, probes=probes)
-    prev_res, prev_rendering = previous
-    head = inv.nodes[0].name
-    ports = sorted({res.profile.serve.port, res.profile.serve.master_port, prev.port})
-    new_gw = gatewayplan.record_entry(res, inv, rendering, gateway[0]) if gateway else {}
-    back = [*gatewayplan.drain_step(new_gw, inv, "rollback-gateway-deregister", "rollback", wait=False),
-            _stop_step(inv, "rollback-stop", "rollback", own_nodes(rendering, prev), ports,
-                       res.profile.serve.stop_timeout_s, f"stop what {res.name} started", "stop")]
-    back += [replace(s, phase="rollback", on_fail="continue" if s.on_fail == "continue" else "stop")
-             for s in _bring_up(prev_res, inv, prev_rendering, list(prev_rendering.layout.nodes), "rollback-", "stop")]
-    back += gatewayplan.register_step(prev.gateway, inv, "rollback-gateway-register", "rollback", "stop")
-    restored = replace(prev, state="serving", updated_at=started_at, note=rollback_note)
-    back.append(record_step(inv, "rollback-record", "rollback", head, restored,
-                             f"record {prev_res.name} serving again", on_fail="stop"))
-    return replace(base, branches={"rollback": tuple(back), **base.branches},
-                   reads=(*base.reads, f"{prev.profile}'s profile and files (the way back)"))

@@ -99,6 +99,9 @@ class Plan:
     branches: Mapping[str, tuple[Step, ...]] = field(default_factory=dict)
     reads: tuple[str, ...] = ()  # what planning read from the hosts (it changed nothing)
     note: str = ""  # e.g. why the plan is empty
+    # what clients see while it runs (a switch): "none: ..." for a rolling switch, else which
+    # requests get what and for about how long (``sparkctl plan switch`` prints it)
+    outage: str = ""
 
     @property
     def noop(self) -> bool:
@@ -111,13 +114,14 @@ class Plan:
     def to_dict(self) -> dict[str, Any]:
         return {"op": self.op, "profile": self.profile, "reads": list(self.reads), "note": self.note,
                 "steps": [s.to_dict() for s in self.steps],
-                "branches": {k: [s.to_dict() for s in v] for k, v in self.branches.items()}}
+                "branches": {k: [s.to_dict() for s in v] for k, v in self.branches.items()},
+                **({"outage": self.outage} if self.outage else {})}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Plan:
         return cls(op=d["op"], profile=d.get("profile"), steps=tuple(Step.from_dict(s) for s in d["steps"]),
                    branches={k: tuple(Step.from_dict(s) for s in v) for k, v in d.get("branches", {}).items()},
-                   reads=tuple(d.get("reads", ())), note=d.get("note", ""))
+                   reads=tuple(d.get("reads", ())), note=d.get("note", ""), outage=d.get("outage", ""))
 
 
 @dataclass(frozen=True)
@@ -156,6 +160,8 @@ def describe(plan: Plan) -> list[str]:
         lines.append(f"  read (changed nothing): {'; '.join(plan.reads)}")
     if plan.noop:
         lines.append(f"  nothing to do: {plan.note}")
+    if plan.outage:
+        lines.append(f"  outage: {plan.outage}")
 
     def body(steps: tuple[Step, ...], indent: str) -> None:
         for i, s in enumerate(steps, 1):

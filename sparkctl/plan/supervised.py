@@ -1,6 +1,6 @@
 """``switch --supervise`` as plans: what the operator runs, and what the runner on the head runs. Pure.
 
-One switch plan (``planner.plan_switch``, between the lock steps) is cut at the
+One switch plan (``switchplan.plan_switch``, between the lock steps) is cut at the
 handover (:func:`split`). The operator's part keeps the lock, the check and the
 clock cap (they change no stack) and adds every step that hands the rest over:
 
@@ -191,6 +191,7 @@ def handover_document(inv: Inventory, head: str, plan: Plan, blobs: Mapping[str,
                  "fabric_address": None if n == head else addrs[n]} for n in inv.names}
     doc = {"version": 1, "head": head, "plan": plan.to_dict(), "nodes": nodes, "blobs": dict(blobs),
            "served_name": served_name,
-           "previous": prev.profile if prev is not None and "rollback" in plan.branches else None,
+           "previous": prev.profile if prev is not None and any(b == "rollback" or b.startswith("rollback-")
+                                                              for b in plan.branches) else None,
            "previous_served_name": prev.served_name if prev is not None else None}
     return json.dumps(doc, sort_keys=True).encode()

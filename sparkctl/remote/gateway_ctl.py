@@ -22,6 +22,10 @@ a settle time, 5 s by default, without waiting for streams in flight,
 * ``rebuild``: when the gateway (re)starts: wait for it to answer, read the
   run record(s) (:func:`read_records`, the one reader) and register the
   backends of every stack recorded ``serving``.
+* ``hold`` / ``release``: a switch where no replica can stay up keeps the served
+  name(s) registered-but-draining at smg (a stand-in worker on loopback, removed
+  with a long settle time) so clients get 503 + Retry-After, never 404, until
+  the new replicas are registered; ``release`` removes the stand-ins.
 * ``wait``: until the gateway answers ``GET /workers``.
 * ``list``: the workers as JSON.
 
@@ -105,7 +109,8 @@ def _same(a: str, b: str) -> bool:
     return a.rstrip("/") == b.rstrip("/")
 
 
-def register(gw: str, key: str | None, backend: str, model: str, timeout_s: float) -> str:
+def register(gw: str, key: str | None, backend: str, model: str, timeout_s: float,
+             labels: dict[str, str] | None = None) -> str:
     deadline = time.monotonic() + timeout_s
     # A worker still draining at this URL (removed moments ago) would refuse the URL with 409
     # until smg drops it after its settle time: wait for that first.
@@ -117,7 +122,7 @@ def register(gw: str, key: str | None, backend: str, model: str, timeout_s: floa
             raise Failed(f"{backend} still draining at the gateway after {timeout_s:.0f} s")
         time.sleep(0.2)
     if not mine:
-        spec: dict[str, Any] = {"url": backend}
+        spec: dict[str, Any] = {"url": backend, **({"labels": labels} if labels else {})}
         if key:
             spec["api_key"] = key  # engines and gateway share serve.api_key_env
         status, body = ask(f"{gw}/workers", key, "POST", spec)
@@ -200,7 +205,17 @@ def drain(gw: str, key: str | None, backends: list[str], metrics: list[str], slo
         except (OSError, http.client.HTTPException) as exc:
             # the gateway is down: it routes nothing to anyone; the engine's gauges still decide
             print(f"gateway not answering ({type(exc).__name__}); waiting on the engines alone", file=sys.stderr)
+    # smg answers the DELETE (202) before it marks the worker Draining: until it does, it may still
+    # route a request there, so the engine's gauges count only from then
     t0 = time.monotonic()
+    while removed and time.monotonic() - t0 < 10:
+        try:
+            if not any(_same(str(w.get("url", "")), b) and w.get("status") != "draining"
+                       for w in workers(gw, key) for b in backends):
+                break
+        except (OSError, http.client.HTTPException, Failed):
+            break
+        time.sleep(0.05)
     idle = {b: 0 for b in backends}
     last: dict[str, float] = {}
     while True:
@@ -215,6 +230,105 @@ def drain(gw: str, key: str | None, backends: list[str], metrics: list[str], slo
             busy = ", ".join(f"{b}: {last[b]:g}" for b in backends if idle[b] < 2)
             raise Failed(f"still in flight after {timeout_s:.0f} s ({busy})")
         time.sleep(POLL_S)
+
+
+# --------------------------------------------------------------------------- the outage: hold a name at 503
+
+HOLD_LABEL = "sparkctl_hold"  # the label smg keeps on a holder worker (GET /workers lists labels)
+
+
+def _holder(model: str) -> Any:
+    """A stand-in backend on this node's loopback, alive only while it is registered: it answers
+    /health and /v1/models (what smg asks before it registers a worker: docs/gateway.md) with
+    ``model``, and anything else 503 + Retry-After: 1 (smg's own answer while it drains)."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *_: Any) -> None:
+            pass
+
+        def _send(self, code: int, body: Any, extra: dict[str, str] | None = None) -> None:
+            data = json.dumps(body).encode()
+            self.send_response(code)
+            for k, v in {"Content-Type": "application/json", "Content-Length": str(len(data)), **(extra or {})}.items():
+                self.send_header(k, v)
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self) -> None:  # noqa: N802 (http.server's names)
+            if self.path.startswith("/health"):
+                self._send(200, {})
+            elif self.path.startswith("/v1/models"):
+                self._send(200, {"object": "list", "data": [{"id": model, "object": "model", "owned_by": "sparkctl"}]})
+            else:
+                self._unavailable()
+
+        def do_POST(self) -> None:  # noqa: N802
+            self._unavailable()
+
+        def _unavailable(self) -> None:
+            self._send(503, {"error": {"type": "server_error", "code": "no_available_workers",
+                                       "message": f"{model} is being switched"}}, {"Retry-After": "1"})
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def hold(gw: str, key: str | None, models: list[str], settle_s: int, timeout_s: float) -> str:
+    """Keep ``models`` registered-but-draining at smg for ``settle_s``: requests for them get 503 with
+    Retry-After: 1 (``no_available_workers``) instead of 404 while no replica serves them.
+
+    smg 1.13.0, seen on loopback: a worker removed (DELETE) is Draining for its own
+    ``drain_settle_secs`` (PATCH ``{"health": {"drain_settle_secs": N}}``), and while a model's
+    only workers drain smg answers 503 + Retry-After: 1, even once the drained backend is gone
+    and its health checks fail; a DELETE of a worker already draining removes it at once."""
+    out = []
+    for model in models:
+        server = _holder(model)
+        try:
+            url = f"http://127.0.0.1:{server.server_address[1]}"
+            register(gw, key, url, model, timeout_s, labels={HOLD_LABEL: "1"})
+            wid = next(str(w["id"]) for w in workers(gw, key) if _same(str(w.get("url", "")), url))
+            status, body = ask(f"{gw}/workers/{wid}", key, "PATCH", {"health": {"drain_settle_secs": int(settle_s)}})
+            if status not in (200, 202):
+                raise Failed(f"PATCH /workers/{wid}: HTTP {status} {str(body)[:200]}")
+            deadline = time.monotonic() + timeout_s
+            while True:  # the update is applied in the background: the removal must see it
+                _, w = ask(f"{gw}/workers/{wid}", key)
+                job = (w or {}).get("job_status") if isinstance(w, dict) else None
+                if not job or job.get("job_type") != "UpdateWorker" or job.get("status") != "processing":
+                    break
+                if time.monotonic() > deadline:
+                    raise Failed(f"the gateway did not apply the holder's settle time within {timeout_s:.0f} s")
+                time.sleep(0.05)
+            status, body = ask(f"{gw}/workers/{wid}", key, "DELETE")
+            if status not in (200, 202, 204):
+                raise Failed(f"DELETE /workers/{wid}: HTTP {status} {str(body)[:200]}")
+            while not any(_same(str(w.get("url", "")), url) and w.get("status") == "draining"
+                          for w in workers(gw, key)):
+                if time.monotonic() > deadline:
+                    raise Failed(f"the holder of {model} is not draining at the gateway")
+                time.sleep(0.05)
+            out.append(model)
+        finally:
+            server.shutdown()
+            server.server_close()
+    return f"holding {', '.join(out)} at 503 + Retry-After for up to {settle_s} s"
+
+
+def release(gw: str, key: str | None, models: list[str]) -> str:
+    """Remove the holders of ``models`` (every holder when none is named): a DELETE of a draining
+    worker removes it at once; a replica registered for the model serves it from then on."""
+    n = 0
+    for w in workers(gw, key):
+        if (w.get("labels") or {}).get(HOLD_LABEL) and (not models or w.get("model_id") in models):
+            status, body = ask(f"{gw}/workers/{w['id']}", key, "DELETE")
+            if status not in (200, 202, 204, 404):
+                raise Failed(f"DELETE /workers/{w['id']}: HTTP {status} {str(body)[:200]}")
+            n += 1
+    return f"released {n} holder(s)"
 
 
 # --------------------------------------------------------------------------- the record
@@ -275,10 +389,12 @@ def rebuild(cfg: dict[str, Any], key: str | None, timeout_s: float) -> str:
 
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="gateway_ctl.py")
-    ap.add_argument("command", choices=("register", "deregister", "drain", "rebuild", "list", "wait"))
+    ap.add_argument("command", choices=("register", "deregister", "drain", "rebuild", "list", "wait", "hold",
+                                        "release"))
     ap.add_argument("--config", required=True)
     ap.add_argument("--backend", action="append", default=[])
-    ap.add_argument("--model", default="")
+    ap.add_argument("--model", action="append", default=[])
+    ap.add_argument("--settle", type=int, default=600)
     ap.add_argument("--metric", action="append", default=[])
     ap.add_argument("--slots", action="store_true")
     ap.add_argument("--timeout", type=float, default=60.0)
@@ -288,7 +404,7 @@ def main(argv: list[str]) -> int:
         key = api_key(cfg)
         gw = cfg["url"]
         if a.command == "register":
-            msg = "; ".join(register(gw, key, b, a.model, a.timeout) for b in a.backend)
+            msg = "; ".join(register(gw, key, b, (a.model or [""])[0], a.timeout) for b in a.backend)
         elif a.command == "deregister":
             msg = f"removed {sum(deregister(gw, key, b) for b in a.backend)} worker(s)"
         elif a.command == "drain":
@@ -296,6 +412,10 @@ def main(argv: list[str]) -> int:
         elif a.command == "wait":
             wait_gateway(gw, key, a.timeout)
             msg = f"the gateway at {gw} answers"
+        elif a.command == "hold":
+            msg = hold(gw, key, a.model, a.settle, a.timeout)
+        elif a.command == "release":
+            msg = release(gw, key, a.model)
         elif a.command == "rebuild":
             msg = rebuild(cfg, key, a.timeout)
         else:

@@ -505,7 +505,7 @@ def supervise(plan_path: str, events: str, pid_file: str, lock_dirs: Sequence[st
     if state.result == "done":
         backend.emit("*", "done", f"{doc['plan']['profile']} serves {doc['served_name']}")
         rc = 0
-    elif "rollback" in state.completed:
+    elif any(b == "rollback" or b.startswith("rollback-") for b in state.completed):  # rollback-K: a rolling switch
         backend.emit("*", "rolled-back", f"{doc.get('previous')} serves {doc.get('previous_served_name')} again "
                                          f"({str(failure.get('detail'))[:200]})")
         rc = 1

@@ -55,6 +55,10 @@ serve:
   gateway:
     enabled: true
 """
+# The next profile of a rolling switch through the gateway: another engine setting, two replicas again.
+GATEWAY_NEXT = "tiny-gateway-next"
+GATEWAY_NEXT_TEXT = GATEWAY_TEXT.replace("llama_cpp.server\n", "llama_cpp.server\n"
+                                         "  args: [\"--interrupt_requests\", \"False\", \"--n_threads\", \"1\"]\n", 1)
 
 
 @pytest.fixture(scope="module")
@@ -97,9 +101,9 @@ def _operation(sim: Any, op: str, profile: str | None = None, plant: Callable[[A
         elif op == "up":
             out = executor.up(res, inv, tr, roots, sets=sets, waivers=waivers, secrets=secrets)
         elif op == "switch":
-            out = executor.switch(res, inv, tr, roots, waivers=waivers)
+            out = executor.switch(res, inv, tr, roots, waivers=waivers, secrets=secrets)
         elif op == "supervise":
-            out = supervise.switch_supervised(res, inv, tr, roots, waivers=waivers, wait=True)
+            out = supervise.switch_supervised(res, inv, tr, roots, waivers=waivers, secrets=secrets, wait=True)
         else:
             out = executor.down(inv, tr, stack=stack)
     return plans, rec.log, out
@@ -197,7 +201,8 @@ def _sets(sets: tuple[str, ...]) -> tuple[str, ...]:
 def test_simulated_stacks_and_the_gateway_run_only_their_printed_plans(ring: Any,
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """Two stacks (each `up` locks only its own nodes; `down --stack` only that stack's), then
-    the real gateway: its install, start, register and drain steps are the only commands run."""
+    the real gateway: its install, start, register and drain steps are the only commands run, and
+    a rolling switch's (plain and supervised) too."""
     t0 = time.monotonic()
     for name, sets in STACKS.items():
         printed = _printed(ring, "up", "tensorfold-tp2", *_sets(sets), *WAIVE)
@@ -229,6 +234,24 @@ def test_simulated_stacks_and_the_gateway_run_only_their_printed_plans(ring: Any
     ids = [s["id"] for s in _main(plans)["steps"]]
     assert {"gateway-wheels", "gateway-install", "gateway-push", "gateway-start", "gateway-register"} <= set(ids), ids
     assert _shape(_main(plans)) == _shape(printed)
+    # the rolling switch (issue 20): its per-replica drain, stop, start, ready and register steps
+    # are the only commands run; supervised, the runner on the head runs the printed head plan
+    (ring.inventory.parent / "profiles" / f"{GATEWAY_NEXT}.yaml").write_text(GATEWAY_NEXT_TEXT)
+    printed = _printed(ring, "switch", GATEWAY_NEXT, *WAIVE)
+    plans, log, out = _operation(ring, "switch", GATEWAY_NEXT)
+    assert out.switched, out
+    _strict(plans, log, writes=4)
+    ids = [s["id"] for s in _main(plans)["steps"]]
+    assert {"r1-gateway-drain", "r1-ready", "r2-gateway-register"} <= set(ids) and "rollback-2" in _main(plans)[
+        "branches"], ids
+    assert _shape(_main(plans)) == _shape(printed)
+    printed = _printed(ring, "switch", GATEWAY, "--supervise", *WAIVE)
+    plans, log, out = _operation(ring, "supervise", GATEWAY)
+    assert out.phase == "done", out.events[-3:]
+    _strict(plans, log, writes=6)
+    doc = json.loads(ring.ssh("spark-a", "cat /var/lib/sparkctl/supervisor-plan.json").stdout)
+    assert _shape(doc["plan"]) == _shape(printed["head"]) and "r2-gateway-register" in [
+        s["id"] for s in doc["plan"]["steps"]]
     printed = _printed(ring, "down")
     plans, log, _ = _operation(ring, "down")
     _strict(plans, log, writes=1)
