@@ -28,7 +28,17 @@ import yaml
 
 from sparkctl import __version__
 from sparkctl.model.inventory import Inventory
-from sparkctl.model.paths import ENV_FILE, EXPORTER_CONFIG, EXPORTER_DIR, EXPORTER_UNIT, LAWS_VERDICTS, RECORD, under
+from sparkctl.model.paths import (
+    ENV_FILE,
+    EXPORTER_CONFIG,
+    EXPORTER_DIR,
+    EXPORTER_UNIT,
+    LAWS_DIR,
+    LAWS_VERDICTS,
+    RECORD,
+    STACKS_DIR,
+    under,
+)
 from sparkctl.model.resources import Roots
 from sparkctl.model.wheels import PROMETHEUS_CLIENT, PinnedWheel
 from sparkctl.plan.render import API_KEY_VAR, TOKENS_METRIC, template_env
@@ -111,6 +121,8 @@ def config(inv: Inventory, node: str, script: str) -> dict[str, Any]:
     if node == head_of(inv):
         doc["head"] = {
             "record": under(n.prefix, RECORD), "laws": under(n.prefix, LAWS_VERDICTS),
+            "stacks_dir": under(n.prefix, STACKS_DIR), "laws_dir": under(n.prefix, LAWS_DIR),
+            "hosts": {m.name: m.host for m in inv.nodes},
             "env_file": under(n.prefix, ENV_FILE), "key_var": API_KEY_VAR, "page_port": PAGE_PORT,
             "nodes": list(inv.names), "peers": {m: target(inv, m) for m in inv.names if m != node},
             "tokens_metric": {k: v for k, v in TOKENS_METRIC.items() if v}, "requests_metric": REQUESTS_METRIC,
