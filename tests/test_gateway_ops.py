@@ -87,7 +87,7 @@ def test_each_stacks_verdicts_survive_the_others_check_and_are_read_with_the_rec
     assert (tmp_path / "a/var/lib/sparkctl/laws.json").is_file()  # the default stack keeps the old file
     assert (tmp_path / "a/var/lib/sparkctl/laws/right.json").is_file()
     c = _Counting(t)
-    records, verdicts = lock.read_state(inv, c)  # type: ignore[arg-type]
+    records, verdicts = lock.read_state(inv, c)
     assert c.runs == 1  # one round trip for the records and the verdicts
     assert sorted(records) == ["default", "right"]
     assert {s: v["verdicts"][0]["law"] for s, v in verdicts.items()} == {"default": "kernel_pin", "right": "fabric"}
@@ -135,7 +135,7 @@ def _expose(fams: list[Any]) -> str:
             return iter(fams)
 
     reg = CollectorRegistry(auto_describe=False)
-    reg.register(_C())  # type: ignore[arg-type]
+    reg.register(_C())
     text = generate_latest(reg).decode()
     if shutil.which("promtool"):
         r = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, text=True)
@@ -167,7 +167,7 @@ def test_status_sees_the_gateway_in_one_round_trip_and_names_a_missing_backend(
     rec = _rec("default", ("spark-a", "spark-b"), gateway=_gw("spark-c", ["http://10.0.0.1:8000",
                                                                           "http://10.0.0.2:8000"]))
     c = _Counting(t)
-    gws, drift = gatewayops.gateway_status(inv, c, {"default": rec})  # type: ignore[arg-type]
+    gws, drift = gatewayops.gateway_status(inv, c, {"default": rec})
     assert c.runs == 1
     (g,) = gws
     assert (g["node"], g["port"], g["up"], g["state"]) == ("spark-c", 30000, True, "up")
@@ -195,8 +195,8 @@ def test_status_asks_the_gateway_with_the_operators_key_on_stdin(
             else:
                 super().do_GET()
 
-    from http.server import ThreadingHTTPServer
     import threading
+    from http.server import ThreadingHTTPServer
 
     srv = ThreadingHTTPServer(("127.0.0.1", 0), Keyed)
     threading.Thread(target=srv.serve_forever, daemon=True).start()

@@ -8,7 +8,7 @@ could not be read) is left out: never NaN, never 0. Units are Prometheus base un
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -109,7 +109,7 @@ def _links(f: NodeFacts) -> Iterator[Metric]:
 
 
 def head_families(record: Mapping[str, Any] | None, laws: Mapping[str, Any] | None, since_s: float | None,
-                  drift: list[str] | None, gateways: list[Mapping[str, Any]] | None = None) -> Iterator[Metric]:
+                  drift: list[str] | None, gateways: Sequence[Mapping[str, Any]] | None = None) -> Iterator[Metric]:
     """The head's own state: the record (profile, state, since, drift), the last verdict of every law of
     every stack (``laws``: stack -> its verdicts; one document alone is the default stack's) and the
     gateways the records name (:func:`gateway_families`)."""
@@ -148,7 +148,7 @@ def head_families(record: Mapping[str, Any] | None, laws: Mapping[str, Any] | No
         yield from gateway_families(gateways)
 
 
-def gateway_families(gateways: list[Mapping[str, Any]]) -> Iterator[Metric]:
+def gateway_families(gateways: Sequence[Mapping[str, Any]]) -> Iterator[Metric]:
     """Each gateway the records name (:func:`sparkctl.node.headstate.read_gateways`): up or not, each
     worker as smg's ``GET /workers`` lists it (url, model, status: ready, draining, ...; healthy), and
     the backends the serving records expect. Absent when no record names a gateway."""

@@ -225,7 +225,8 @@ def scrape_config(inv: Inventory, engines: Mapping[str, tuple[str, str, str | No
                      "static_configs": [{"targets": [gateway[1]], "labels": {"node": gateway[0]}}]})
     head = [f"# Rendered by sparkctl {__version__} for the inventory's {len(inv.names)} nodes.",
             "# Each node's sparkctl exporter (installed by `sparkctl fabric apply`), and each head's engine",
-            "# where its rendered flags serve /metrics, and the gateway's (serve.gateway). Put these jobs under scrape_configs: of your prometheus.yml",
+            "# where its rendered flags serve /metrics, and the gateway's (serve.gateway).",
+            "# Put these jobs under scrape_configs: of your prometheus.yml",
             "# (docs/observability.md).", *notes]
     return "\n".join(head) + "\n" + yaml.safe_dump({"scrape_configs": jobs}, sort_keys=False)
 
