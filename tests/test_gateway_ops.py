@@ -334,3 +334,15 @@ def test_the_rebuild_registers_only_the_stacks_routed_through_its_own_node(
     cfg = {"url": url, "node": "spark-c", "records": [str(tmp_path / "*.json")]}
     assert gateway_ctl.rebuild(cfg, None, 5) == "rebuilt 1 backend(s) from the record"
     assert [w["url"] for w in s.workers.values()] == ["http://10.0.0.1:8000"]
+
+
+def test_the_supervisor_writes_the_record_copy_on_a_peer_through_its_ssh(tmp_path: Path) -> None:
+    from sparkctl.remote.planrun import HeadBackend
+
+    # a peer's "ssh" argv here is a local shell: the command the supervisor would send, run as sent
+    b = HeadBackend({"spark-a": {"ssh": None}, "spark-c": {"ssh": ["sh", "-c"]}}, {}, str(tmp_path / "events"))
+    path = tmp_path / "c" / "gateway-records" / "blue.json"
+    assert b.write_record("spark-c", str(path), {"state": "serving"}, False, None)["ok"]
+    assert json.loads(path.read_text()) == {"state": "serving"}
+    r = b.write_record("spark-x", str(path), {"state": "stopped"}, False, None)  # not one of the plan's nodes
+    assert not r["ok"] and "spark-x" in r["error"] and json.loads(path.read_text()) == {"state": "serving"}
