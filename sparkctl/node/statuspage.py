@@ -112,7 +112,9 @@ class Head:
         """The gateways the records name, read now (the sampler's; a scrape shows the last sample's)."""
         recs = headstate.records(self.cfg)
         keyed = any(r.get("api_key_env") for r in recs.values())
-        key = env_value(self.cfg["env_file"], self.cfg["key_var"]) if keyed else None
+        # the gateway's own env file when it runs here, else the engine's (they share serve.api_key_env)
+        key = ((env_value(self.cfg["gateway_env_file"], self.cfg["key_var"]) if self.cfg.get("gateway_env_file")
+                else None) or env_value(self.cfg["env_file"], self.cfg["key_var"])) if keyed else None
         return headstate.read_gateways(recs, self.exporter.node, self.cfg.get("hosts") or {}, key)
 
     def families(self) -> Iterator[Metric]:

@@ -33,6 +33,7 @@ from sparkctl.model.paths import (
     EXPORTER_CONFIG,
     EXPORTER_DIR,
     EXPORTER_UNIT,
+    GATEWAY_ENV,
     LAWS_DIR,
     LAWS_VERDICTS,
     RECORD,
@@ -123,7 +124,8 @@ def config(inv: Inventory, node: str, script: str) -> dict[str, Any]:
             "record": under(n.prefix, RECORD), "laws": under(n.prefix, LAWS_VERDICTS),
             "stacks_dir": under(n.prefix, STACKS_DIR), "laws_dir": under(n.prefix, LAWS_DIR),
             "hosts": {m.name: m.host for m in inv.nodes},
-            "env_file": under(n.prefix, ENV_FILE), "key_var": API_KEY_VAR, "page_port": PAGE_PORT,
+            "env_file": under(n.prefix, ENV_FILE), "gateway_env_file": under(n.prefix, GATEWAY_ENV),
+            "key_var": API_KEY_VAR, "page_port": PAGE_PORT,
             "nodes": list(inv.names), "peers": {m: target(inv, m) for m in inv.names if m != node},
             "tokens_metric": {k: v for k, v in TOKENS_METRIC.items() if v}, "requests_metric": REQUESTS_METRIC,
             "interval_s": 5, "window_s": 600}
