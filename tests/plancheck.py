@@ -33,6 +33,9 @@ READ_ONLY: tuple[tuple[str, re.Pattern[str], bool], ...] = (
     ("serve.gateway: what its node holds (platform, free disk, installed wheels, the unit's state, the hashes of "
      "its files), read as root before planning: its env file is 0600 root (ops.executor.gather_gateway)",
      re.compile(re.escape(wheels.PLATFORM_COMMAND) + r" 2>/dev/null \|\| true\n.*", re.S), True),
+    ("serve.gateway as `status` sees it: the unit's state and smg's workers, in one round trip to the gateway's "
+     "node, the operator's key on stdin (ops.gatewayops.status_command)",
+     re.compile(r"echo \"active=\$\(systemctl is-active sparkctl-gateway\.service .*", re.S), False),
     ("which engines run, read before planning `up`/`switch` (ops.executor.gather_up_facts)",
      re.compile(re.escape(ALIVE_COMMAND)), False),
     ("the netplan files, read as root before planning `fabric apply` (ops.fabric.read_netplan; 0600 root files)",

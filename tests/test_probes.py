@@ -796,3 +796,35 @@ def test_probe_parse_error_names_the_tool_and_is_a_sparkctl_error() -> None:
         parse_ib_write_bw(fx("ib_write_bw-rdma-cm.txt").replace("[Gb/sec]", "[KB/sec]"))
     assert isinstance(exc.value, SparkctlError) and exc.value.tool == "ib_write_bw"
     assert "KB/sec" in exc.value.detail and "ib_write_bw" in exc.value.one_line()
+
+
+def test_the_gid_dump_reads_with_the_shells_own_read_and_prints_what_cat_did(tmp_path: Path) -> None:
+    """The gids section reads ~400 sysfs files per probe: with ``read`` (no process per file), the
+    same lines as the ``$(cat ...)`` loop it replaced, unreadable slots skipped, a file without its
+    trailing newline kept (the reference: the old loop, run on the same tree)."""
+    from types import SimpleNamespace
+
+    from sparkctl.facts.net import _gids
+
+    port = tmp_path / "class/infiniband/rocep1s0f0/ports/1"
+    for sub in ("gids", "gid_attrs/types", "gid_attrs/ndevs"):
+        (port / sub).mkdir(parents=True)
+    (port / "gids/0").write_text("fe80:0000:0000:0000:0000:0000:0000:0001\n")
+    (port / "gid_attrs/types/0").write_text("IB/RoCE v1\n")
+    (port / "gid_attrs/ndevs/0").write_text("enp1s0f0np0\n")
+    (port / "gids/1").write_text("0000:0000:0000:0000:0000:ffff:0a14:0001")  # no trailing newline
+    (port / "gid_attrs/types/1").write_text("RoCE v2\n")  # ndevs/1 unreadable: an empty cell
+    (port / "gids/2").mkdir()  # a read error: skipped, as cat's failure was
+    new = _gids(SimpleNamespace(sysfs=str(tmp_path)), "")  # type: ignore[arg-type]
+    old = new.replace('g=; { IFS= read -r g || [ -n "$g" ]; } 2>/dev/null <"$p/gids/$n" || continue; ',
+                      'g=$(cat "$p/gids/$n" 2>/dev/null) || continue; ') \
+        .replace('t=; { IFS= read -r t || :; } 2>/dev/null <"$p/gid_attrs/types/$n"; ',
+                 't=$(cat "$p/gid_attrs/types/$n" 2>/dev/null); ') \
+        .replace('v=; { IFS= read -r v || :; } 2>/dev/null <"$p/gid_attrs/ndevs/$n"; ',
+                 'v=$(cat "$p/gid_attrs/ndevs/$n" 2>/dev/null); ')
+    assert old != new
+    runs = {k: subprocess.run(["sh", "-c", s], capture_output=True, text=True) for k, s in (("new", new), ("old", old))}
+    assert runs["new"].stdout == runs["old"].stdout and runs["new"].stderr == "", runs
+    assert runs["new"].stdout.splitlines() == [
+        "rocep1s0f0|0|fe80:0000:0000:0000:0000:0000:0000:0001|enp1s0f0np0|IB/RoCE v1",
+        "rocep1s0f0|1|0000:0000:0000:0000:0000:ffff:0a14:0001||RoCE v2"]

@@ -162,7 +162,7 @@ def _up_summary(result: Any) -> None:
 
 
 @cli.command("plan")
-@click.argument("action", type=click.Choice(["up", "down", "switch", "fabric"]))
+@click.argument("action", type=click.Choice(["up", "down", "switch", "fabric", "gateway-down"]))
 @click.argument("profile", required=False)
 @inventory_option
 @set_option
@@ -173,14 +173,17 @@ def _up_summary(result: Any) -> None:
 @click.option("--assume-fresh", is_flag=True, help="read nothing from the nodes: plan for a cluster where nothing "
               "runs and no record exists (touches no host)")
 @click.option("--persist", is_flag=True, help="up: as `up --persist` (--set serve.persist=true)")
+@click.option("--gateway-node", default=None, help="gateway-down: the gateway's node (default: the records')")
+@click.option("--force", is_flag=True, help="gateway-down: even while a live stack serves through it")
 @with_transport_options
 @json_option
 @pass_ctx
 def plan_cmd(c: Ctx, action: str, profile: str | None, sets: tuple[str, ...], waive: tuple[str, ...],
              reason: str | None, supervise: bool, reset_clocks: bool, stack: str | None, assume_fresh: bool,
-             persist: bool,
+             persist: bool, gateway_node: str | None, force: bool,
              connect_timeout_s: float, command_timeout_s: float, deadline_s: float, as_json: bool) -> None:
-    """The exact steps `up|down|switch PROFILE` (or `fabric apply [PROFILE]`) would run now, every command and file.
+    """The exact steps `up|down|switch PROFILE` (or `fabric apply [PROFILE]`, `gateway down`) would run now, every
+    command and file.
 
     It reads the run record on the head, which engines run and whether the
     endpoint serves (to know what changed), and changes nothing on any host.
@@ -190,6 +193,15 @@ def plan_cmd(c: Ctx, action: str, profile: str | None, sets: tuple[str, ...], wa
     from sparkctl.ops.supervise import plan_supervised
     from sparkctl.plan.steps import describe
 
+    if action == "gateway-down":  # reads the records only
+        from sparkctl.ops.gatewayops import plan_gateway_down
+        from sparkctl.ops.lock import read_records
+
+        inv = c.inventory()
+        with make_transport(inv, connect_timeout_s, command_timeout_s, deadline_s) as tr:
+            gplan = plan_gateway_down(inv, read_records(inv, tr), holder_info("gateway down"), gateway_node, force)
+        print_plan(gplan, as_json)
+        return
     if action in ("up", "switch") and not profile:
         raise click.UsageError(f"plan {action} needs a PROFILE")
     if stack is not None and action != "down":
@@ -436,6 +448,18 @@ def _print_status(st: dict[str, Any]) -> None:
             out.print(f"{where}: [red]{escape(e['error'])}[/]")
         else:
             out.print(f"{where}: serves {', '.join(e['models'])}; tokens generated {e['tokens_generated']}")
+    if st.get("gateways"):
+        from sparkctl.cli.gateway import print_gateways
+
+        print_gateways(st["gateways"])
+    for s in stacks:
+        laws = s.get("laws") or {}
+        bad = [v for v in laws.get("verdicts") or [] if v.get("status") in ("fail", "warn")]
+        if laws:
+            name = "" if len(stacks) == 1 else f"{escape(s['stack'])}: "
+            out.print(f"{name}laws judged {escape(str(laws.get('at')))} for {escape(str(laws.get('profile')))}: "
+                      + (", ".join(f"{escape(str(v.get('law')))} {v.get('status')} on {escape(str(v.get('node')))}"
+                                   for v in bad[:6]) or "all ok"))
     sup = st.get("supervisor")
     if sup:
         state = "[green]running[/]" if sup["alive"] else "exited"

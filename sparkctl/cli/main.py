@@ -20,6 +20,7 @@ from sparkctl.cli import config as _config  # noqa: F401
 from sparkctl.cli import discover as _discover  # noqa: F401
 from sparkctl.cli import fabric as _fabric  # noqa: F401
 from sparkctl.cli import fit as _fit  # noqa: F401
+from sparkctl.cli import gateway as _gateway  # noqa: F401
 from sparkctl.cli import image as _image  # noqa: F401
 from sparkctl.cli import metrics as _metrics  # noqa: F401
 from sparkctl.cli import weights as _weights  # noqa: F401

@@ -20,13 +20,14 @@ def metrics_group() -> None:
 @pass_ctx
 def metrics_config_cmd(c: Ctx, profile: str | None, sets: tuple[str, ...], interval_s: int) -> None:
     """Print the scrape_configs for a Prometheus: every node's exporter; with PROFILE, each head's engine
-    /metrics where the profile's rendered flags serve it (docs/observability.md)."""
-    from sparkctl.plan.exporterplan import engine_targets, scrape_config
+    /metrics where the profile's rendered flags serve it, and its gateway's (serve.gateway; docs/observability.md)."""
+    from sparkctl.plan.exporterplan import engine_targets, gateway_target, scrape_config
     from sparkctl.plan.render import render
 
     inv = c.inventory()
-    engines = None
+    engines = gateway = None
     if profile:
         res = c.resolve(profile, sets)
         engines = engine_targets(res, inv, render(res, inv, c.roots(), {}))
-    click.echo(scrape_config(inv, engines, interval_s), nl=False)  # plain: YAML is no rich markup
+        gateway = gateway_target(res, inv)
+    click.echo(scrape_config(inv, engines, interval_s, gateway), nl=False)  # plain: YAML is no rich markup

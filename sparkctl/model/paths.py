@@ -38,8 +38,10 @@ LOCKS_DIR = f"{STATE_DIR}/locks"  # one lock dir per node: locks/<node>.d (spark
 LOCK_DIR = f"{STATE_DIR}/lock.d"  # the one cluster lock before stacks: only `unlock` still removes it
 CLOCK_LOCK = f"{STATE_DIR}/clock-lock"  # "<boot id> <MHz>": see sparkctl.model.clocklock
 ENGINE_LOG = f"{LOG_DIR}/engine.log"
-# the last verdict of every law, kept by the check step of `up`/`switch` (status and the exporter read it)
+# the last verdict of every law, kept per stack by the check step of `up`/`switch` (status and the exporter
+# read them): laws.json for the stack "default" (the one file before stacks), laws/<name>.json for the others
 LAWS_VERDICTS = f"{STATE_DIR}/laws.json"
+LAWS_DIR = f"{STATE_DIR}/laws"
 FABRIC_BACKUP = f"{STATE_DIR}/fabric-backup"  # what `fabric apply` replaced; `fabric restore` puts it back
 
 # the supervised switch (runs on the head)
@@ -68,6 +70,9 @@ GATEWAY_LAUNCH = f"{OPT_DIR}/gateway-launch.sh"
 GATEWAY_CTL = f"{OPT_DIR}/gateway_ctl.py"
 GATEWAY_UNIT = f"{UNIT_DIR}/sparkctl-gateway.service"
 GATEWAY_LOG = f"{LOG_DIR}/gateway.log"
+# on a gateway node that is not the state node: a copy of each stack's record whose gateway runs there, written
+# by the same record step (sparkctl.plan.planner.record_step's mirror), read by the unit's rebuild
+GATEWAY_RECORDS = f"{STATE_DIR}/gateway-records"
 # the node's exporter (sparkctl.node.exporter): its code, the pinned wheels, its configuration, its unit
 EXPORTER_DIR = f"{OPT_DIR}/exporter"
 EXPORTER_CONFIG = f"{ETC_DIR}/exporter.json"
@@ -87,6 +92,17 @@ def record_path(stack: str) -> str:
     The stack ``default`` keeps the path of the one record sparkctl kept before it ran
     several stacks, so such a record is read as that stack, unchanged."""
     return RECORD if stack == DEFAULT_STACK else f"{STACKS_DIR}/{stack}.json"
+
+
+def laws_path(stack: str) -> str:
+    """Where a stack's laws' verdicts live on the state node: beside its record, as :func:`record_path`
+    (the stack ``default`` keeps ``laws.json``, the one file before stacks, so an older one reads as its)."""
+    return LAWS_VERDICTS if stack == DEFAULT_STACK else f"{LAWS_DIR}/{stack}.json"
+
+
+def gateway_record_path(stack: str) -> str:
+    """The copy of a stack's record on its gateway's node (when that is not the state node)."""
+    return f"{GATEWAY_RECORDS}/{stack}.json"
 
 
 def node_lock_dir(node: str) -> str:

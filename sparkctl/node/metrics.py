@@ -8,7 +8,7 @@ could not be read) is left out: never NaN, never 0. Units are Prometheus base un
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -109,8 +109,10 @@ def _links(f: NodeFacts) -> Iterator[Metric]:
 
 
 def head_families(record: Mapping[str, Any] | None, laws: Mapping[str, Any] | None, since_s: float | None,
-                  drift: list[str] | None) -> Iterator[Metric]:
-    """The head's own state: the record (profile, state, since, drift) and the last verdict of every law."""
+                  drift: list[str] | None, gateways: Sequence[Mapping[str, Any]] | None = None) -> Iterator[Metric]:
+    """The head's own state: the record (profile, state, since, drift), the last verdict of every law of
+    every stack (``laws``: stack -> its verdicts; one document alone is the default stack's) and the
+    gateways the records name (:func:`gateway_families`)."""
     if record is not None:
         info = GaugeMetricFamily("sparkctl_record_info", "the run record: what sparkctl started (value 1)",
                                  labels=["profile", "engine", "served_name"])
@@ -132,11 +134,39 @@ def head_families(record: Mapping[str, Any] | None, laws: Mapping[str, Any] | No
         yield from _gauge("sparkctl_drift_lines", "lines of drift from the record the head sees (a rank not running, "
                           "earlyoom not active, the clock lock lost)", len(drift))
     if laws is not None:
-        v = GaugeMetricFamily("sparkctl_law_verdict", "the last verdict of every law (1 for its status, 0 for the "
-                              "others), as the last check step of up or switch judged it",
-                              labels=["law", "law_node", "subject", "status"])
-        for d in laws.get("verdicts") or []:
-            for s in VERDICTS:
-                v.add_metric([str(d.get("law")), str(d.get("node")), str(d.get("subject") or ""), s],
-                             1.0 if d.get("status") == s else 0.0)
+        by_stack = {"default": laws} if "verdicts" in laws else laws
+        v = GaugeMetricFamily("sparkctl_law_verdict", "the last verdict of every law of each stack (1 for its "
+                              "status, 0 for the others), as the stack's last check step of up or switch judged it",
+                              labels=["stack", "law", "law_node", "subject", "status"])
+        for stack, doc in sorted(by_stack.items()):
+            for d in (doc or {}).get("verdicts") or []:
+                for s in VERDICTS:
+                    v.add_metric([stack, str(d.get("law")), str(d.get("node")), str(d.get("subject") or ""), s],
+                                 1.0 if d.get("status") == s else 0.0)
         yield v
+    if gateways:
+        yield from gateway_families(gateways)
+
+
+def gateway_families(gateways: Sequence[Mapping[str, Any]]) -> Iterator[Metric]:
+    """Each gateway the records name (:func:`sparkctl.node.headstate.read_gateways`): up or not, each
+    worker as smg's ``GET /workers`` lists it (url, model, status: ready, draining, ...; healthy), and
+    the backends the serving records expect. Absent when no record names a gateway."""
+    up = GaugeMetricFamily("sparkctl_gateway_up", "1 when the gateway answers GET /workers", labels=["gateway_node"])
+    backend = GaugeMetricFamily("sparkctl_gateway_backend", "each worker registered at the gateway (value 1), with "
+                                "its status as smg reports it (ready, draining, ...)",
+                                labels=["gateway_node", "url", "model", "status"])
+    healthy = GaugeMetricFamily("sparkctl_gateway_backend_healthy", "1 when smg reports the worker healthy",
+                                labels=["gateway_node", "url", "model"])
+    expected = GaugeMetricFamily("sparkctl_gateway_backend_expected", "each backend a stack recorded serving routes "
+                                 "through the gateway (value 1; compare with sparkctl_gateway_backend)",
+                                 labels=["gateway_node", "url", "model", "stack"])
+    for g in gateways:
+        node = str(g.get("node"))
+        up.add_metric([node], 1.0 if g.get("up") else 0.0)
+        for w in g.get("workers") or []:
+            backend.add_metric([node, str(w.get("url")), str(w.get("model")), str(w.get("status"))], 1.0)
+            healthy.add_metric([node, str(w.get("url")), str(w.get("model"))], 1.0 if w.get("healthy") else 0.0)
+        for e in g.get("expected") or []:
+            expected.add_metric([node, str(e.get("url")), str(e.get("model")), str(e.get("stack"))], 1.0)
+    yield from (up, backend, healthy, expected)

@@ -98,15 +98,35 @@ def render(doc: Mapping[str, Any]) -> str:
     drift = doc.get("drift") or []
     parts.append('<h2>drift</h2><ul id="drift">' + ("".join(f"<li>{escape(d)}</li>" for d in drift)
                                                     or "<li>none</li>") + "</ul>")
-    laws = doc.get("laws") or {}
-    parts.append(f'<h2>laws</h2><p class="muted">last judged {escape(_v(laws.get("at")))} '
-                 f'(profile {escape(_v(laws.get("profile")))})</p><table id="laws"><tr><th class="l">law</th>'
-                 '<th class="l">node</th><th class="l">subject</th><th class="l">status</th><th class="l">observed</th></tr>')
-    for v in laws.get("verdicts") or []:
-        st = str(v.get("status"))
-        parts.append(f'<tr class="{escape(st)}"><td class="l">{escape(_v(v.get("law")))}</td>'
-                     f'<td class="l">{escape(_v(v.get("node")))}</td><td class="l">{escape(v.get("subject") or "")}</td>'
-                     f'<td class="l" data-law="{escape(_v(v.get("law")))}" data-node="{escape(_v(v.get("node")))}">'
-                     f'{escape(st)}</td><td class="l">{escape(_v(v.get("observed")))}</td></tr>')
-    parts.append("</table></body></html>")
+    for g in doc.get("gateways") or []:
+        node = str(g.get("node"))
+        state = "up" if g.get("up") else f"down ({_v(g.get('error'))})"
+        parts.append(f'<h2>gateway</h2><p id="gateway" data-node="{escape(node)}">{escape(node)}:'
+                     f'{escape(_v(g.get("port")))} <span data-field="gateway_state">{escape(state)}</span></p>'
+                     '<table id="gateway-backends"><tr><th class="l">model</th><th class="l">backend</th>'
+                     '<th class="l">status</th><th class="l">healthy</th></tr>')
+        for w in g.get("workers") or []:
+            parts.append(f'<tr><td class="l">{escape(_v(w.get("model")))}</td><td class="l">{escape(_v(w.get("url")))}'
+                         f'</td><td class="l" data-url="{escape(_v(w.get("url")))}">{escape(_v(w.get("status")))}</td>'
+                         f'<td class="l">{"yes" if w.get("healthy") else "no"}</td></tr>')
+        parts.append("</table>")
+    by_stack = doc.get("laws_by_stack")
+    if by_stack is None:  # a document from an exporter before stacks
+        by_stack = {"default": doc.get("laws") or {}}
+    for stack, laws in sorted((by_stack or {"default": {}}).items(), key=lambda kv: kv[0] != "default"):
+        tid = "laws" if stack == "default" else f"laws-{stack}"
+        title = "laws" if stack == "default" else f"laws of stack {stack}"
+        parts.append(f'<h2>{escape(title)}</h2><p class="muted">last judged {escape(_v(laws.get("at")))} '
+                     f'(profile {escape(_v(laws.get("profile")))})</p><table id="{escape(tid)}" '
+                     f'data-stack="{escape(stack)}"><tr><th class="l">law</th><th class="l">node</th>'
+                     '<th class="l">subject</th><th class="l">status</th><th class="l">observed</th></tr>')
+        for v in laws.get("verdicts") or []:
+            st = str(v.get("status"))
+            parts.append(f'<tr class="{escape(st)}"><td class="l">{escape(_v(v.get("law")))}</td>'
+                         f'<td class="l">{escape(_v(v.get("node")))}</td><td class="l">{escape(v.get("subject") or "")}'
+                         f'</td><td class="l" data-law="{escape(_v(v.get("law")))}" '
+                         f'data-node="{escape(_v(v.get("node")))}">{escape(st)}</td>'
+                         f'<td class="l">{escape(_v(v.get("observed")))}</td></tr>')
+        parts.append("</table>")
+    parts.append("</body></html>")
     return "\n".join(parts)

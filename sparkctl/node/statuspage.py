@@ -34,6 +34,7 @@ from typing import Any
 from prometheus_client.core import Metric
 
 from sparkctl.facts.statusrow import rank_drift
+from sparkctl.node import headstate
 from sparkctl.node.metrics import head_families
 from sparkctl.node.pagehtml import PAGE  # noqa: F401 - re-exported
 from sparkctl.node.reading import REUSE_S, node_document
@@ -100,14 +101,29 @@ class Head:
         return rec if isinstance(rec, dict) else None
 
     def laws(self) -> dict[str, Any] | None:
+        """The default stack's verdicts (the one file before stacks)."""
         laws = _read_json(self.cfg["laws"])
         return laws if isinstance(laws, dict) else None
+
+    def laws_by_stack(self) -> dict[str, dict[str, Any]]:
+        return headstate.laws(self.cfg)
+
+    def gateways(self) -> list[dict[str, Any]]:
+        """The gateways the records name, read now (the sampler's; a scrape shows the last sample's)."""
+        recs = headstate.records(self.cfg)
+        keyed = any(r.get("api_key_env") for r in recs.values())
+        # the gateway's own env file when it runs here, else the engine's (they share serve.api_key_env)
+        key = ((env_value(self.cfg["gateway_env_file"], self.cfg["key_var"]) if self.cfg.get("gateway_env_file")
+                else None) or env_value(self.cfg["env_file"], self.cfg["key_var"])) if keyed else None
+        return headstate.read_gateways(recs, self.exporter.node, self.cfg.get("hosts") or {}, key)
 
     def families(self) -> Iterator[Metric]:
         rec = self.record()
         with self._lock:
             drift = self.doc.get("drift") if self.doc else None
-        yield from head_families(rec, self.laws(), _since(rec.get("updated_at")) if rec else None, drift)
+            gws = self.doc.get("gateways") if self.doc else None
+        yield from head_families(rec, self.laws_by_stack(), _since(rec.get("updated_at")) if rec else None, drift,
+                                 gws)
 
     # ----------------------------------------------------------------- sampling
 
@@ -186,6 +202,7 @@ class Head:
                            "cached_kib": d.get("mem_cached_kib")}
             rows.append(row)
         endpoint = {h: self._endpoint(rec, h) for h in (rec or {}).get("heads", [])} if rec else {}
+        gateways = self.gateways()
         tokens = sum(e.get("tokens_generated") or 0 for e in endpoint.values()) if endpoint else None
         reqs: list[float] = [e["requests_finished"] for e in endpoint.values() if e.get("requests_finished") is not None]
         s = {"t": t, "nodes": {r["node"]: {"mem_available_gib": r.get("mem_available_gib"), "power_w": r.get("power_w")}
@@ -201,7 +218,8 @@ class Head:
                         rates[out] = round((s[k] - prev[k]) / (s["t"] - prev["t"]), 2)
             self.doc = {"at": t, "record": rec, "nodes": [{k: v for k, v in r.items() if k != "_mem"} for r in rows],
                         "memory": {r["node"]: r["_mem"] for r in rows if "_mem" in r}, "endpoint": endpoint,
-                        "drift": drift, "laws": self.laws(), "rates": rates, "interval_s": self.interval_s,
+                        "drift": drift, "laws": self.laws(), "laws_by_stack": self.laws_by_stack(),
+                        "gateways": gateways, "rates": rates, "interval_s": self.interval_s,
                         "history": list(self.samples)}
         return self.doc
 

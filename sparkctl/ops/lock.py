@@ -28,11 +28,13 @@ from sparkctl.errors import LifecycleError, LockHeld, LockUnavailable, Ref
 from sparkctl.model.inventory import Inventory
 from sparkctl.model.paths import (
     DEFAULT_STACK,
+    LAWS_DIR,
     LAWS_VERDICTS,
     LOCK_DIR,
     LOCKS_DIR,
     RECORD,
     STACKS_DIR,
+    laws_path,
     record_path,
     under,
 )
@@ -66,25 +68,57 @@ def local_record_path(inv: Inventory, stack: str = DEFAULT_STACK) -> Path:
 
 
 _MARK = "==> sparkctl-record "
+_LAWS_MARK = "==> sparkctl-laws "
 
 
 def read_records_command(inv: Inventory) -> str:
-    """Every stack's record on the state node, in one round trip, each after a marker line."""
+    """Every stack's record and laws' verdicts on the state node, in one round trip, each after a marker line."""
     head = head_node(inv)
     q = shlex.quote
     return (f"for f in {q(node_path(inv, head, RECORD))} {q(node_path(inv, head, STACKS_DIR))}/*.json; do "
-            f"[ -f \"$f\" ] || continue; printf '\\n{_MARK}%s\\n' \"$f\"; cat \"$f\" 2>/dev/null; done; true")
+            f"[ -f \"$f\" ] || continue; printf '\\n{_MARK}%s\\n' \"$f\"; cat \"$f\" 2>/dev/null; done; "
+            f"for f in {q(node_path(inv, head, LAWS_VERDICTS))} {q(node_path(inv, head, LAWS_DIR))}/*.json; do "
+            f"[ -f \"$f\" ] || continue; printf '\\n{_LAWS_MARK}%s\\n' \"$f\"; cat \"$f\" 2>/dev/null; done; true")
+
+
+def _chunks(text: str) -> list[tuple[str, str, str]]:
+    """(kind: record | laws, path, body) of each file in :func:`read_records_command`'s output, in order."""
+    out: list[tuple[str, str, str]] = []
+    for chunk in text.split("\n==> sparkctl-")[1:]:
+        head, _, body = chunk.partition("\n")
+        kind, _, path = head.partition(" ")
+        if kind in ("record", "laws"):
+            out.append((kind, path.strip(), body))
+    return out
 
 
 def parse_records(text: str) -> dict[str, RunRecord]:
     """The output of :func:`read_records_command` -> records by stack (an unreadable one is skipped)."""
-    out: dict[str, RunRecord] = {}
-    for chunk in text.split("\n" + _MARK)[1:]:
-        path, _, body = chunk.partition("\n")
-        rec = _parse_one(body, Path(path.strip()).stem)
-        if rec is not None:
-            out[rec.stack] = rec
-    return out
+    return parse_state(text)[0]
+
+
+def parse_state(text: str) -> tuple[dict[str, RunRecord], dict[str, dict[str, Any]]]:
+    """The output of :func:`read_records_command` -> (records by stack, laws' verdicts by stack).
+
+    ``laws.json`` is the stack "default"'s verdicts (the one file before stacks), ``laws/NAME.json``
+    stack NAME's; a file that does not parse as a JSON object is skipped."""
+    records: dict[str, RunRecord] = {}
+    verdicts: dict[str, dict[str, Any]] = {}
+    for kind, path, body in _chunks(text):
+        stem = Path(path).stem
+        if kind == "record":
+            rec = _parse_one(body, stem)
+            if rec is not None:
+                records[rec.stack] = rec
+            continue
+        try:
+            data = json.loads(body)
+        except ValueError:
+            continue
+        if isinstance(data, dict):
+            stack = DEFAULT_STACK if Path(path).parent.name != Path(LAWS_DIR).name else stem
+            verdicts[stack] = data
+    return records, dict(sorted(verdicts.items()))
 
 
 def _parse_one(text: str, stem: str) -> RunRecord | None:
@@ -111,22 +145,27 @@ def _cached_records(inv: Inventory) -> dict[str, RunRecord]:
     return out
 
 
-def read_records(inv: Inventory, transport: Transport) -> dict[str, RunRecord]:
-    """Every stack's run record, by stack name.
+def read_state(inv: Inventory, transport: Transport) -> tuple[dict[str, RunRecord], dict[str, dict[str, Any]]]:
+    """Every stack's run record and its laws' last verdicts, by stack name, in one round trip.
 
     The state node's copies when it answers, with the operator's cached copy of a stack
     the node has none of only when that copy claims nothing runs (a record the head could
-    not keep: a full disk); when the state node does not answer, the cache alone.
+    not keep: a full disk); when the state node does not answer, the cache alone (and no verdicts).
     """
     r = transport.run(head_node(inv), read_records_command(inv))
     cached = _cached_records(inv)
     if not r.ok:
-        return cached
-    out = parse_records(r.stdout)
+        return cached, {}
+    out, verdicts = parse_state(r.stdout)
     for stack, rec in cached.items():
         if stack not in out and not rec.live:
             out[stack] = rec
-    return dict(sorted(out.items()))
+    return dict(sorted(out.items())), verdicts
+
+
+def read_records(inv: Inventory, transport: Transport) -> dict[str, RunRecord]:
+    """Every stack's run record, by stack name (:func:`read_state` without the verdicts)."""
+    return read_state(inv, transport)[0]
 
 
 def read_record(inv: Inventory, transport: Transport, stack: str = DEFAULT_STACK) -> RunRecord | None:
@@ -144,18 +183,20 @@ def read_record(inv: Inventory, transport: Transport, stack: str = DEFAULT_STACK
 def write_verdicts(transport: Transport, target: Mapping[str, Any], profile: str, at: str,
                    verdicts: list[dict[str, Any]]) -> None:
     """The last verdict of every law, where the check step lists it (``params["verdicts"]``:
-    the state node, the path, its sudo; :func:`sparkctl.plan.planner.verdicts_target`): what
-    `status` and the head's exporter show."""
+    the state node, the stack's path, its sudo; :func:`sparkctl.plan.planner.verdicts_target`):
+    what `status` and the head's exporter show, per stack."""
     node, path = str(target["node"]), str(target["path"])
-    data = json.dumps({"profile": profile, "at": at, "verdicts": verdicts}, indent=1, sort_keys=True).encode() + b"\n"
+    doc = {"profile": profile, "at": at, "verdicts": verdicts, "stack": str(target.get("stack") or DEFAULT_STACK)}
+    data = json.dumps(doc, indent=1, sort_keys=True).encode() + b"\n"
     r = transport.put(node, path, data, 0o644, sudo=bool(target.get("sudo")))
     if not r.ok:
         raise LifecycleError(f"cannot write {path} on {node}: {r.error or r.stderr.strip()}", Ref(node=node))
 
 
-def read_verdicts(inv: Inventory, transport: Transport) -> dict[str, Any] | None:
+def read_verdicts(inv: Inventory, transport: Transport, stack: str = DEFAULT_STACK) -> dict[str, Any] | None:
+    """One stack's laws' verdicts (``status`` reads them all with the records: :func:`read_state`)."""
     head = head_node(inv)
-    r = transport.run(head, f"cat {shlex.quote(node_path(inv, head, LAWS_VERDICTS))} 2>/dev/null || true")
+    r = transport.run(head, f"cat {shlex.quote(node_path(inv, head, laws_path(stack)))} 2>/dev/null || true")
     try:
         data = json.loads(r.stdout) if r.ok and r.stdout.strip() else None
     except ValueError:

@@ -15,7 +15,8 @@ from sparkctl.facts.statusrow import node_row, rank_drift
 from sparkctl.model.inventory import Inventory
 from sparkctl.model.paths import DEFAULT_STACK, ENV_FILE, under
 from sparkctl.model.record import Route, RunRecord, on_node_host, operator_route
-from sparkctl.ops.lock import held_command, read_records, read_verdicts
+from sparkctl.ops.gatewayops import gateway_status
+from sparkctl.ops.lock import held_command, read_state
 from sparkctl.ops.readiness import OperatorKey, operator_key
 from sparkctl.ops.supervise import supervisor_progress
 from sparkctl.plan.render import API_KEY_VAR, TOKENS_METRIC
@@ -90,7 +91,7 @@ def cluster_status(inv: Inventory, transport: Transport, stack: str | None = Non
     # The supervisor's events first: it writes its final record before its final
     # event, so a final phase seen here implies the record read next is final too.
     supervisor = supervisor_progress(inv, transport)
-    records = read_records(inv, transport)
+    records, verdicts = read_state(inv, transport)  # one round trip: the records and their laws' verdicts
     if stack is not None:
         if stack not in records:
             raise ConfigError(f"--stack {stack}: no such stack on this cluster",
@@ -163,12 +164,17 @@ def cluster_status(inv: Inventory, transport: Transport, stack: str | None = Non
                 drifts[rec.stack].append(f"{head}: the record says {rec.state} but no sparkctl holds the lock: that "
                                          f"run ended without recording its outcome; `sparkctl up` or {down} "
                                          "settles it")
+    gateways, gw_drift = gateway_status(inv, transport, records)
+    for s, lines in gw_drift.items():
+        drifts[s] += lines
     main = main_record(records, stack)
     merged: dict[str, Any] = {}
     for e in endpoints.values():
         merged.update(e)
-    stacks = [{"stack": s, "record": rec.to_dict(), "live": rec.live, "endpoint": endpoints[s], "drift": drifts[s]}
-              for s, rec in records.items()]
+    stacks = [{"stack": s, "record": rec.to_dict(), "live": rec.live, "endpoint": endpoints[s], "drift": drifts[s],
+               "laws": verdicts.get(s)} for s, rec in records.items()]
+    # "laws": the verdicts of the one stack a single-stack reader means (the default's before any record)
+    laws = verdicts.get(main.stack if main else (stack or DEFAULT_STACK))
     return {"record": main.to_dict() if main else None, "stacks": stacks, "nodes": out_nodes, "endpoint": merged,
             "drift": [d for s in records for d in drifts[s]] + outside, "supervisor": supervisor,
-            "laws": read_verdicts(inv, transport)}
+            "laws": laws, "gateways": gateways}

@@ -28,7 +28,18 @@ import yaml
 
 from sparkctl import __version__
 from sparkctl.model.inventory import Inventory
-from sparkctl.model.paths import ENV_FILE, EXPORTER_CONFIG, EXPORTER_DIR, EXPORTER_UNIT, LAWS_VERDICTS, RECORD, under
+from sparkctl.model.paths import (
+    ENV_FILE,
+    EXPORTER_CONFIG,
+    EXPORTER_DIR,
+    EXPORTER_UNIT,
+    GATEWAY_ENV,
+    LAWS_DIR,
+    LAWS_VERDICTS,
+    RECORD,
+    STACKS_DIR,
+    under,
+)
 from sparkctl.model.resources import Roots
 from sparkctl.model.wheels import PROMETHEUS_CLIENT, PinnedWheel
 from sparkctl.plan.render import API_KEY_VAR, TOKENS_METRIC, template_env
@@ -111,7 +122,10 @@ def config(inv: Inventory, node: str, script: str) -> dict[str, Any]:
     if node == head_of(inv):
         doc["head"] = {
             "record": under(n.prefix, RECORD), "laws": under(n.prefix, LAWS_VERDICTS),
-            "env_file": under(n.prefix, ENV_FILE), "key_var": API_KEY_VAR, "page_port": PAGE_PORT,
+            "stacks_dir": under(n.prefix, STACKS_DIR), "laws_dir": under(n.prefix, LAWS_DIR),
+            "hosts": {m.name: m.host for m in inv.nodes},
+            "env_file": under(n.prefix, ENV_FILE), "gateway_env_file": under(n.prefix, GATEWAY_ENV),
+            "key_var": API_KEY_VAR, "page_port": PAGE_PORT,
             "nodes": list(inv.names), "peers": {m: target(inv, m) for m in inv.names if m != node},
             "tokens_metric": {k: v for k, v in TOKENS_METRIC.items() if v}, "requests_metric": REQUESTS_METRIC,
             "interval_s": 5, "window_s": 600}
@@ -188,11 +202,12 @@ def remove_command(prefix: str) -> str:
 
 
 def scrape_config(inv: Inventory, engines: Mapping[str, tuple[str, str, str | None]] | None = None,
-                  interval_s: int = 15) -> str:
-    """A Prometheus configuration (its ``scrape_configs``) for the exporters and the engines.
+                  interval_s: int = 15, gateway: tuple[str, str, str | None] | None = None) -> str:
+    """A Prometheus configuration (its ``scrape_configs``) for the exporters, the engines and the gateway.
 
     ``engines``: head -> (engine name, "host:port" of its /metrics, why it is left out or None),
-    from the profile's rendered flags (:func:`sparkctl.ops.metricsconfig.engine_targets`)."""
+    from the profile's rendered flags (:func:`engine_targets`); ``gateway``: (its node, "host:port"
+    of smg's Prometheus endpoint, why it is left out or None), :func:`gateway_target`."""
     nodes = [{"targets": [target(inv, n)], "labels": {"node": n}} for n in inv.names]
     jobs: list[dict[str, Any]] = [{"job_name": "sparkctl-exporter", "scrape_interval": f"{interval_s}s",
                                    "scrape_timeout": f"{min(interval_s, 10)}s", "static_configs": nodes}]
@@ -205,9 +220,15 @@ def scrape_config(inv: Inventory, engines: Mapping[str, tuple[str, str, str | No
         jobs.append({"job_name": "sparkctl-engine", "scrape_interval": f"{interval_s}s",
                      "static_configs": [{"targets": [addr], "labels": {"node": h, "engine": eng}}
                                         for h, (eng, addr, _) in sorted(serving.items())]})
+    if gateway is not None and gateway[2]:
+        notes.append(f"# the gateway on {gateway[0]}: its /metrics is not scraped: {gateway[2]}")
+    elif gateway is not None:
+        jobs.append({"job_name": "sparkctl-gateway", "scrape_interval": f"{interval_s}s",
+                     "static_configs": [{"targets": [gateway[1]], "labels": {"node": gateway[0]}}]})
     head = [f"# Rendered by sparkctl {__version__} for the inventory's {len(inv.names)} nodes.",
             "# Each node's sparkctl exporter (installed by `sparkctl fabric apply`), and each head's engine",
-            "# where its rendered flags serve /metrics. Put these jobs under scrape_configs: of your prometheus.yml",
+            "# where its rendered flags serve /metrics, and the gateway's (serve.gateway).",
+            "# Put these jobs under scrape_configs: of your prometheus.yml",
             "# (docs/observability.md).", *notes]
     return "\n".join(head) + "\n" + yaml.safe_dump({"scrape_configs": jobs}, sort_keys=False)
 
@@ -237,3 +258,23 @@ def engine_targets(res: Any, inv: Inventory, rendering: Any) -> dict[str, tuple[
                    "management network cannot reach (bind: management serves it there)")
         out[h] = (eng, addr, why)
     return out
+
+
+def gateway_target(res: Any, inv: Inventory) -> tuple[str, str, str | None] | None:
+    """(the gateway's node, "host:port" of smg's Prometheus endpoint, why it is not scraped or None);
+    None when the profile has no gateway. smg binds it where the gateway listens (``--prometheus-host``:
+    serve.bind, docs/gateway.md) on ``serve.gateway.metrics_port``."""
+    from sparkctl.plan.gatewayplan import gateway_node, listen_address
+
+    g = res.profile.serve.gateway
+    if not g.enabled:
+        return None
+    node = gateway_node(res, inv)
+    listen = listen_address(res, inv, node)
+    host = inv.node(node).host if listen == "0.0.0.0" else listen
+    addr = f"[{host}]:{g.metrics_port}" if ":" in host else f"{host}:{g.metrics_port}"
+    why = None
+    if listen not in ("0.0.0.0", inv.node(node).host):
+        why = (f"serve.bind: fabric binds it to {listen}, the node's fabric address, which Prometheus on the "
+               "management network cannot reach")
+    return node, addr, why

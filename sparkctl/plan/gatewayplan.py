@@ -35,8 +35,10 @@ from sparkctl.model.paths import (
     GATEWAY_ENV,
     GATEWAY_LAUNCH,
     GATEWAY_LOG,
+    GATEWAY_RECORDS,
     GATEWAY_UNIT,
     RECORD,
+    STACKS_DIR,
     under,
 )
 from sparkctl.model.profiles import Resolved
@@ -181,14 +183,23 @@ def render_gateway(res: Resolved, inv: Inventory, roots: Roots, secrets: Mapping
             raise RenderError(f"template {exc.name} not found", hint=f"searched {roots.template_dirs()}") from None
         files[fpaths[key]] = RenderedFile(fpaths[key], text, mode, "gateway")
     url = f"http://{on_node_host(listen)}:{g.port}"
-    config = {"url": url, "env_file": fpaths["env"], "key_var": API_KEY_VAR,
-              # the records the unit's rebuild reads (gateway_ctl.read_records): globs, so per-stack
-              # records can be added here without touching the ctl
-              "records": [under(prefix, RECORD)]}
+    config = {"url": url, "env_file": fpaths["env"], "key_var": API_KEY_VAR, "node": node,
+              # the records the unit's rebuild reads (gateway_ctl.read_records): every stack's on the state
+              # node; elsewhere the copies the record steps write beside the gateway (planner.record_step)
+              "records": record_globs(inv, node)}
     files[fpaths["config"]] = RenderedFile(fpaths["config"], json.dumps(config, indent=2, sort_keys=True) + "\n",
                                            0o644, "gateway")
     files[fpaths["ctl"]] = RenderedFile(fpaths["ctl"], ctl_source(), 0o755, "gateway")
     return GatewaySetup(node, files, pins, site, url, listen, g.port, plat)
+
+
+def record_globs(inv: Inventory, node: str) -> list[str]:
+    """Where the gateway's rebuild finds the records on its node: the records themselves on the state
+    node (the inventory's first), else the copies of the records of the stacks it serves."""
+    prefix = inv.node(node).prefix
+    if node == inv.nodes[0].name:
+        return [under(prefix, RECORD), under(prefix, STACKS_DIR) + "/*.json"]
+    return [under(prefix, GATEWAY_RECORDS) + "/*.json"]
 
 
 def ctl_source() -> str:
@@ -375,7 +386,7 @@ def record_entry(res: Resolved, inv: Inventory, rendering: Rendering, setup: Gat
     """What the run record keeps of the gateway (down, the unit's rebuild and status read it)."""
     g = res.profile.serve.gateway
     metrics, slots = INFLIGHT[res.profile.engine.name]
-    return {"node": setup.node, "url": setup.url, "listen": setup.listen, "port": g.port,
+    return {"node": setup.node, "url": setup.url, "listen": setup.listen, "port": g.port, "metrics_port": g.metrics_port,
             "backends": backends(res, inv, rendering), "gauge": {"metrics": list(metrics), "slots": slots},
             "drain_timeout_s": g.drain_timeout_s}
 

@@ -35,8 +35,9 @@ from sparkctl.model.paths import (
     DETACHED,
     ENGINE_LOG,
     ENV_FILE,
-    LAWS_VERDICTS,
     UNIT,
+    gateway_record_path,
+    laws_path,
     record_path,
     under,
 )
@@ -164,14 +165,24 @@ def record_step(inv: Inventory, sid: str, phase: str, head: str, rec: RunRecord,
         params["note_from_failure"] = True
     if state_if_left:
         params["state_if_left"] = state_if_left
-    return Step(sid, phase, "record", (head,), summary, changes=f"the run record on {head}: {rec.state}",
+    gw = str((rec.gateway or {}).get("node") or "")
+    changes = f"the run record on {head}: {rec.state}"
+    if gw and gw != head and gw in inv.names:
+        # the gateway's unit rebuilds its backends from the records on its own node (gateway_ctl rebuild):
+        # a copy of this one goes there in the same step, after the state node's (docs/gateway.md)
+        params["mirror"] = {"node": gw, "path": under(inv.node(gw).prefix, gateway_record_path(rec.stack)),
+                            "sudo": inv.node(gw).sudo}
+        changes += f", and its copy on the gateway's node {gw}"
+    return Step(sid, phase, "record", (head,), summary, changes=changes,
                 sudo={head: inv.node(head).sudo}, params=params, on_fail=on_fail)
 
 
-def verdicts_target(inv: Inventory) -> dict[str, Any]:
-    """Where a check step keeps the laws' verdicts: on the state node, with its sudo (a write the step lists)."""
+def verdicts_target(inv: Inventory, stack: str = DEFAULT_STACK) -> dict[str, Any]:
+    """Where a check step keeps the laws' verdicts: on the state node beside the stack's record
+    (:func:`sparkctl.model.paths.laws_path`), with its sudo (a write the step lists)."""
     head = inv.nodes[0].name
-    return {"node": head, "path": under(inv.node(head).prefix, LAWS_VERDICTS), "sudo": inv.node(head).sudo}
+    return {"node": head, "path": under(inv.node(head).prefix, laws_path(stack)), "sudo": inv.node(head).sudo,
+            "stack": stack}
 
 
 def _stop_step(inv: Inventory, sid: str, phase: str, nodes: Sequence[str], ports: Sequence[int], timeout_s: int,
@@ -395,13 +406,14 @@ def plan_up(res: Resolved, inv: Inventory, rendering: Rendering, facts: UpFacts,
 
     steps: list[Step] = []
     if not skip_check:
+        laws_at = laws_path(stack_of(res))
         steps.append(Step("check", "check", "check", lay.nodes, "probe every node in parallel and judge the laws "
-                          f"(a failure stops here); keep the verdicts in {LAWS_VERDICTS} on the head",
-                          changes=f"the laws' verdicts in {LAWS_VERDICTS} on {inv.nodes[0].name}",
+                          f"(a failure stops here); keep the verdicts in {laws_at} on the head",
+                          changes=f"the laws' verdicts in {laws_at} on {inv.nodes[0].name}",
                           commands=dict(probes[0]), sudo={n: False for n in probes[0]},
                           params={"profile": res.name, "sets": list(sets), "waivers": waivers,
                                   "ignore": ["served_model", "clock_cap", "page_cache"],
-                                  "verdicts": verdicts_target(inv),
+                                  "verdicts": verdicts_target(inv, stack_of(res)),
                                   **({"fabric_probe": dict(probes[1])} if probes[1] else {})}))
     if p.laws.clock_cap_mhz is not None:
         cmds = {n: " && ".join(clocklock.lock_commands(p.laws.clock_cap_mhz, inv.node(n).prefix,

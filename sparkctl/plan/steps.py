@@ -144,6 +144,9 @@ def calls(step: Step) -> list[Call]:
     if step.kind == "record":
         n = step.nodes[0]
         out.append(Call(n, "put", str(step.params["path"]), bool(step.sudo.get(n, False)), None, "record"))
+        m = step.params.get("mirror")  # the copy on the gateway's node (planner.record_step)
+        if m:
+            out.append(Call(str(m["node"]), "put", str(m["path"]), bool(m.get("sudo")), None, "record"))
     if step.kind == "check" and step.params.get("verdicts"):
         v = step.params["verdicts"]  # the probes' sudo is not the write's: the target carries its own
         out.append(Call(str(v["node"]), "put", str(v["path"]), bool(v.get("sudo")), None, "verdicts"))

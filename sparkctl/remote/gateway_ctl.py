@@ -27,7 +27,8 @@ a settle time, 5 s by default, without waiting for streams in flight,
   with a long settle time) so clients get 503 + Retry-After, never 404, until
   the new replicas are registered; ``release`` removes the stand-ins.
 * ``wait``: until the gateway answers ``GET /workers``.
-* ``list``: the workers as JSON.
+* ``list``: the workers as JSON (``--key-stdin``: with the key read from stdin,
+  as ``sparkctl status`` asks it with the operator's key, no root needed).
 
 The gateway's key (serve.api_key_env) is read from the 0600 env file rendered
 for the gateway, never from the command line; it is never printed.
@@ -349,13 +350,14 @@ def read_records(cfg: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-def live_backends(records: list[dict[str, Any]]) -> list[tuple[str, str]]:
-    """(url, served name) of every backend of every stack recorded serving."""
+def live_backends(records: list[dict[str, Any]], node: str | None = None) -> list[tuple[str, str]]:
+    """(url, served name) of every backend of every stack recorded serving (through the gateway on ``node``)."""
     out = []
     for rec in records:
-        if rec.get("state") != "serving":
+        gw = rec.get("gateway") or {}
+        if rec.get("state") != "serving" or (node and gw.get("node") and gw.get("node") != node):
             continue
-        for b in (rec.get("gateway") or {}).get("backends", []):
+        for b in gw.get("backends", []):
             out.append((str(b["url"]), str(b.get("model") or rec.get("served_name"))))
     return out
 
@@ -376,7 +378,7 @@ def rebuild(cfg: dict[str, Any], key: str | None, timeout_s: float) -> str:
     gw = cfg["url"]
     wait_gateway(gw, key, timeout_s)
     done, failed = [], []
-    for url, model in live_backends(read_records(cfg)):
+    for url, model in live_backends(read_records(cfg), cfg.get("node")):
         try:
             register(gw, key, url, model, timeout_s)
             done.append(url)
@@ -398,10 +400,12 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--metric", action="append", default=[])
     ap.add_argument("--slots", action="store_true")
     ap.add_argument("--timeout", type=float, default=60.0)
+    ap.add_argument("--key-stdin", action="store_true", help="read the key from stdin (status: the operator's "
+                    "key), not from the env file")
     a = ap.parse_args(argv)
     try:
         cfg = load_config(a.config)
-        key = api_key(cfg)
+        key = (sys.stdin.readline().strip() or None) if a.key_stdin else api_key(cfg)
         gw = cfg["url"]
         if a.command == "register":
             msg = "; ".join(register(gw, key, b, (a.model or [""])[0], a.timeout) for b in a.backend)

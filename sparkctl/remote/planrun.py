@@ -229,6 +229,12 @@ def _record(step: dict[str, Any], backend: Backend, state: RunState) -> str:
         raise StepFailed(step, f"cannot write the run record on {step['nodes'][0]}: {_last_line(r)}",
                          step["nodes"][0], hint="check the disk on the head node")
     state.record = data
+    m = p.get("mirror")
+    if m:  # the gateway's node's copy (its unit's rebuild reads it): the state node's record stays the truth
+        rm = backend.write_record(str(m["node"]), str(m["path"]), data, bool(m.get("sudo")), None)
+        if not rm["ok"]:
+            return f"{data['state']}; its copy on {m['node']} not written ({_last_line(rm)}): a restart of the " \
+                   "gateway there rebuilds from the older copy"
     return str(data["state"])
 
 
@@ -451,9 +457,19 @@ class HeadBackend:
 
     def write_record(self, node: str, path: str, data: Mapping[str, Any], sudo: bool,
                      remove_on_failure: str | None) -> Res:
-        """The record is on the head, where this runner runs as root: written here, atomically."""
+        """The record is on the head, where this runner runs as root: written here, atomically;
+        its copy on the gateway's node (a peer), through ssh, atomically there."""
+        blob = (json.dumps(data, indent=2, sort_keys=True) + "\n").encode()
+        if node not in self.nodes:
+            return {"ok": False, "exit_code": None, "stdout": "", "stderr": "", "error": f"{node}: not reachable from "
+                    "the supervisor (not one of the plan's nodes)"}
+        if self.nodes[node].get("ssh"):
+            q = shlex.quote
+            tmp = f"{path}.sparkctl-new"
+            return self._one(node, f"mkdir -p {q(os.path.dirname(path) or '/')} && cat > {q(tmp)} && chmod 644 "
+                             f"{q(tmp)} && mv -f {q(tmp)} {q(path)}", sudo, 60, stdin=blob)
         try:
-            _atomic_write(path, (json.dumps(data, indent=2, sort_keys=True) + "\n").encode(), 0o644)
+            _atomic_write(path, blob, 0o644)
             return {"ok": True, "exit_code": 0, "stdout": "", "stderr": "", "error": ""}
         except OSError as exc:
             if data.get("state") != "serving" and remove_on_failure:

@@ -5,7 +5,10 @@ The stack is keyed (serve.api_key_env): the gateway requires the engines' key. `
 gateway from wheels the operator's side fetched (the node has no index), starts
 its unit, and registers each replica only after the ready step; /v1/models and a streamed chat
 completion go through the gateway; an unknown model gets the gateway's 404; the gateway killed is
-restarted by its unit and rebuilds its backends from the run record; a change to one replica's files
+restarted by its unit and rebuilds its backends from the run record; `status` shows the gateway, its
+backends per model and the stack's laws, and `gateway down` is refused while the stack serves through
+it, then stops it once nothing does; a gateway on a third node (spark-c) rebuilds from the record copy
+its record steps keep beside it; a change to one replica's files
 restarts that replica alone, drained first while the other serves every request; `down` drains
 (removes, then waits for the engine to report idle) before it stops anything. One cluster for the module.
 
@@ -26,6 +29,8 @@ import httpx
 import pytest
 
 from sparkctl.model.inventory import load_inventory
+from sparkctl.node import headstate
+from sparkctl.node.metrics import gateway_families
 from tests.sim.helpers import Sim, make_sim, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.needs_root]
@@ -129,6 +134,27 @@ def test_simulated_gateway_serves_the_ready_replicas_rebuilds_and_drains(ring: S
                          headers=AUTH, timeout=30)
     assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "model_not_found", unknown.text
 
+    # status sees the gateway (one round trip to its node, the operator's key on stdin): where, its port,
+    # up, the backends per model as smg lists them; and the stack's laws' verdicts
+    st = _status(ring)
+    (g,) = st["gateways"]
+    assert (g["node"], g["port"], g["up"], g["state"]) == ("spark-a", GW_PORT, True, "up"), g
+    assert sorted((b["url"], b["status"], b["healthy"]) for b in g["backends"]["tiny-llama"]) == \
+        [(u, "ready", True) for u in urls], g
+    assert not [d for d in st["drift"] if "gateway" in d], st["drift"]
+    assert st["stacks"][0]["laws"]["verdicts"] and st["laws"] == st["stacks"][0]["laws"]
+    # the head exporter's reader of the gateway (sparkctl.node.headstate) against the real smg's /workers
+    rec = json.loads(ring.ssh("spark-a", "cat /var/lib/sparkctl/record.json").stdout)
+    gws = headstate.read_gateways({"default": rec}, "elsewhere", {"spark-a": a}, KEY)
+    samples = {(x.name, x.labels.get("url"), x.labels.get("status")): x.value for m in gateway_families(gws)
+               for x in m.samples}
+    assert samples[("sparkctl_gateway_up", None, None)] == 1.0, samples
+    assert all(samples.get(("sparkctl_gateway_backend", u, "ready")) == 1.0 for u in urls), samples
+    assert all(samples.get(("sparkctl_gateway_backend_healthy", u, None)) == 1.0 for u in urls), samples
+    # the gateway is not stopped while a stack serves through it
+    refused = ring.sparkctl("-i", inv, "gateway", "down", timeout=120)
+    assert refused.returncode != 0 and "still serves default" in refused.stderr, refused.stderr
+
     # The bench through the gateway (the cluster's endpoint) records where it went.
     out = tmp_path / "bench-gw"
     r = ring.sparkctl("-i", inv, "bench", PROFILE, "--suite", "prefill", "--lengths", "32", "--repeats", "2",
@@ -193,6 +219,51 @@ def test_simulated_gateway_serves_the_ready_replicas_rebuilds_and_drains(ring: S
     assert wait_until(lambda: _safe(lambda: _workers(gw)) == [], 30)
     status, listed = _models(gw)
     assert (status, listed) == (503, []), (status, listed)
+
+    # nothing serves through it now: `gateway down` is a plan (printed first), then it runs
+    r = ring.sparkctl("-i", inv, "plan", "gateway-down", timeout=120)
+    assert r.returncode == 0 and "systemctl disable --now sparkctl-gateway.service" in r.stdout, r.stdout + r.stderr
+    r = ring.sparkctl("-i", inv, "gateway", "down", "--json", timeout=120)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert [s["id"] for s in json.loads(r.stdout)["steps"]] == ["lock", "gateway-stop", "unlock"]
+    assert ring.ssh("spark-a", "systemctl is-active sparkctl-gateway").stdout.strip() != "active"
+    (g,) = _status(ring)["gateways"]
+    assert not g["up"] and not g["active"], g
+
+
+def test_simulated_gateway_on_another_node_rebuilds_from_its_record_copy(ring: Sim) -> None:
+    """serve.gateway.node names spark-c, neither the state node nor a stack node: every record step writes
+    the record's copy beside the gateway, from which its unit's rebuild registers after a kill."""
+    inv = str(ring.inventory)
+    c = load_inventory(ring.inventory).node("spark-c").host
+    gw = f"http://{c}:{GW_PORT}"
+    r = ring.sparkctl("-i", inv, "up", PROFILE, "--set", "serve.gateway.node=spark-c", "--json", timeout=400)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    try:
+        assert _models(gw) == (200, ["tiny-llama"])
+        copy = json.loads(ring.ssh("spark-c", "cat /var/lib/sparkctl/gateway-records/default.json").stdout)
+        assert copy["state"] == "serving" and copy["gateway"]["node"] == "spark-c"
+        assert ring.ssh("spark-c", "test -e /var/lib/sparkctl/record.json").returncode != 0  # only the copy there
+        pid = ring.ssh("spark-c", "systemctl show -p MainPID --value sparkctl-gateway").stdout.strip()
+        assert pid.isdigit() and int(pid) > 0, pid
+        assert ring.ssh("spark-c", f"pkill -KILL -P {pid}; kill -KILL {pid}").returncode in (0, 1)
+        assert wait_until(lambda: len(_safe(lambda: _workers(gw)) or []) == 2, 90), _safe(lambda: _workers(gw))
+        log = ring.ssh("spark-c", "cat /var/log/sparkctl/gateway.log").stdout
+        assert "rebuilt 2 backend(s) from the record" in log, log[-2000:]
+        (g,) = [g for g in _status(ring)["gateways"] if g["node"] == "spark-c"]
+        assert g["up"] and len(g["backends"]["tiny-llama"]) == 2, g
+    finally:
+        r = ring.sparkctl("-i", inv, "down", "--json", timeout=300)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    # down's "stopped" record reached the copy too: a restart now registers nothing
+    assert json.loads(ring.ssh("spark-c", "cat /var/lib/sparkctl/gateway-records/default.json").stdout)["state"] \
+        == "stopped"
+
+
+def _status(sim: Sim) -> dict:
+    r = sim.sparkctl("-i", str(sim.inventory), "status", "--json", timeout=180)
+    assert r.returncode in (0, 1), r.stdout[-2000:] + r.stderr[-2000:]
+    return json.loads(r.stdout)
 
 
 def _safe(fn):  # type: ignore[no-untyped-def]

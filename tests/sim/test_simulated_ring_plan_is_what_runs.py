@@ -104,6 +104,10 @@ def _operation(sim: Any, op: str, profile: str | None = None, plant: Callable[[A
             out = executor.switch(res, inv, tr, roots, waivers=waivers, secrets=secrets)
         elif op == "supervise":
             out = supervise.switch_supervised(res, inv, tr, roots, waivers=waivers, secrets=secrets, wait=True)
+        elif op == "gateway down":
+            from sparkctl.ops.gatewayops import gateway_down
+
+            out = gateway_down(inv, tr)
         else:
             out = executor.down(inv, tr, stack=stack)
     return plans, rec.log, out
@@ -256,5 +260,11 @@ def test_simulated_stacks_and_the_gateway_run_only_their_printed_plans(ring: Any
     plans, log, _ = _operation(ring, "down")
     _strict(plans, log, writes=1)
     assert "gateway-drain" in [s["id"] for s in _main(plans)["steps"]]
+    assert _shape(_main(plans)) == _shape(printed)
+    # `gateway down` (nothing serves through it now): its lock and its stop, nothing else
+    printed = _printed(ring, "gateway-down")
+    plans, log, out = _operation(ring, "gateway down")
+    _strict(plans, log, writes=0)
+    assert [s["id"] for s in _main(plans)["steps"]] == ["lock", "gateway-stop"] and out["node"] == "spark-a"
     assert _shape(_main(plans)) == _shape(printed)
     print(f"two stacks, down --stack, the gateway up and down: {time.monotonic() - t0:.0f} s")

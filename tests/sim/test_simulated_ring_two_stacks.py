@@ -67,6 +67,10 @@ def test_simulated_two_stacks_each_serve_their_own_name(two_stacks) -> None:
         assert (rec["state"], rec["served_name"], rec["heads"]) == ("serving", name, [head])
         assert stacks[stack]["endpoint"][head]["state"] == "serving", stacks[stack]
         assert stacks[stack]["drift"] == []
+        # each stack's check kept its own verdicts beside its record: the other's did not overwrite them
+        laws = stacks[stack]["laws"]
+        assert laws and laws["stack"] == stack and laws["verdicts"], stacks[stack]
+    assert two_stacks.ssh("spark-a", "ls /var/lib/sparkctl/laws/").stdout.split() == ["left.json", "right.json"]
     assert {n["node"]: n["stack"] for n in st["nodes"]} == {"spark-a": "left", "spark-b": "left",
                                                            "spark-c": "right", "spark-d": "right"}
     assert st["drift"] == []
