@@ -225,8 +225,20 @@ def test_a_switch_is_recognised_from_several_hosts_on_one_port() -> None:
     f = find_topology(cluster(eight, [], segment=[f"{n}:p0" for n in eight]))
     assert f.topology == "switch" and f.ok, f.problems
     assert len(f.segments) == 1 and {e.node for e in f.segments[0]} == set(eight)
-    with pytest.raises(ValueError):
-        inventory_text(f, [], cluster="x")  # a switched inventory is the switched schema's (not written here)
+    hosts = cluster(eight, [], segment=[f"{n}:p0" for n in eight])
+    inv = loads_inventory(inventory_text(f, hosts, cluster="eight"))
+    assert inv.topology == "switch" and inv.names == tuple(eight)
+    # each node's p0 twins on the two p0 port-group subnets, one host number per node in the given order
+    assert len({lk.subnet for lk in inv.links}) == 2 and len(inv.links) == 16
+
+
+def test_a_switch_on_the_p1_cage_writes_only_p1_cables() -> None:
+    four = [f"spark-{i}" for i in range(4)]
+    hosts = cluster(four, [], segment=[f"{n}:p1" for n in four])
+    f = find_topology(hosts)
+    text = inventory_text(f, hosts, cluster="four")
+    assert '- ["spark-0:p1", switch]' in text and "p0" not in text.split("cables:")[1]
+    assert loads_inventory(text).topology == "switch"
 
 
 def test_a_host_off_the_switch_is_named() -> None:

@@ -50,7 +50,7 @@ def discover_cmd(hosts: tuple[str, ...], ssh_user: str, ssh_port: int, ssh_ident
     found = discover(hosts, ssh, lambda nodes: _transport(nodes, transport), NodeProgress(quiet=False))
     f = found.finding
     text = None
-    if f.ok and f.topology in ("single", "pair", "ring"):
+    if f.ok and f.topology in ("single", "pair", "ring", "switch"):
         name = cluster_name or f"spark-{f.topology}"
         text = inventory_text(f, found.hosts, cluster=name, fabric_pool=fabric_pool, ssh=ssh)
         inv = loads_inventory(text, output or "<discovered>")  # the loader's own errors, before anything is written
@@ -61,11 +61,8 @@ def discover_cmd(hosts: tuple[str, ...], ssh_user: str, ssh_port: int, ssh_ident
         _print(found)
     if not f.ok:
         raise CheckFailed(f"discovery found {len(f.problems)} problem(s); no inventory written" if f.problems else
-                          f"a {f.topology}: writing its inventory needs the switched schema (not yet)",
+                          f"no {f.topology or 'topology'} found",
                           hint="fix the cabling named above and run discover again")
-    if f.topology == "switch":
-        raise CheckFailed("the hosts share a switch: a switched inventory is not written yet",
-                          hint="write the inventory by hand (cables: [NODE:PORT, switch])")
     if output and text is not None:
         tmp = Path(f"{output}.tmp{os.getpid()}")
         tmp.write_text(text)

@@ -311,15 +311,22 @@ def _ports(h: HostSeen) -> str:
 
 def inventory_text(finding: Finding, hosts: Sequence[HostSeen], *, cluster: str, fabric_pool: str = "10.20.0.0/16",
                    mtu: int = 9000, ssh: SshSettings = SshSettings()) -> str:
-    """The inventory of a pair, ring or single host found by :func:`find_topology` (nodes in ring order)."""
-    if not finding.ok or finding.topology not in ("single", "pair", "ring"):
+    """The inventory of a pair, ring, switch or single host found by :func:`find_topology` (nodes in ring order;
+    on a switch in the order the hosts were given, each port that shares the switch segment cabled to it)."""
+    if not finding.ok or finding.topology not in ("single", "pair", "ring", "switch"):
         raise ValueError(f"no inventory for a finding that is {finding.topology or 'not ok'}")
     by_name = {h.name: h for h in hosts}
     out = [f"# Written by `sparkctl inventory discover` from what the hosts' fabric ports saw: a {finding.topology}"
            + (f", {' -> '.join(finding.order)} -> {finding.order[0]}" if finding.topology == "ring" else "") + ".",
            "# The fabric addresses follow from the cables (one /24 per twin per cable); `sparkctl inventory` shows them.",
            "cluster:", f"  name: {_yaml_str(cluster)}", f"  fabric_pool: {_yaml_str(fabric_pool)}",
-           f"  fabric_mtu_bytes: {mtu}", "defaults:", f"  ssh_user: {_yaml_str(ssh.user)}"]
+           f"  fabric_mtu_bytes: {mtu}"]
+    if finding.topology == "switch":
+        # What the switch ports carry cannot be read from the hosts: the schema's default (9216) is what
+        # NVIDIA's switch playbook sets; say so, the operator knows the switch.
+        out += ["switch:                         # mtu_bytes: what the switch ports carry (not seen from the hosts)",
+                "  name: switch", "  mtu_bytes: 9216"]
+    out += ["defaults:", f"  ssh_user: {_yaml_str(ssh.user)}"]
     if ssh.port != 22:
         out.append(f"  ssh_port: {ssh.port}")
     if ssh.identity:
@@ -328,6 +335,12 @@ def inventory_text(finding: Finding, hosts: Sequence[HostSeen], *, cluster: str,
         out.append(f"  known_hosts: {_yaml_str(ssh.known_hosts)}")
     out += [f"  sudo: {'true' if ssh.sudo else 'false'}", "nodes:                          # head first"]
     out += [f"  - {{name: {_yaml_str(n)}, host: {_yaml_str(by_name[n].host)}{_ports(by_name[n])}}}" for n in finding.order]
+    if finding.topology == "switch":
+        rank = {n: i for i, n in enumerate(finding.order)}
+        ends = sorted({e for seg in finding.segments if len(seg) > 2 for e in seg}, key=lambda e: (rank[e.node], e.port))
+        out.append("cables:")
+        out += [f"  - [{_yaml_str(str(e))}, switch]" for e in ends]
+        return "\n".join(out) + "\n"
     out.append("cables:" + ("" if finding.cables else " []"))
     out += [f"  - [{_yaml_str(str(a))}, {_yaml_str(str(b))}]" for a, b in finding.cables]
     return "\n".join(out) + "\n"

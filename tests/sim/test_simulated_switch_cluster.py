@@ -10,6 +10,7 @@ each replica over its subnet, HTTP.
 from __future__ import annotations
 
 import json
+import subprocess
 from collections.abc import Iterator
 
 import pytest
@@ -79,3 +80,39 @@ def test_simulated_miscabled_twin_fails_switch_subnet_naming_its_node(switch8: S
     assert {v["status"] for v in vs if v["law"] == "fabric" and v["node"] == "spark-f"} == {"ok"}
     code, _ = check(switch8)  # the cable back in its own group: the law passes again
     assert code == 0
+
+
+def _discover(sim: Sim, *args: str) -> "subprocess.CompletedProcess[str]":
+    from sparkctl.model.inventory import load_inventory
+
+    inv = load_inventory(sim.inventory)
+    node = inv.nodes[0]
+    hosts = [f"{n.name}={n.host}" for n in inv.nodes]
+    return sim.sparkctl("inventory", "discover", *hosts, "--user", node.ssh_user, "--identity", str(node.ssh_identity),
+                        "--known-hosts", str(node.known_hosts), "--no-sudo", *args, timeout=180)
+
+
+def test_simulated_discover_writes_the_switched_inventory_and_names_a_miscabled_node(switch8: Sim, tmp_path) -> None:
+    from sparkctl.model.inventory import load_inventory
+
+    want = load_inventory(switch8.inventory)
+    out = tmp_path / "found.yaml"
+    r = _discover(switch8, "--output", str(out), "--fabric-pool", want.fabric_pool)
+    assert r.returncode == 0, r.stdout + r.stderr
+    got = load_inventory(out)
+    assert got.topology == "switch" and got.names == want.names
+
+    def ends(inv):  # type: ignore[no-untyped-def]
+        return sorted((e.node, e.netdev, e.address, lk.subnet) for lk in inv.links for e in (lk.a, lk.b)
+                      if e.node != "switch")
+
+    assert ends(got) == ends(want)  # the same ports, the same port-group subnets, the same addresses
+    fault = ("sim", "fault", "spark-f", "switch-port", "--iface", "enP2p1s0f0np0")
+    switch8.sparkctl(*fault, "--group", "p0.0", check=True)  # twin 1 in twin 0's bridge
+    try:
+        r = _discover(switch8, "--json")
+    finally:
+        switch8.sparkctl(*fault, "--group", "p0.1", check=True)
+    assert r.returncode == 4, r.stdout + r.stderr
+    found = json.loads(r.stdout)
+    assert found["problems"] and all("spark-f" in p for p in found["problems"]), found["problems"]
