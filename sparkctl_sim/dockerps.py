@@ -26,6 +26,7 @@ from sparkctl_sim.shimbase import (
     _read_json,
     _run_dir,
     _wait_until,
+    parse_signal,
 )
 
 _TEMPLATE_RE = re.compile(r"\{\{\s*(json\s+)?\.([A-Za-z0-9_.]*)\s*\}\}")
@@ -156,18 +157,6 @@ def _stop_container(store: Containers, rec: dict[str, Any], sig: int, timeout_s:
     store.all()  # reconcile when the monitor is gone
 
 
-def _parse_signal(name: str) -> int:
-    name = name.upper()
-    if name.isdigit():
-        return int(name)
-    if not name.startswith("SIG"):
-        name = "SIG" + name
-    try:
-        return int(signal.Signals[name])
-    except KeyError as exc:
-        raise ShimError(f"invalid signal: {name}", 1) from exc
-
-
 def docker_stop(args: Sequence[str]) -> int:
     opts, refs = _docker_opts(args, "stop", {}, {"-t": "time", "--time": "time",
                                                  "--timeout": "time", "-s": "signal",
@@ -176,7 +165,7 @@ def docker_stop(args: Sequence[str]) -> int:
         raise ShimError("\"docker stop\" requires at least 1 argument.\n"
                         "See 'docker stop --help'.", 1)
     timeout_s = float(opts.get("time", DOCKER_STOP_DEFAULT_S))
-    sig = _parse_signal(opts.get("signal", "SIGTERM"))
+    sig = parse_signal(opts.get("signal", "SIGTERM"))
     store = Containers(_run_dir())
     code = 0
     for ref in refs:
@@ -192,7 +181,7 @@ def docker_stop(args: Sequence[str]) -> int:
 
 def docker_kill(args: Sequence[str]) -> int:
     opts, refs = _docker_opts(args, "kill", {}, {"-s": "signal", "--signal": "signal"})
-    sig = _parse_signal(opts.get("signal", "SIGKILL"))
+    sig = parse_signal(opts.get("signal", "SIGKILL"))
     store = Containers(_run_dir())
     code = 0
     for ref in refs:

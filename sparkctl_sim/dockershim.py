@@ -33,6 +33,7 @@ from sparkctl_sim.shimbase import (
     _run_dir,
     _set_memlock_unlimited,
     _write_json_atomic,
+    wait_status,
 )
 
 # docker
@@ -48,7 +49,6 @@ DOCKER_VALUE_FLAGS = {
 DOCKER_BOOL_FLAGS = {"--rm": "rm", "-d": "detach", "--detach": "detach", "--init": "init"}
 REPEATABLE = {"device", "ulimit", "cap_add", "env", "env_file", "volume"}
 NAME_RE = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.-]+$")
-ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 SIZE_RE = re.compile(r"^\d+(\.\d+)?[bkmgBKMG]?$")
 
 
@@ -422,15 +422,6 @@ def _finish_container(store: Containers, rec: dict[str, Any], proc: subprocess.P
     return code
 
 
-def _wait_status(pid: int) -> int:
-    while True:
-        try:
-            _, status = os.waitpid(pid, 0)
-            return status
-        except ChildProcessError:
-            return 255 << 8
-
-
 def _docker_run_detached(store: Containers, rec: dict[str, Any], exe: str, argv: list[str],
                          env: dict[str, str], workdir: str | None) -> int:
     read_fd, write_fd = os.pipe()
@@ -450,7 +441,7 @@ def _docker_run_detached(store: Containers, rec: dict[str, Any], exe: str, argv:
                              monitor_pid=os.getpid(), monitor_start=_proc_start_ticks(os.getpid()))
                 os.write(write_fd, b"ok")
                 os.close(write_fd)
-                code = _finish_container(store, rec, proc, _wait_status(proc.pid))
+                code = _finish_container(store, rec, proc, wait_status(proc.pid))
         except BaseException:
             _log_crash(store.root / "monitor-crash.log")
         finally:
@@ -500,7 +491,7 @@ def _docker_run_foreground(store: Containers, rec: dict[str, Any], exe: str, arg
                  threading.Thread(target=_pump, args=(proc.stderr, 2, log, log_lock), daemon=True)]
         for t in pumps:
             t.start()
-        status = _wait_status(proc.pid)
+        status = wait_status(proc.pid)
         _killpg(proc.pid, signal.SIGKILL)  # closes the pipes held by stragglers
         for t in pumps:
             t.join(timeout=2)

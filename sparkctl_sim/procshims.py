@@ -78,32 +78,31 @@ docker|systemctl ARGS`` and the wrappers that call it.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shlex
 import sys
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
-from sparkctl_sim.dockerps import docker_main
-from sparkctl_sim.dockershim import parse_docker_env_file, parse_docker_run
 from sparkctl_sim.shimbase import PREFIX_ENV, RUN_DIR_ENV, UNIT_DIR_ENV, ShimError
-from sparkctl_sim.systemctlshim import systemctl_main
-from sparkctl_sim.systemdunits import (
-    expand_systemd_argv,
-    parse_systemd_env_file,
-    parse_timespan_s,
-    parse_unit,
-    split_systemd_words,
-)
 
-__all__ = [
-    "PREFIX_ENV", "RUN_DIR_ENV", "UNIT_DIR_ENV", "ShimError", "expand_systemd_argv", "install_procshims", "main",
-    "parse_docker_env_file", "parse_docker_run", "parse_systemd_env_file", "parse_timespan_s", "parse_unit",
-    "split_systemd_words",
-]
+# Each verb imports only its own tool's modules (`systemctl` never loads docker's image store):
+# every call starts a fresh `python3 -S`. The parsers are re-exported lazily (PEP 562).
+_LAZY = {"parse_docker_env_file": "dockershim", "parse_docker_run": "dockershim",
+         **dict.fromkeys(("expand_systemd_argv", "parse_systemd_env_file", "parse_timespan_s", "parse_unit",
+                          "split_systemd_words"), "systemdunits")}
+
+__all__ = ["PREFIX_ENV", "RUN_DIR_ENV", "UNIT_DIR_ENV", "ShimError", "install_procshims", "main", *sorted(_LAZY)]
+
+
+def __getattr__(name: str) -> object:
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(f"sparkctl_sim.{_LAZY[name]}"), name)
+
 
 # ===========================================================================
 # entry points
@@ -148,7 +147,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return journalctl_main(rest)
     try:
-        return docker_main(rest) if tool == "docker" else systemctl_main(rest)
+        if tool == "docker":
+            from sparkctl_sim.dockerps import docker_main
+
+            return docker_main(rest)
+        from sparkctl_sim.systemctlshim import systemctl_main
+
+        return systemctl_main(rest)
     except ShimError as exc:
         print(exc.message, file=sys.stderr)
         return exc.code
@@ -159,11 +164,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         if rest and rest[0] in ("stop", "rm", "kill", "restart"):
             # An engine killed before it gave its memory back: settle the node's
             # simulated memory now, as the driver would when the process is gone.
+            import time
+
             from sparkctl_sim import nodestate
 
-            with contextlib.suppress(OSError, ValueError):
+            try:
                 time.sleep(0.05)
                 nodestate.settle_file(os.environ.get("SPARKCTL_SIM_STATE"))
+            except (OSError, ValueError):
+                pass
 
 
 def _entry() -> NoReturn:

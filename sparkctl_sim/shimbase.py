@@ -11,7 +11,9 @@ import datetime as _dt
 import fcntl
 import json
 import os
+import re as _re
 import resource
+import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -199,4 +201,26 @@ def _set_memlock_unlimited() -> None:
         resource.setrlimit(resource.RLIMIT_MEMLOCK, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
 
 
-# ===========================================================================
+# shared by the docker and systemd shims (kept here: `systemctl` must not import docker's modules)
+ENV_NAME_RE = _re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def wait_status(pid: int) -> int:
+    while True:
+        try:
+            _, status = os.waitpid(pid, 0)
+            return status
+        except ChildProcessError:
+            return 255 << 8
+
+
+def parse_signal(name: str) -> int:
+    name = name.upper()
+    if name.isdigit():
+        return int(name)
+    if not name.startswith("SIG"):
+        name = "SIG" + name
+    try:
+        return int(signal.Signals[name])
+    except KeyError as exc:
+        raise ShimError(f"invalid signal: {name}", 1) from exc
