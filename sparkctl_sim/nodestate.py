@@ -17,7 +17,7 @@ import copy
 import fcntl
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 # Light on purpose (no pathlib, typing or uuid at run time): the shims without a rendered view
 # import this in a fresh `python3 -S` on every call.
@@ -133,36 +133,75 @@ def _write(p: str, state: dict[str, Any]) -> None:
 
     ``meminfo`` and ``boot_id`` beside the state file are what the simulated
     node sees as /proc/meminfo and /proc/sys/kernel/random/boot_id (bind-mounted
-    in its mount namespace), so they are refreshed on every write.
+    in its mount namespace), so they are refreshed on every write. The tools'
+    rendered views of another state are dropped first (:func:`ensure_views`).
     """
     derived = (("meminfo", render_meminfo(state)), ("boot_id", render_boot_id(state)),
                ("drop_caches", ""))
     text = json.dumps(state, indent=2, sort_keys=True) + "\n"
+    _drop_views(p, text)
     _atomic_text(p, text)
     # Write in place (not rename): a bind mount pins the inode it was mounted on.
     for name, view in derived:
         with open(_beside(p, name), "w") as fh:
             fh.write(view)
-    _write_tool_views(p, state, text)
 
 
-VIEWS_DIR = "rendered"  # the node-state-only tool outputs, beside the state (sparkctl_sim.shims.rendered)
+# --------------------------------------------------------------------------
+# The node-state-only tools' answers (sparkctl_sim.shims.rendered): dropped when the state
+# changes (under the state's lock, before the new state is written), rendered again by the
+# first reader that finds none (:func:`ensure_views`, under the same lock). A directory that
+# exists holds the views of the current state, complete: it appears by one rename.
+# --------------------------------------------------------------------------
+
+VIEWS_DIR = "rendered"
+_VIEWS_MARK = ".state"  # the state text the views were rendered from
 
 
-def _write_tool_views(p: str, state: dict[str, Any], text: str) -> None:
-    """Re-render the tools' views when the state differs from the one they were rendered from."""
-    mark = os.path.join(_beside(p, VIEWS_DIR), ".state")
+def _drop_views(p: str, text: str) -> None:
+    d = _beside(p, VIEWS_DIR)
     try:
-        if _read(mark) == text:
-            return
+        if _read(os.path.join(d, _VIEWS_MARK)) == text:
+            return  # rendered from this very state (a rewrite that changed nothing)
     except OSError:
         pass
-    # imported here: the views' formatters are the shims, which read this module's files
-    from sparkctl_sim.shims.rendered import write_views
+    _remove_dir(d)
 
-    write_views(p, state)
-    with open(mark, "w", encoding="utf-8") as fh:
-        fh.write(text)
+
+def _remove_dir(d: str) -> None:
+    gone = f"{d}.{os.getpid()}.gone"
+    try:
+        os.rename(d, gone)  # readers see the views, or none; never half of them
+    except FileNotFoundError:
+        return
+    for name in os.listdir(gone):
+        os.unlink(os.path.join(gone, name))
+    os.rmdir(gone)
+
+
+def views_ready(path: str | os.PathLike[str]) -> bool:
+    return os.path.isfile(os.path.join(_beside(path, VIEWS_DIR), _VIEWS_MARK))
+
+
+def ensure_views(path: str | os.PathLike[str], render: Callable[[dict[str, Any]], dict[str, str]]) -> None:
+    """Render on read: when the state has no views, ``render(state)`` (file name -> text) them,
+    under the state's lock, into a new directory that replaces the old by one rename."""
+    p = os.fspath(path)
+    if views_ready(p):
+        return
+    with _locked(p):
+        if views_ready(p):
+            return
+        text = _read(p)
+        d = _beside(p, VIEWS_DIR)
+        new = f"{d}.{os.getpid()}.new"
+        _remove_dir(new)  # a reader killed mid-render
+        os.mkdir(new)
+        for name, body in {**render(json.loads(text)), _VIEWS_MARK: text}.items():
+            with open(os.path.join(new, name), "w", encoding="utf-8") as fh:
+                fh.write(body)
+        _remove_dir(d)
+        os.rename(new, d)
 
 
 def create(path: str | os.PathLike[str], state: dict[str, Any]) -> None:

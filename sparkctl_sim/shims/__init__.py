@@ -62,7 +62,6 @@ if TYPE_CHECKING:  # what a type checker sees; at run time __getattr__ imports o
         ps_this_node,
         read_netdevs,
         read_process_names,
-        run_tool,
     )
     from sparkctl_sim.shims.ethtool import (
         CX7_LINK_MODES,
@@ -111,6 +110,7 @@ if TYPE_CHECKING:  # what a type checker sees; at run time __getattr__ imports o
         ib_write_bw,
         rail_bandwidth_gbps,
     )
+    from sparkctl_sim.shims.run import run_tool
     from sparkctl_sim.shims.system import (
         apt_mark,
         getconf,
@@ -125,8 +125,8 @@ _FROM: dict[str, str] = {
     ), 'common'),
     **dict.fromkeys((
         'filter_ps', 'install_shims', 'main', 'ps_this_node', 'read_netdevs', 'read_process_names',
-        'run_tool',
     ), 'dispatch'),
+    'run_tool': 'run',
     **dict.fromkeys((
         'CX7_LINK_MODES', 'ethtool',
     ), 'ethtool'),

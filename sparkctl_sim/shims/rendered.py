@@ -3,13 +3,15 @@
 Most of what sparkctl asks a node (``uname -r``, ``getconf PAGESIZE``, ``apt-mark
 showhold``, ``lspci -vv -s BDF``, ``ethtool IFACE``, ``dpkg-query -W ...``) depends
 only on the node's state file, the caller's euid and a netdev's operstate. Each call
-used to start a Python interpreter (~60 ms); now :func:`render_views` (called by
-``nodestate._write``, the one place the state is written) renders the answers of a
-fixed table of command lines beside the state file, and the ``#!/bin/sh`` wrapper of
-each tool (:func:`wrapper`) sources the matching one: builtin ``printf`` and ``exit``,
-no fork, no Python. A command line not in the table, or a view not rendered yet,
-falls back to the Python shim (``python3 -S -m sparkctl_sim.shims TOOL``), which
-computes the same answer with the same formatter: the views cannot disagree with it.
+used to start a Python interpreter (~60 ms); now :func:`render_views` renders the
+answers of a fixed table of command lines beside the state file, and the ``#!/bin/sh``
+wrapper of each tool (:func:`wrapper`) sources the matching one: builtin ``printf`` and
+``exit``, no fork, no Python. A command line not in the table, or a view not rendered
+yet, falls back to the Python shim (``python3 -S -m sparkctl_sim.shims TOOL``), which
+computes the same answer with the same formatter (the views cannot disagree with it)
+and, when the state has no views, renders them (:func:`ensure_views`). A state write
+drops the views of the state it replaces (``nodestate._write``, under the state's lock),
+so no view outlives its state, and nodestate imports none of the shims.
 
 What varies apart from the state, and how the wrapper picks it without Python:
 
@@ -25,18 +27,19 @@ What varies apart from the state, and how the wrapper picks it without Python:
 Time-dependent answers (nvidia-smi's power, clocks and timestamps; ``ps``) are not
 here: they stay in Python, started with ``-S`` (no ``site``).
 
-SIMULATION ONLY. Pure except :func:`write_views`.
+SIMULATION ONLY. Pure except :func:`ensure_views`.
 """
 
 from __future__ import annotations
 
 import os
 import shlex
-from pathlib import Path
 
+from sparkctl_sim import nodestate
 from sparkctl_sim.nodestate import VIEWS_DIR
-from sparkctl_sim.shims.common import BDF_OF_NETDEV, ROCE_DEVICES, Netdev, State, ToolResult
+from sparkctl_sim.shims.common import BDF_OF_NETDEV, ROCE_DEVICES, VIEW_TOOLS, Netdev, State, ToolResult
 from sparkctl_sim.shims.lspci import ROOT_PORTS
+from sparkctl_sim.shims.run import run_tool
 
 NETDEVS = tuple(BDF_OF_NETDEV)
 _BDFS = tuple(sorted(ROOT_PORTS + tuple(BDF_OF_NETDEV.values())))
@@ -51,6 +54,7 @@ TABLE: dict[str, tuple[tuple[str, ...], ...]] = {
     "dpkg-query": (("-W", "--showformat=${db:Status-Status}", "earlyoom"),
                    ("-W", "-f=${db:Status-Status}", "earlyoom")),
 }
+assert tuple(TABLE) == VIEW_TOOLS  # the Python shim renders the views of these (dispatch.main)
 EUIDS = {"root": 0, "user": 1000}  # any non-zero euid reads the same
 EUID_TOOLS = ("lspci", "ethtool")
 # carrier-dependent entries: (tool, args) -> the netdev whose operstate picks the view
@@ -58,8 +62,6 @@ LINK_ARG = {("ethtool", (n,)): n for n in NETDEVS}
 
 
 def _result(tool: str, args: tuple[str, ...], state: State, euid: int, link_up: bool | None) -> ToolResult:
-    from sparkctl_sim.shims.dispatch import run_tool
-
     if tool == "dpkg-query":
         from sparkctl_sim.debpkg import dpkg_query
 
@@ -104,18 +106,9 @@ def render_views(state: State) -> dict[str, str]:
     return out
 
 
-def write_views(state_path: str | os.PathLike[str], state: State) -> None:
-    """Render the views into ``rendered/`` beside the state file (atomic per file)."""
-    d = Path(state_path).with_name(VIEWS_DIR)
-    d.mkdir(exist_ok=True)
-    views = render_views(state)
-    for old in d.glob("*.sh"):
-        if old.name not in views:
-            old.unlink(missing_ok=True)
-    for name, text in views.items():
-        tmp = d / f".{name}.{os.getpid()}.tmp"
-        tmp.write_text(text)
-        os.replace(tmp, d / name)
+def ensure_views(state_path: str | os.PathLike[str]) -> None:
+    """Render the views into ``rendered/`` beside the state file, unless the state has them."""
+    nodestate.ensure_views(state_path, render_views)
 
 
 # --------------------------------------------------------------------------- the wrappers
