@@ -133,11 +133,12 @@ def _write(p: str, state: dict[str, Any]) -> None:
 
     ``meminfo`` and ``boot_id`` beside the state file are what the simulated
     node sees as /proc/meminfo and /proc/sys/kernel/random/boot_id (bind-mounted
-    in its mount namespace), so they are refreshed on every write. The tools'
-    rendered views of another state are dropped first (:func:`ensure_views`).
+    in its mount namespace), so they are refreshed on every write; ``engine_pids``
+    tells the ``ps`` wrapper whether any engine holding memory is gone (shims.rendered).
+    The tools' rendered views of another state are dropped first (:func:`ensure_views`).
     """
     derived = (("meminfo", render_meminfo(state)), ("boot_id", render_boot_id(state)),
-               ("drop_caches", ""))
+               ("drop_caches", ""), (ENGINE_PIDS, render_engine_pids(state)))
     text = json.dumps(state, indent=2, sort_keys=True) + "\n"
     _drop_views(p, text)
     _atomic_text(p, text)
@@ -340,6 +341,14 @@ def render_meminfo(state: dict[str, Any]) -> str:
 
 def render_boot_id(state: dict[str, Any]) -> str:
     return f"{state['boot_id']}\n"
+
+
+ENGINE_PIDS = "engine_pids"
+
+
+def render_engine_pids(state: dict[str, Any]) -> str:
+    """The pids of the engines holding memory, one line (what :func:`settle` checks)."""
+    return " ".join(str(p) for p in state.get("engine_mem_gib", {})) + "\n"
 
 
 

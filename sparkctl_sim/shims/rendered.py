@@ -24,8 +24,9 @@ What varies apart from the state, and how the wrapper picks it without Python:
   No operstate file (rootless mode, a missing netdev): the Python shim decides,
   from netlink.
 
-Time-dependent answers (nvidia-smi's power, clocks and timestamps; ``ps``) are not
-here: they stay in Python, started with ``-S`` (no ``site``).
+``ps`` is no view but a sh filter (:func:`_ps`): the real ps, the rows of this network
+namespace's processes. Time-dependent answers (nvidia-smi's power, clocks and
+timestamps) are not here: they stay in Python, started with ``-S`` (no ``site``).
 
 SIMULATION ONLY. Pure except :func:`ensure_views`.
 """
@@ -147,12 +148,40 @@ def _ibdev2netdev() -> str:
             + f"\n  printf '{fmt}' {args}\n  exit 0\nfi\n")
 
 
+def _ps() -> str:
+    """``ps`` as a node sees it without Python (dispatch.ps_this_node is the same in Python): the
+    real ps, its rows kept when the process shares this shell's network namespace (find -L
+    -samefile: the nsfs inode). Only while every engine holding memory is alive (``engine_pids``
+    beside the state, ``/proc/PID/stat`` not a zombie as nodestate._pid_alive reads it): a dead
+    one's memory is settled by the Python shim, as before."""
+    return r"""e="${SPARKCTL_SIM_STATE%/*}/engine_pids"; k=
+[ -r "$e" ] && { read -r ps_pids <"$e"; k=ok; }
+for p in $ps_pids; do
+  st=; [ -r /proc/$p/stat ] && read -r st 2>/dev/null </proc/$p/stat
+  st=${st#*) }
+  case "$st" in ""|Z*|X*) k= ;; esac
+done
+ps=; for p in /bin/ps /usr/bin/ps; do [ -x "$p" ] && { ps=$p; break; }; done
+if [ "$k" = ok ] && [ -n "$ps" ]; then
+  mine=$(find -L /proc/[0-9]*/ns/net -maxdepth 0 -samefile /proc/$$/ns/net 2>/dev/null)
+  exec 3>&1
+  rc=$({ { "$ps" "$@"; echo $? >&4; } | awk -v mine="$mine" '
+    BEGIN { n = split(mine, a, "\n"); for (i = 1; i <= n; i++) { split(a[i], f, "/"); keep[f[3]] = 1 } }
+    NR == 1 { for (i = 1; i <= NF; i++) if ($i == "PID") { col = i; break }; print; next }
+    !col || (NF >= col && $col ~ /^[0-9]+$/ && ($col in keep))' >&3; } 4>&1)
+  exit "$rc"
+fi
+"""
+
+
 def wrapper(tool: str, python: str, pre: str) -> str:
     """The ``#!/bin/sh`` for ``tool``: its rendered view when there is one, else the Python shim."""
     head = f"#!/bin/sh\n# sparkctl SIMULATION: {tool} (views: sparkctl_sim/shims/rendered.py)\n"
     fast = ""
     if tool == "ibdev2netdev":
         fast = '[ "$#" = 0 ] && {\n' + _ibdev2netdev() + "}\n"
+    elif tool == "ps":
+        fast = _ps()
     elif tool in TABLE:
         d = '"${%s%%/*}/%s"' % ("SPARKCTL_SIM_STATE", VIEWS_DIR)
         uid = _UID if tool in EUID_TOOLS else ""

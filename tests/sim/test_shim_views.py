@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -78,3 +79,47 @@ def test_arguments_outside_the_table_go_to_python(node: tuple[Path, dict[str, st
     assert _run(bin_dir, env, "uname", "-sr") == ("Linux 6.17.0-1029-nvidia\n", "", 0)
     out, err, rc = _run(bin_dir, env, "uname", "-Z")
     assert rc == 1 and "invalid option -- 'Z'" in err
+
+
+def _ps_pids(out: str, but: str = "@") -> set[int]:
+    return {int(line.split()[0]) for line in out.strip().splitlines()[1:] if but not in line}
+
+
+@pytest.mark.needs_root
+def test_ps_keeps_the_rows_of_its_own_network_namespace_without_python(node: tuple[Path, dict[str, str]]) -> None:
+    """In a new network namespace (a node of its own) the sh ``ps`` lists only that namespace's processes,
+    as the Python one does (dispatch.ps_this_node), and no Python starts for it."""
+    bin_dir, env = node
+    if os.geteuid() != 0:
+        pytest.skip("unshare -n needs root")
+    state = bin_dir.parent / "node" / "state.json"
+    root = str(Path(shims.__file__).resolve().parents[2])
+    script = (f"sleep 30 & s=$!; {bin_dir}/ps -eo pid,args; echo '@''@'; "
+              f"PYTHONPATH={root} {sys.executable} -S -m sparkctl_sim.shims ps -eo pid,args; echo '@''@'$s; kill $s")
+    (bin_dir.parent / "probe.sh").write_text(script)  # a file: its sh's row shows no command line
+    r = subprocess.run(["unshare", "-n", "sh", str(bin_dir.parent / "probe.sh")], capture_output=True, text=True,
+                       env={**env, shims.STATE_ENV: str(state)}, timeout=60)
+    fast, python, tail = r.stdout.split("@@")
+    sleeper = int(tail)
+    assert "sparkctl_sim.shims ps" not in fast and f"{bin_dir}/ps -eo pid,args" in fast
+    assert sleeper in _ps_pids(fast) and sleeper in _ps_pids(python)
+    host = {int(p) for p in os.listdir("/proc") if p.isdigit()} - _ps_pids(python) - _ps_pids(fast)
+    assert os.getpid() in host  # the test's own process is in another namespace: neither ps lists it
+    # the same processes, but for each shim's own (the wrapper's sh; the Python shim)
+    assert _ps_pids(fast, but=f"{bin_dir}/ps") == _ps_pids(python, but="sparkctl_sim.shims ps")
+
+
+def test_ps_settles_a_dead_engines_memory_in_python(node: tuple[Path, dict[str, str]]) -> None:
+    """An engine gone without giving its memory back: the wrapper leaves ``ps`` to Python, which
+    settles the node's memory (nodestate.settle); with every engine alive, nothing is settled."""
+    bin_dir, env = node
+    state = bin_dir.parent / "node" / "state.json"
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    with nodestate.edit(state) as s:
+        s["engine_mem_gib"] = {str(os.getpid()): 10.0, str(dead.pid): 20.0}
+    assert (state.parent / nodestate.ENGINE_PIDS).read_text() == f"{os.getpid()} {dead.pid}\n"
+    _run(bin_dir, env, "ps", "-p", "1")
+    assert nodestate.load(state)["engine_mem_gib"] == {str(os.getpid()): 10.0}
+    _run(bin_dir, env, "ps", "-p", "1")  # the live one stays
+    assert nodestate.load(state)["engine_mem_gib"] == {str(os.getpid()): 10.0}
