@@ -205,6 +205,23 @@ def ensure_views(path: str | os.PathLike[str], render: Callable[[dict[str, Any]]
         os.rename(new, d)
 
 
+def add_views(path: str | os.PathLike[str], render: Callable[[dict[str, Any]], dict[str, str]],
+              stale: Callable[[str], bool]) -> None:
+    """More views of the current state (``render(state)``), written beside its others, and the
+    ``stale`` ones removed; under the state's lock, only while the state has views at all."""
+    p = os.fspath(path)
+    with _locked(p):
+        if not views_ready(p):
+            return
+        d = _beside(p, VIEWS_DIR)
+        views = render(json.loads(_read(p)))
+        for name in os.listdir(d):
+            if name not in views and stale(name):
+                os.unlink(os.path.join(d, name))
+        for name, body in views.items():
+            _atomic_text(os.path.join(d, name), body)
+
+
 def create(path: str | os.PathLike[str], state: dict[str, Any]) -> None:
     """Write a new state file (and its derived /proc views)."""
     p = os.fspath(path)

@@ -184,12 +184,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     tool, args = argv[0], argv[1:]
     path = os.environ.get(STATE_ENV)
-    if path and tool in VIEW_TOOLS and not nodestate.views_ready(path):
-        # render on read: the state has no views (a write dropped them); this call falls back here
-        from sparkctl_sim.shims.rendered import ensure_views
-
+    if path and (tool in VIEW_TOOLS or tool == "nvidia-smi"):
+        # render on read: the state has no views (a write dropped them), or nvidia-smi's ran out
         try:
-            ensure_views(path)
+            if not nodestate.views_ready(path):
+                from sparkctl_sim.shims.rendered import ensure_views
+
+                ensure_views(path)
+            elif args[:1] and args[0].startswith("--query-gpu="):
+                from sparkctl_sim.shims import rendered
+
+                if tuple(args) in rendered.SMI_LINES:
+                    rendered.renew_smi_views(path, time.time())
         except (OSError, ValueError):  # no state file: the tool's own answer says so below
             pass
     if tool == "ps":

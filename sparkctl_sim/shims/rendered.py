@@ -55,6 +55,17 @@ TABLE: dict[str, tuple[tuple[str, ...], ...]] = {
     "dpkg-query": (("-W", "--showformat=${db:Status-Status}", "earlyoom"),
                    ("-W", "-f=${db:Status-Status}", "earlyoom")),
 }
+# nvidia-smi's query lines that sparkctl runs (sparkctl/facts/gpu.py: the GPU fact, telemetry_command):
+# their values follow the state and the whole second (gb10.gpu_sample: jitter per second), never the
+# caller, so they are rendered per second, SMI_WINDOW_S seconds ahead, and the wrapper picks the
+# current second (`date +%s`). `-q -d PERFORMANCE` is not: its event-reason counters run in
+# microseconds of uptime.
+SMI_LINES: tuple[tuple[str, ...], ...] = (
+    ("--query-gpu=name,compute_cap,driver_version,clocks.sm,clocks.max.sm,clocks_event_reasons.active,"
+     "power.draw,temperature.gpu", "--format=csv,noheader,nounits"),
+    ("--query-gpu=power.draw,clocks.sm,temperature.gpu,clocks_event_reasons.active", "--format=csv,noheader,nounits"),
+)
+SMI_WINDOW_S = 30
 assert tuple(TABLE) == VIEW_TOOLS  # the Python shim renders the views of these (dispatch.main)
 EUIDS = {"root": 0, "user": 1000}  # any non-zero euid reads the same
 EUID_TOOLS = ("lspci", "ethtool")
@@ -87,8 +98,16 @@ def view_name(tool: str, k: int, user: str | None = None, link: str | None = Non
     return ".".join(x for x in (tool, str(k), user, link) if x) + ".sh"
 
 
-def render_views(state: State) -> dict[str, str]:
-    """File name -> sh fragment, for every command line of :data:`TABLE`. Pure.
+def render_smi_views(state: State, start: int) -> dict[str, str]:
+    """File name -> sh fragment, for every line of :data:`SMI_LINES` and every second from ``start``
+    on, :data:`SMI_WINDOW_S` of them. Pure."""
+    return {f"nvidia-smi.{k}.{sec}.sh": _fragment(run_tool("nvidia-smi", state, args, now=float(sec), euid=0))
+            for k, args in enumerate(SMI_LINES) for sec in range(start, start + SMI_WINDOW_S)}
+
+
+def render_views(state: State, now: float | None = None) -> dict[str, str]:
+    """File name -> sh fragment, for every command line of :data:`TABLE` (and of
+    :data:`SMI_LINES` from the second ``now`` on, when given). Pure.
 
     An answer that needs the real tool (``exec_argv``) or changes the state is not
     rendered: the wrapper then falls back to the Python shim.
@@ -104,12 +123,24 @@ def render_views(state: State) -> dict[str, str]:
                                   None if link is None else link == "up")
                     if res.exec_argv is None and res.new_state is None:
                         out[view_name(tool, k, user, link)] = _fragment(res)
-    return out
+    return out if now is None else {**out, **render_smi_views(state, int(now))}
 
 
 def ensure_views(state_path: str | os.PathLike[str]) -> None:
     """Render the views into ``rendered/`` beside the state file, unless the state has them."""
-    nodestate.ensure_views(state_path, render_views)
+    import time
+
+    nodestate.ensure_views(state_path, lambda s: render_views(s, time.time()))
+
+
+def renew_smi_views(state_path: str | os.PathLike[str], now: float) -> None:
+    """The next :data:`SMI_WINDOW_S` seconds of nvidia-smi's views (the last ones ran out); those
+    more than 5 s old are removed (a wrapper may still be reading the second it picked)."""
+    def stale(name: str) -> bool:
+        sec = name.split(".")[-2]
+        return name.startswith("nvidia-smi.") and sec.isdigit() and int(sec) < now - 5
+
+    nodestate.add_views(state_path, lambda s: render_smi_views(s, int(now)), stale)
 
 
 # --------------------------------------------------------------------------- the wrappers
@@ -182,6 +213,11 @@ def wrapper(tool: str, python: str, pre: str) -> str:
         fast = '[ "$#" = 0 ] && {\n' + _ibdev2netdev() + "}\n"
     elif tool == "ps":
         fast = _ps()
+    elif tool == "nvidia-smi":
+        arms = "\n".join(f"  {shlex.quote(f'{len(a)}:{chr(32).join(a)}')}) k={k} ;;" for k, a in enumerate(SMI_LINES))
+        fast = ('k=\ncase "$#:$*" in\n' + arms + '\nesac\nif [ -n "$k" ]; then\n'
+                f'  f="${{SPARKCTL_SIM_STATE%/*}}/{VIEWS_DIR}/nvidia-smi.$k.$(date +%s).sh"\n'
+                '  [ -r "$f" ] && . "$f"\nfi\n')
     elif tool in TABLE:
         d = '"${%s%%/*}/%s"' % ("SPARKCTL_SIM_STATE", VIEWS_DIR)
         uid = _UID if tool in EUID_TOOLS else ""

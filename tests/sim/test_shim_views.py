@@ -123,3 +123,41 @@ def test_ps_settles_a_dead_engines_memory_in_python(node: tuple[Path, dict[str, 
     assert nodestate.load(state)["engine_mem_gib"] == {str(os.getpid()): 10.0}
     _run(bin_dir, env, "ps", "-p", "1")  # the live one stays
     assert nodestate.load(state)["engine_mem_gib"] == {str(os.getpid()): 10.0}
+
+
+@pytest.mark.parametrize("k", range(len(rendered.SMI_LINES)))
+def test_nvidia_smis_query_views_are_the_python_shims_answer_of_that_second(node: tuple[Path, dict[str, str]],
+                                                                            k: int) -> None:
+    """The per-second views of sparkctl's nvidia-smi query lines: idle and busy (an engine holds memory,
+    the clocks and power jitter per second), the wrapper's answer is Python's in the same second."""
+    bin_dir, env = node
+    state = bin_dir.parent / "node" / "state.json"
+    args = rendered.SMI_LINES[k]
+    for busy in (False, True):
+        if busy:
+            with nodestate.edit(state) as s:
+                s["engine_mem_gib"] = {str(os.getpid()): 30.0}
+        for _ in range(3):  # a pair that straddles a second boundary may differ: try again
+            a, b = _run(bin_dir, env, "nvidia-smi", *args), _python(env, state, "nvidia-smi", *args)
+            if a == b:
+                break
+        assert a == b and a[2] == 0
+        views = sorted(p.name for p in (state.parent / rendered.VIEWS_DIR).glob(f"nvidia-smi.{k}.*.sh"))
+        assert len(views) >= rendered.SMI_WINDOW_S
+
+
+def test_nvidia_smis_views_run_out_and_python_renders_the_next_ones(node: tuple[Path, dict[str, str]]) -> None:
+    bin_dir, env = node
+    views = bin_dir.parent / "node" / rendered.VIEWS_DIR
+    for f in views.glob("nvidia-smi.*.sh"):
+        f.unlink()  # as if the window ran out
+    out = _run(bin_dir, env, "nvidia-smi", *rendered.SMI_LINES[0])
+    assert out[2] == 0 and out[0].startswith("NVIDIA GB10, 12.1, ")
+    assert len(list(views.glob("nvidia-smi.0.*.sh"))) == rendered.SMI_WINDOW_S
+    # a planted view for this second is what the wrapper prints: no Python computed it
+    import time
+
+    now = int(time.time())
+    for sec in (now, now + 1, now + 2):
+        (views / f"nvidia-smi.0.{sec}.sh").write_text("printf %s 'planted\n'\nexit 0\n")
+    assert _run(bin_dir, env, "nvidia-smi", *rendered.SMI_LINES[0])[0] == "planted\n"
