@@ -73,7 +73,10 @@ OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 
 def store_kind(node_dir: Path) -> str:
     """The node's docker image store: its state's ``docker_store`` (classic unless set)."""
-    state = _read_json(node_dir / "state.json") or {}
+    return kind_of(_read_json(node_dir / "state.json") or {})
+
+
+def kind_of(state: dict[str, Any]) -> str:
     kind = state.get("docker_store", STORE_CLASSIC)
     return kind if kind in (STORE_CLASSIC, STORE_CONTAINERD) else STORE_CLASSIC
 

@@ -295,14 +295,12 @@ def docker_logs(args: Sequence[str]) -> int:
     return 0
 
 
-def docker_info(args: Sequence[str]) -> int:
-    """``docker info [--format T]``: the storage driver and its DriverStatus, by image store.
+def info_text(kind: str, fmt: str | None) -> str:
+    """What ``docker info [--format FMT]`` prints for an image store of ``kind``. Pure.
 
     The containerd image store reports the snapshotter (``Storage Driver: overlayfs``,
     ``driver-type: io.containerd.snapshotter.v1``); the classic store its graph driver
     (docs.docker.com/engine/storage/containerd/, moby daemon/info.go fillDriverInfo)."""
-    opts, _ = _docker_opts(args, "info", {}, {"-f": "format", "--format": "format"})
-    kind = dockerimages.store_kind(_run_dir().parent)
     if kind == dockerimages.STORE_CONTAINERD:
         view = {"Driver": "overlayfs", "DriverStatus": [["driver-type", "io.containerd.snapshotter.v1"]]}
     else:
@@ -310,12 +308,16 @@ def docker_info(args: Sequence[str]) -> int:
                                                        ["Using metacopy", "false"], ["Native Overlay Diff", "true"],
                                                        ["userxattr", "false"]]}
     view.update({"ServerVersion": "28.0.0-sparkctl-sim", "OperatingSystem": "Ubuntu 24.04 LTS (sparkctl sim)"})
-    if "format" in opts:
-        print(_render_template(opts["format"], view))
-        return 0
-    print("Server:\n Server Version: " + view["ServerVersion"] + "\n Storage Driver: " + view["Driver"])
-    for k, v in view["DriverStatus"]:
-        print(f"  {k}: {v}")
+    if fmt is not None:
+        return _render_template(fmt, view) + "\n"
+    lines = ["Server:", " Server Version: " + view["ServerVersion"], " Storage Driver: " + view["Driver"]]
+    return "\n".join(lines + [f"  {k}: {v}" for k, v in view["DriverStatus"]]) + "\n"
+
+
+def docker_info(args: Sequence[str]) -> int:
+    """``docker info [--format T]``: the storage driver and its DriverStatus, by image store (:func:`info_text`)."""
+    opts, _ = _docker_opts(args, "info", {}, {"-f": "format", "--format": "format"})
+    sys.stdout.write(info_text(dockerimages.store_kind(_run_dir().parent), opts.get("format")))
     return 0
 
 

@@ -116,8 +116,18 @@ def install_procshims(bin_dir: Path, python: str = sys.executable) -> list[Path]
     work in a clean environment (an SSH session, a systemd unit).
     """
     bin_dir.mkdir(parents=True, exist_ok=True)
+    from sparkctl_sim.shims.rendered import DOCKER_LINES, VIEWS_DIR
+
     package_root = str(Path(__file__).resolve().parents[1])
     written = []
+    # docker's node-state-only lines answer from the node's rendered views (sparkctl_sim.shims.rendered)
+    # when the run dir's node is the state's (dockerimages.store_kind reads the state beside the run dir)
+    arms = "\n".join(f"  {shlex.quote(f'{len(a)}:{chr(32).join(a)}')}) k={k} ;;" for k, a in enumerate(DOCKER_LINES))
+    docker_fast = ('k=\ncase "$#:$*" in\n' + arms + '\nesac\n'
+                   'if [ -n "$k" ] && [ -n "${SPARKCTL_SIM_STATE:-}" ] && '
+                   '[ "${SPARKCTL_SIM_RUN_DIR%/*}/state.json" = "$SPARKCTL_SIM_STATE" ]; then\n'
+                   f'  f="${{SPARKCTL_SIM_STATE%/*}}/{VIEWS_DIR}/docker.$k.sh"\n'
+                   '  [ -r "$f" ] && . "$f"\nfi\n')
     for tool in ("docker", "systemctl", "journalctl"):
         path = bin_dir / tool
         body = (
@@ -125,7 +135,8 @@ def install_procshims(bin_dir: Path, python: str = sys.executable) -> list[Path]
             "# sparkctl SIMULATION shim: see sparkctl_sim/procshims.py\n"
             f"PYTHONPATH={shlex.quote(package_root)}${{PYTHONPATH:+:$PYTHONPATH}}\n"
             "export PYTHONPATH\n"
-            f"exec {shlex.quote(python)} -S -m sparkctl_sim.procshims {tool} \"$@\"\n"
+            + (docker_fast if tool == "docker" else "")
+            + f"exec {shlex.quote(python)} -S -m sparkctl_sim.procshims {tool} \"$@\"\n"
         )
         tmp = path.with_name(f".{tool}.tmp")
         tmp.write_text(body, encoding="utf-8")
@@ -149,6 +160,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if tool == "docker":
             from sparkctl_sim.dockerps import docker_main
+            from sparkctl_sim.nodestate import views_ready
+
+            state = os.environ.get("SPARKCTL_SIM_STATE")
+            if state and not views_ready(state):  # render on read (sparkctl_sim.shims.rendered)
+                from sparkctl_sim.shims.rendered import ensure_views
+
+                try:
+                    ensure_views(state)
+                except (OSError, ValueError):  # no state file: docker's own answer says so
+                    pass
 
             return docker_main(rest)
         from sparkctl_sim.systemctlshim import systemctl_main

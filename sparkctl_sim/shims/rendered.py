@@ -66,6 +66,9 @@ SMI_LINES: tuple[tuple[str, ...], ...] = (
     ("--query-gpu=power.draw,clocks.sm,temperature.gpu,clocks_event_reasons.active", "--format=csv,noheader,nounits"),
 )
 SMI_WINDOW_S = 30
+# docker's node-state-only line sparkctl runs (sparkctl/model/imageid.py store_command): the image store's
+# kind is the state's docker_store (dockerimages.store_kind). Its wrapper is procshims.install_procshims'.
+DOCKER_LINES: tuple[tuple[str, ...], ...] = (("info", "--format", "{{json .DriverStatus}}"),)
 assert tuple(TABLE) == VIEW_TOOLS  # the Python shim renders the views of these (dispatch.main)
 EUIDS = {"root": 0, "user": 1000}  # any non-zero euid reads the same
 EUID_TOOLS = ("lspci", "ethtool")
@@ -123,6 +126,11 @@ def render_views(state: State, now: float | None = None) -> dict[str, str]:
                                   None if link is None else link == "up")
                     if res.exec_argv is None and res.new_state is None:
                         out[view_name(tool, k, user, link)] = _fragment(res)
+    from sparkctl_sim.dockerimages import kind_of
+    from sparkctl_sim.dockerps import info_text
+
+    for k, args in enumerate(DOCKER_LINES):  # docker info --format FMT
+        out[f"docker.{k}.sh"] = _fragment(ToolResult(info_text(kind_of(state), args[2])))
     return out if now is None else {**out, **render_smi_views(state, int(now))}
 
 

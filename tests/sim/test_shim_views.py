@@ -161,3 +161,27 @@ def test_nvidia_smis_views_run_out_and_python_renders_the_next_ones(node: tuple[
     for sec in (now, now + 1, now + 2):
         (views / f"nvidia-smi.0.{sec}.sh").write_text("printf %s 'planted\n'\nexit 0\n")
     assert _run(bin_dir, env, "nvidia-smi", *rendered.SMI_LINES[0])[0] == "planted\n"
+
+
+@pytest.mark.parametrize("store", ["classic", "containerd"])
+def test_docker_info_is_a_view_of_the_image_store_kind(tmp_path: Path, store: str) -> None:
+    """``docker info --format '{{json .DriverStatus}}'`` (sparkctl's store probe) from the node's views:
+    the answer of the Python docker shim, for either image store; it follows a state write."""
+    from sparkctl_sim import procshims
+
+    node = tmp_path / "node"
+    state = node / "state.json"
+    nodestate.create(state, {**nodestate.default_state("spark-a"), "docker_store": "classic"})
+    shims.install_shims(tmp_path / "bin", state_path=state)
+    procshims.install_procshims(tmp_path / "bin")
+    (node / "run").mkdir()
+    env = {**os.environ, shims.STATE_ENV: str(state), "SPARKCTL_SIM_RUN_DIR": str(node / "run")}
+    with nodestate.edit(state) as s:
+        s["docker_store"] = store
+    argv = ["docker", *rendered.DOCKER_LINES[0]]
+    python = _run(tmp_path / "bin", {**env, shims.STATE_ENV: ""}, *argv)  # no state named: Python answers
+    assert _run(tmp_path / "bin", env, *argv) == python and python[2] == 0  # renders the views
+    assert ("io.containerd.snapshotter.v1" in python[0]) == (store == "containerd")
+    view = node / rendered.VIEWS_DIR / "docker.0.sh"
+    view.write_text("printf %s 'planted\n'\nexit 0\n")
+    assert _run(tmp_path / "bin", env, *argv)[0] == "planted\n"  # the wrapper read it
