@@ -17,15 +17,16 @@ from collections.abc import Sequence
 from typing import Any
 
 from sparkctl_sim import dockerimages
-from sparkctl_sim.dockershim import Containers, _docker_opts, docker_run
 from sparkctl_sim.shimbase import (
     DOCKER_STOP_DEFAULT_S,
+    Containers,
     ShimError,
     _alive,
     _killpg,
     _read_json,
     _run_dir,
     _wait_until,
+    docker_opts,
     parse_signal,
 )
 
@@ -97,7 +98,7 @@ def _inspect_view(rec: dict[str, Any]) -> dict[str, Any]:
 
 
 def docker_ps(args: Sequence[str]) -> int:
-    opts, rest = _docker_opts(
+    opts, rest = docker_opts(
         args, "ps", {"-a": "all", "--all": "all", "-q": "quiet", "--quiet": "quiet",
                      "--no-trunc": "no_trunc"},
         {"--filter": "filter", "-f": "filter", "--format": "format"})
@@ -158,7 +159,7 @@ def _stop_container(store: Containers, rec: dict[str, Any], sig: int, timeout_s:
 
 
 def docker_stop(args: Sequence[str]) -> int:
-    opts, refs = _docker_opts(args, "stop", {}, {"-t": "time", "--time": "time",
+    opts, refs = docker_opts(args, "stop", {}, {"-t": "time", "--time": "time",
                                                  "--timeout": "time", "-s": "signal",
                                                  "--signal": "signal"})
     if not refs:
@@ -180,7 +181,7 @@ def docker_stop(args: Sequence[str]) -> int:
 
 
 def docker_kill(args: Sequence[str]) -> int:
-    opts, refs = _docker_opts(args, "kill", {}, {"-s": "signal", "--signal": "signal"})
+    opts, refs = docker_opts(args, "kill", {}, {"-s": "signal", "--signal": "signal"})
     sig = parse_signal(opts.get("signal", "SIGKILL"))
     store = Containers(_run_dir())
     code = 0
@@ -200,7 +201,7 @@ def docker_kill(args: Sequence[str]) -> int:
 
 
 def docker_rm(args: Sequence[str]) -> int:
-    opts, refs = _docker_opts(args, "rm", {"-f": "force", "--force": "force",
+    opts, refs = docker_opts(args, "rm", {"-f": "force", "--force": "force",
                                            "-v": "volumes", "--volumes": "volumes"}, {})
     if not refs:
         raise ShimError("\"docker rm\" requires at least 1 argument.\n"
@@ -227,7 +228,7 @@ def docker_rm(args: Sequence[str]) -> int:
 
 
 def docker_inspect(args: Sequence[str]) -> int:
-    opts, refs = _docker_opts(args, "inspect", {}, {"-f": "format", "--format": "format",
+    opts, refs = docker_opts(args, "inspect", {}, {"-f": "format", "--format": "format",
                                                     "--type": "type"})
     if opts.get("type") == "image":
         return dockerimages.docker_image_inspect(refs, opts.get("format"), _render_template)
@@ -254,7 +255,7 @@ def docker_inspect(args: Sequence[str]) -> int:
 
 
 def docker_logs(args: Sequence[str]) -> int:
-    opts, refs = _docker_opts(args, "logs", {"-f": "follow", "--follow": "follow",
+    opts, refs = docker_opts(args, "logs", {"-f": "follow", "--follow": "follow",
                                              "-t": "timestamps", "--timestamps": "timestamps"},
                               {"-n": "tail", "--tail": "tail"})
     if len(refs) != 1:
@@ -316,7 +317,7 @@ def info_text(kind: str, fmt: str | None) -> str:
 
 def docker_info(args: Sequence[str]) -> int:
     """``docker info [--format T]``: the storage driver and its DriverStatus, by image store (:func:`info_text`)."""
-    opts, _ = _docker_opts(args, "info", {}, {"-f": "format", "--format": "format"})
+    opts, _ = docker_opts(args, "info", {}, {"-f": "format", "--format": "format"})
     sys.stdout.write(info_text(dockerimages.store_kind(_run_dir().parent), opts.get("format")))
     return 0
 
@@ -335,13 +336,17 @@ def docker_main(argv: Sequence[str]) -> int:
     elif sub == "image" and rest:  # docker image inspect|ls|save|load|pull|tag|rm
         verb, rest = rest[0], rest[1:]
         if verb == "inspect":
-            opts, refs = _docker_opts(rest, "image inspect", {}, {"-f": "format", "--format": "format"})
+            opts, refs = docker_opts(rest, "image inspect", {}, {"-f": "format", "--format": "format"})
             if not refs:
                 raise ShimError("\"docker image inspect\" requires at least 1 argument.\n"
                                 "See 'docker image inspect --help'.", 1)
             return dockerimages.docker_image_inspect(refs, opts.get("format"), _render_template)
         sub = {"ls": "images", "list": "images", "rm": "rmi"}.get(verb, verb)
-    handlers = {"run": docker_run, "ps": docker_ps, "stop": docker_stop, "kill": docker_kill,
+    if sub == "run":  # only `docker run` imports run's modules (every call starts a fresh `python3 -S`)
+        from sparkctl_sim.dockershim import docker_run
+
+        return docker_run(rest)
+    handlers = {"ps": docker_ps, "stop": docker_stop, "kill": docker_kill,
                 "rm": docker_rm, "inspect": docker_inspect, "logs": docker_logs,
                 "images": dockerimages.docker_images, "save": dockerimages.docker_save,
                 "load": dockerimages.docker_load, "pull": dockerimages.docker_pull,
