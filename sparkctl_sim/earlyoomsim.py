@@ -3,7 +3,16 @@
 SIMULATION ONLY. Why not the real binary: the simulated nodes share this
 machine's PID namespace, and earlyoom picks its victim among every process in
 /proc, so the real one on a node would kill this machine's processes (the test
-runner is a ``python3`` that sparkctl's ``--prefer`` matches). This stand-in
+runner is a ``python3`` that sparkctl's ``--prefer`` matches). A PID namespace of
+its own (``unshare -p --fork --mount-proc``, root mode only) does not help: earlyoom
+would see itself alone, none of the node's engines. Moving each node's whole process
+tree (sshd, its sessions, the engines) into one would let it see them, but not their
+memory: a simulated engine holds none (its GiB are the state file's ``engine_mem_gib``),
+so the kernel's oom_score and VmRSS that earlyoom ranks by (kill.c) would rank a ~30 MB
+Python engine beside sshd and bash, and its choice would measure this machine, not the
+node; and the pids in the state file, which the host-side tools (``sim``'s kill_engines,
+nodestate.settle) read, would be another namespace's. tests/test_earlyoom_sim.py runs the
+real binary (on a /proc/meminfo of its own) against the stand-in instead. This stand-in
 follows earlyoom v1.7's source (github.com/rfjakob/earlyoom, tag v1.7):
 
 * arguments (main.c, getopt_long "m:s:M:S:kingN:dvr:ph" plus --prefer, --avoid,
