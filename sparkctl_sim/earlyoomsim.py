@@ -11,8 +11,9 @@ memory: a simulated engine holds none (its GiB are the state file's ``engine_mem
 so the kernel's oom_score and VmRSS that earlyoom ranks by (kill.c) would rank a ~30 MB
 Python engine beside sshd and bash, and its choice would measure this machine, not the
 node; and the pids in the state file, which the host-side tools (``sim``'s kill_engines,
-nodestate.settle) read, would be another namespace's. tests/test_earlyoom_sim.py runs the
-real binary (on a /proc/meminfo of its own) against the stand-in instead. This stand-in
+nodestate.settle) read, would be another namespace's. tests/test_earlyoom_sim.py judges the
+stand-in by the real binary instead (``--dryrun``: the same arguments read into the same
+limits, the same refusals). This stand-in
 follows earlyoom v1.7's source (github.com/rfjakob/earlyoom, tag v1.7):
 
 * arguments (main.c, getopt_long "m:s:M:S:kingN:dvr:ph" plus --prefer, --avoid,
