@@ -50,7 +50,6 @@ from dataclasses import dataclass
 
 from sparkctl_sim import nodestate
 from sparkctl_sim.envnames import STATE_ENV
-from sparkctl_sim.netns import pid_alive
 
 VERSION = "v1.7"
 BADNESS_PREFER, BADNESS_AVOID = 300, -300  # kill.c
@@ -313,7 +312,7 @@ def _kill(cfg: Config, sig: int, victim: Proc, state_path: str) -> None:
                 sig = signal.SIGKILL
                 os.kill(victim.pid, sig)
                 _warn(f"escalating to SIGKILL after {i * 0.1:.1f} seconds")
-        if not pid_alive(victim.pid):
+        if not nodestate.pid_alive(victim.pid):
             nodestate.settle_file(state_path)  # the kernel takes the dead engine's memory back
             _warn(f"process exited after {i * 0.1:.1f} seconds")
             return

@@ -373,10 +373,12 @@ def render_engine_pids(state: dict[str, Any]) -> str:
 LEAKY_KERNELS = ("6.17.0-1031-nvidia",)
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """True for a live process: a zombie holds no memory, counts as dead (proc(5): the state is
+    the field after the parenthesised comm, which may itself hold ``)`` and spaces)."""
     try:
         with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().split(") ", 1)[1][:1] not in ("Z", "X")  # a zombie holds no memory
+            return fh.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
     except (OSError, IndexError):
         return False
 
@@ -386,7 +388,7 @@ def settle(state: dict[str, Any]) -> None:
     (or with the ``leak_on_death`` fault), given back otherwise."""
     leaky = state.get("kernel_release") in LEAKY_KERNELS or bool(state.get("faults", {}).get("leak_on_death"))
     for pid, gib in list(state.get("engine_mem_gib", {}).items()):
-        if not (str(pid).isdigit() and _pid_alive(int(pid))):
+        if not (str(pid).isdigit() and pid_alive(int(pid))):
             if leaky:
                 state["leaked_mem_gib"] = float(state.get("leaked_mem_gib", 0.0)) + float(gib)
             del state["engine_mem_gib"][pid]

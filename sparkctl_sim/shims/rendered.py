@@ -191,13 +191,13 @@ def _ps() -> str:
     """``ps`` as a node sees it without Python (dispatch.ps_this_node is the same in Python): the
     real ps, its rows kept when the process shares this shell's network namespace (find -L
     -samefile: the nsfs inode). Only while every engine holding memory is alive (``engine_pids``
-    beside the state, ``/proc/PID/stat`` not a zombie as nodestate._pid_alive reads it): a dead
+    beside the state, ``/proc/PID/stat`` not a zombie, as nodestate.pid_alive reads it): a dead
     one's memory is settled by the Python shim, as before."""
     return r"""e="${SPARKCTL_SIM_STATE%/*}/engine_pids"; k=
 [ -r "$e" ] && { read -r ps_pids <"$e"; k=ok; }
 for p in $ps_pids; do
   st=; [ -r /proc/$p/stat ] && read -r st 2>/dev/null </proc/$p/stat
-  st=${st#*) }
+  st=${st##*)}; st=${st# }
   case "$st" in ""|Z*|X*) k= ;; esac
 done
 ps=; for p in /bin/ps /usr/bin/ps; do [ -x "$p" ] && { ps=$p; break; }; done
