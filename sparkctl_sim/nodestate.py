@@ -184,14 +184,16 @@ def views_ready(path: str | os.PathLike[str]) -> bool:
     return os.path.isfile(os.path.join(_beside(path, VIEWS_DIR), _VIEWS_MARK))
 
 
-def ensure_views(path: str | os.PathLike[str], render: Callable[[dict[str, Any]], dict[str, str]]) -> None:
-    """Render on read: when the state has no views, ``render(state)`` (file name -> text) them,
-    under the state's lock, into a new directory that replaces the old by one rename."""
+def ensure_views(path: str | os.PathLike[str], render: Callable[[dict[str, Any]], dict[str, str]],
+                 renew: bool = False) -> None:
+    """Render on read: when the state has no views (or ``renew``: they ran out), ``render(state)``
+    (file name -> text) them, under the state's lock, into a new directory that replaces the old
+    by one rename."""
     p = os.fspath(path)
-    if views_ready(p):
+    if views_ready(p) and not renew:
         return
     with _locked(p):
-        if views_ready(p):
+        if views_ready(p) and not renew:
             return
         text = _read(p)
         d = _beside(p, VIEWS_DIR)
@@ -203,23 +205,6 @@ def ensure_views(path: str | os.PathLike[str], render: Callable[[dict[str, Any]]
                 fh.write(body)
         _remove_dir(d)
         os.rename(new, d)
-
-
-def add_views(path: str | os.PathLike[str], render: Callable[[dict[str, Any]], dict[str, str]],
-              stale: Callable[[str], bool]) -> None:
-    """More views of the current state (``render(state)``), written beside its others, and the
-    ``stale`` ones removed; under the state's lock, only while the state has views at all."""
-    p = os.fspath(path)
-    with _locked(p):
-        if not views_ready(p):
-            return
-        d = _beside(p, VIEWS_DIR)
-        views = render(json.loads(_read(p)))
-        for name in os.listdir(d):
-            if name not in views and stale(name):
-                os.unlink(os.path.join(d, name))
-        for name, body in views.items():
-            _atomic_text(os.path.join(d, name), body)
 
 
 def create(path: str | os.PathLike[str], state: dict[str, Any]) -> None:

@@ -187,15 +187,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if path and (tool in VIEW_TOOLS or tool == "nvidia-smi"):
         # render on read: the state has no views (a write dropped them), or nvidia-smi's ran out
         try:
-            if not nodestate.views_ready(path):
-                from sparkctl_sim.shims.rendered import ensure_views
-
-                ensure_views(path)
-            elif args[:1] and args[0].startswith("--query-gpu="):
+            renew = tool == "nvidia-smi" and args[:1] != [] and args[0].startswith("--query-gpu=")
+            if renew or not nodestate.views_ready(path):
                 from sparkctl_sim.shims import rendered
 
-                if tuple(args) in rendered.SMI_LINES:
-                    rendered.renew_smi_views(path, time.time())
+                rendered.ensure_views(path, renew=renew and tuple(args) in rendered.SMI_LINES)
         except (OSError, ValueError):  # no state file: the tool's own answer says so below
             pass
     if tool == "ps":

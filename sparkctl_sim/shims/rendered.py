@@ -134,21 +134,12 @@ def render_views(state: State, now: float | None = None) -> dict[str, str]:
     return out if now is None else {**out, **render_smi_views(state, int(now))}
 
 
-def ensure_views(state_path: str | os.PathLike[str]) -> None:
-    """Render the views into ``rendered/`` beside the state file, unless the state has them."""
+def ensure_views(state_path: str | os.PathLike[str], renew: bool = False) -> None:
+    """Render the views into ``rendered/`` beside the state file, unless the state has them
+    (``renew``: nvidia-smi's ran out; all are rendered again, from this second on)."""
     import time
 
-    nodestate.ensure_views(state_path, lambda s: render_views(s, time.time()))
-
-
-def renew_smi_views(state_path: str | os.PathLike[str], now: float) -> None:
-    """The next :data:`SMI_WINDOW_S` seconds of nvidia-smi's views (the last ones ran out); those
-    more than 5 s old are removed (a wrapper may still be reading the second it picked)."""
-    def stale(name: str) -> bool:
-        sec = name.split(".")[-2]
-        return name.startswith("nvidia-smi.") and sec.isdigit() and int(sec) < now - 5
-
-    nodestate.add_views(state_path, lambda s: render_smi_views(s, int(now)), stale)
+    nodestate.ensure_views(state_path, lambda s: render_views(s, time.time()), renew)
 
 
 # --------------------------------------------------------------------------- the wrappers
