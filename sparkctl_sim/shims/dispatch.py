@@ -9,7 +9,7 @@ import json
 import os
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from sparkctl_sim import nodestate
 from sparkctl_sim.shims.common import (
@@ -128,54 +128,6 @@ def install_shims(
     return written
 
 
-def filter_ps(text: str, keep_pid: Callable[[int], bool]) -> str:
-    """Keep the header and the rows whose PID column ``keep_pid`` accepts. Pure."""
-    lines = text.splitlines(keepends=True)
-    if not lines:
-        return text
-    header = lines[0].split()
-    if "PID" not in header:
-        return text
-    col = header.index("PID")
-    out = [lines[0]]
-    for line in lines[1:]:
-        parts = line.split()
-        if len(parts) > col and parts[col].isdigit() and keep_pid(int(parts[col])):
-            out.append(line)
-    return "".join(out)
-
-
-def ps_this_node(args: Sequence[str]) -> int:
-    """``ps`` as a real node sees it. SIMULATION: the simulated nodes share one
-    PID namespace, so rows of processes in another network namespace (another
-    node, or the host) are dropped."""
-    import subprocess
-
-    real = next((p for p in ("/bin/ps", "/usr/bin/ps") if os.access(p, os.X_OK)), None)
-    if real is None:
-        sys.stderr.write("ps: not found\n")
-        return 127
-    r = subprocess.run([real, *args], capture_output=True, text=True)
-    try:
-        me = os.readlink("/proc/self/ns/net")
-    except OSError:
-        me = None
-
-    def mine(pid: int) -> bool:
-        try:
-            return me is None or os.readlink(f"/proc/{pid}/ns/net") == me
-        except OSError:
-            return False
-
-    sys.stdout.write(filter_ps(r.stdout, mine))
-    sys.stderr.write(r.stderr)
-    try:  # dead engines' memory: settled whenever someone looks at the processes
-        nodestate.settle_file(os.environ.get(STATE_ENV))
-    except (OSError, ValueError):
-        pass
-    return r.returncode
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """``python3 -m sparkctl_sim.shims TOOL ARGS...``: the only impure entry."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -194,8 +146,6 @@ def main(argv: Sequence[str] | None = None) -> int:
                 rendered.ensure_views(path, renew=renew and tuple(args) in rendered.SMI_LINES)
         except (OSError, ValueError):  # no state file: the tool's own answer says so below
             pass
-    if tool == "ps":
-        return ps_this_node(args)
     if tool in ("apt-get", "dpkg-query"):  # the node's package database (sparkctl_sim.debpkg)
         from sparkctl_sim import debpkg
 

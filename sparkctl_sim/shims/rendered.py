@@ -25,7 +25,7 @@ What varies apart from the state, and how the wrapper picks it without Python:
   from netlink.
 
 ``ps`` is no view but a sh filter (:func:`_ps`): the real ps, the rows of this network
-namespace's processes. Time-dependent answers (nvidia-smi's power, clocks and
+namespace's processes (Python only to settle a dead engine's memory). Time-dependent answers (nvidia-smi's power, clocks and
 timestamps) are not here: they stay in Python, started with ``-S`` (no ``site``).
 
 SIMULATION ONLY. Pure except :func:`ensure_views`.
@@ -178,12 +178,13 @@ def _ibdev2netdev() -> str:
             + f"\n  printf '{fmt}' {args}\n  exit 0\nfi\n")
 
 
-def _ps() -> str:
-    """``ps`` as a node sees it without Python (dispatch.ps_this_node is the same in Python): the
-    real ps, its rows kept when the process shares this shell's network namespace (find -L
-    -samefile: the nsfs inode). Only while every engine holding memory is alive (``engine_pids``
-    beside the state, ``/proc/PID/stat`` not a zombie, as nodestate.pid_alive reads it): a dead
-    one's memory is settled by the Python shim, as before."""
+def _ps(python: str) -> str:
+    """``ps`` as a real node sees it: the real ps, its rows kept when the process shares this shell's
+    network namespace (find -L -samefile: the nsfs inode). SIMULATION: the simulated nodes share one
+    PID namespace. Dead engines' memory is settled whenever someone looks at the processes: when
+    one of ``engine_pids`` (beside the state) is gone or a zombie (as nodestate.pid_alive reads
+    /proc/PID/stat), Python settles the state first (nodestate.settle_file)."""
+    settle = "from sparkctl_sim import nodestate as n; import os; n.settle_file(os.environ.get('SPARKCTL_SIM_STATE'))"
     return r"""e="${SPARKCTL_SIM_STATE%/*}/engine_pids"; k=
 [ -r "$e" ] && { read -r ps_pids <"$e"; k=ok; }
 for p in $ps_pids; do
@@ -191,17 +192,17 @@ for p in $ps_pids; do
   st=${st##*)}; st=${st# }
   case "$st" in ""|Z*|X*) k= ;; esac
 done
+[ -n "$k" ] || @SETTLE@ 2>/dev/null
 ps=; for p in /bin/ps /usr/bin/ps; do [ -x "$p" ] && { ps=$p; break; }; done
-if [ "$k" = ok ] && [ -n "$ps" ]; then
-  mine=$(find -L /proc/[0-9]*/ns/net -maxdepth 0 -samefile /proc/$$/ns/net 2>/dev/null)
-  exec 3>&1
-  rc=$({ { "$ps" "$@"; echo $? >&4; } | awk -v mine="$mine" '
-    BEGIN { n = split(mine, a, "\n"); for (i = 1; i <= n; i++) { split(a[i], f, "/"); keep[f[3]] = 1 } }
-    NR == 1 { for (i = 1; i <= NF; i++) if ($i == "PID") { col = i; break }; print; next }
-    !col || (NF >= col && $col ~ /^[0-9]+$/ && ($col in keep))' >&3; } 4>&1)
-  exit "$rc"
-fi
-"""
+[ -n "$ps" ] || { echo "ps: not found" >&2; exit 127; }
+mine=$(find -L /proc/[0-9]*/ns/net -maxdepth 0 -samefile /proc/$$/ns/net 2>/dev/null)
+exec 3>&1
+rc=$({ { "$ps" "$@"; echo $? >&4; } | awk -v mine="$mine" '
+  BEGIN { n = split(mine, a, "\n"); for (i = 1; i <= n; i++) { split(a[i], f, "/"); keep[f[3]] = 1 } }
+  NR == 1 { for (i = 1; i <= NF; i++) if ($i == "PID") { col = i; break }; print; next }
+  !col || (NF >= col && $col ~ /^[0-9]+$/ && ($col in keep))' >&3; } 4>&1)
+exit "$rc"
+""".replace("@SETTLE@", f"{shlex.quote(python)} -S -c {shlex.quote(settle)}")
 
 
 def wrapper(tool: str, python: str, pre: str) -> str:
@@ -211,7 +212,7 @@ def wrapper(tool: str, python: str, pre: str) -> str:
     if tool == "ibdev2netdev":
         fast = '[ "$#" = 0 ] && {\n' + _ibdev2netdev() + "}\n"
     elif tool == "ps":
-        fast = _ps()
+        fast = _ps(python)
     elif tool == "nvidia-smi":
         arms = "\n".join(f"  {shlex.quote(f'{len(a)}:{chr(32).join(a)}')}) k={k} ;;" for k, a in enumerate(SMI_LINES))
         fast = ('k=\ncase "$#:$*" in\n' + arms + '\nesac\nif [ -n "$k" ]; then\n'
