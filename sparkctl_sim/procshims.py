@@ -115,19 +115,14 @@ def install_procshims(bin_dir: Path, python: str = sys.executable) -> list[Path]
     directory that holds the ``sparkctl`` package on ``PYTHONPATH``, so they
     work in a clean environment (an SSH session, a systemd unit).
     """
-    bin_dir.mkdir(parents=True, exist_ok=True)
-    from sparkctl_sim.shims.rendered import DOCKER_LINES, VIEWS_DIR
+    from sparkctl_sim.shims.rendered import DOCKER_LINES, VIEWS_DIR, pick_view
 
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    # docker's node-state-only lines answer from the views of the state beside the run dir, the one
+    # dockerimages.store_kind reads (sparkctl_sim.shims.rendered)
+    docker_fast = pick_view(DOCKER_LINES, f'"${{SPARKCTL_SIM_RUN_DIR%/*}}/{VIEWS_DIR}/docker.$k.sh"')
     package_root = str(Path(__file__).resolve().parents[1])
     written = []
-    # docker's node-state-only lines answer from the node's rendered views (sparkctl_sim.shims.rendered)
-    # when the run dir's node is the state's (dockerimages.store_kind reads the state beside the run dir)
-    arms = "\n".join(f"  {shlex.quote(f'{len(a)}:{chr(32).join(a)}')}) k={k} ;;" for k, a in enumerate(DOCKER_LINES))
-    docker_fast = ('k=\ncase "$#:$*" in\n' + arms + '\nesac\n'
-                   'if [ -n "$k" ] && [ -n "${SPARKCTL_SIM_STATE:-}" ] && '
-                   '[ "${SPARKCTL_SIM_RUN_DIR%/*}/state.json" = "$SPARKCTL_SIM_STATE" ]; then\n'
-                   f'  f="${{SPARKCTL_SIM_STATE%/*}}/{VIEWS_DIR}/docker.$k.sh"\n'
-                   '  [ -r "$f" ] && . "$f"\nfi\n')
     for tool in ("docker", "systemctl", "journalctl"):
         path = bin_dir / tool
         body = (
@@ -162,8 +157,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             from sparkctl_sim.dockerps import docker_main
             from sparkctl_sim.nodestate import views_ready
 
-            state = os.environ.get("SPARKCTL_SIM_STATE")
-            if state and not views_ready(state):  # render on read (sparkctl_sim.shims.rendered)
+            state = os.path.join(os.path.dirname(os.environ.get(RUN_DIR_ENV) or "/nonexistent"), "state.json")
+            if os.path.isfile(state) and not views_ready(state):  # render on read (sparkctl_sim.shims.rendered)
                 from sparkctl_sim.shims.rendered import ensure_views
 
                 try:

@@ -205,6 +205,12 @@ exit "$rc"
 """.replace("@SETTLE@", f"{shlex.quote(python)} -S -c {shlex.quote(settle)}")
 
 
+def pick_view(lines: tuple[tuple[str, ...], ...], file: str) -> str:
+    """sh that sources the view ``file`` (a word that may use ``$k``) when ``"$@"`` is ``lines[k]``."""
+    arms = "".join(f"  {shlex.quote(f'{len(a)}:{chr(32).join(a)}')}) k={k} ;;\n" for k, a in enumerate(lines))
+    return f'k=\ncase "$#:$*" in\n{arms}esac\nif [ -n "$k" ]; then\n  f={file}\n  [ -r "$f" ] && . "$f"\nfi\n'
+
+
 def wrapper(tool: str, python: str, pre: str) -> str:
     """The ``#!/bin/sh`` for ``tool``: its rendered view when there is one, else the Python shim."""
     head = f"#!/bin/sh\n# sparkctl SIMULATION: {tool} (views: sparkctl_sim/shims/rendered.py)\n"
@@ -214,10 +220,7 @@ def wrapper(tool: str, python: str, pre: str) -> str:
     elif tool == "ps":
         fast = _ps(python)
     elif tool == "nvidia-smi":
-        arms = "\n".join(f"  {shlex.quote(f'{len(a)}:{chr(32).join(a)}')}) k={k} ;;" for k, a in enumerate(SMI_LINES))
-        fast = ('k=\ncase "$#:$*" in\n' + arms + '\nesac\nif [ -n "$k" ]; then\n'
-                f'  f="${{SPARKCTL_SIM_STATE%/*}}/{VIEWS_DIR}/nvidia-smi.$k.$(date +%s).sh"\n'
-                '  [ -r "$f" ] && . "$f"\nfi\n')
+        fast = pick_view(SMI_LINES, f'"${{SPARKCTL_SIM_STATE%/*}}/{VIEWS_DIR}/nvidia-smi.$k.$(date +%s).sh"')
     elif tool in TABLE:
         d = '"${%s%%/*}/%s"' % ("SPARKCTL_SIM_STATE", VIEWS_DIR)
         uid = _UID if tool in EUID_TOOLS else ""
