@@ -196,11 +196,12 @@ def ensure_views(path: str | os.PathLike[str], render: Callable[[dict[str, Any]]
         if views_ready(p) and not renew:
             return
         text = _read(p)
+        views = {**render(json.loads(text)), _VIEWS_MARK: text}
         d = _beside(p, VIEWS_DIR)
         new = f"{d}.{os.getpid()}.new"
         _remove_dir(new)  # a reader killed mid-render
         os.mkdir(new)
-        for name, body in {**render(json.loads(text)), _VIEWS_MARK: text}.items():
+        for name, body in views.items():
             with open(os.path.join(new, name), "w", encoding="utf-8") as fh:
                 fh.write(body)
         _remove_dir(d)

@@ -155,17 +155,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if tool == "docker":
             from sparkctl_sim.dockerps import docker_main
-            from sparkctl_sim.nodestate import views_ready
+            if rest[:1] == ["info"]:  # the view missed: render on read (sparkctl_sim.shims.rendered)
+                from sparkctl_sim.shims.rendered import DOCKER_LINES, ensure_views
 
-            state = os.path.join(os.path.dirname(os.environ.get(RUN_DIR_ENV) or "/nonexistent"), "state.json")
-            if os.path.isfile(state) and not views_ready(state):  # render on read (sparkctl_sim.shims.rendered)
-                from sparkctl_sim.shims.rendered import ensure_views
-
+                state = os.path.join(os.path.dirname(os.environ.get(RUN_DIR_ENV) or "/nonexistent"), "state.json")
                 try:
-                    ensure_views(state)
-                except (OSError, ValueError):  # no state file: docker's own answer says so
+                    if tuple(rest) in DOCKER_LINES:
+                        ensure_views(state)
+                except (OSError, ValueError, KeyError, TypeError):  # no node state here: docker answers alone
                     pass
-
             return docker_main(rest)
         from sparkctl_sim.systemctlshim import systemctl_main
 
