@@ -171,6 +171,10 @@ class Images:
 
     def _save(self, images: dict[str, dict[str, Any]]) -> None:
         _write_json_atomic(self.path, {"images": images})
+        # the node's `docker image inspect` views read this store (sparkctl_sim.shims.rendered)
+        from sparkctl_sim import nodestate
+
+        nodestate.drop_views(self.root.parent / "state.json")
 
     def find(self, ref: str) -> dict[str, Any] | None:
         images = self.all()

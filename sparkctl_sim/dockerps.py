@@ -33,7 +33,7 @@ from sparkctl_sim.shimbase import (
 _TEMPLATE_RE = re.compile(r"\{\{\s*(json\s+)?\.([A-Za-z0-9_.]*)\s*\}\}")
 
 
-def _render_template(template: str, data: dict[str, Any]) -> str:
+def render_template(template: str, data: dict[str, Any]) -> str:
     """The subset of Go templates the shim supports: ``{{.A.B}}`` and ``{{json .A}}``."""
 
     def lookup(match: re.Match[str]) -> str:
@@ -125,7 +125,7 @@ def docker_ps(args: Sequence[str]) -> int:
     if fmt:
         body = fmt.removeprefix("table ")  # the header line of `table` is not reproduced
         for rec in recs:
-            print(_render_template(body, _ps_view(rec)))
+            print(render_template(body, _ps_view(rec)))
         return 0
     print(f"{'CONTAINER ID':<15}{'IMAGE':<25}{'COMMAND':<25}{'STATUS':<15}NAMES")
     for rec in recs:
@@ -231,7 +231,7 @@ def docker_inspect(args: Sequence[str]) -> int:
     opts, refs = docker_opts(args, "inspect", {}, {"-f": "format", "--format": "format",
                                                     "--type": "type"})
     if opts.get("type") == "image":
-        return dockerimages.docker_image_inspect(refs, opts.get("format"), _render_template)
+        return dockerimages.docker_image_inspect(refs, opts.get("format"), render_template)
     store = Containers(_run_dir())
     images = dockerimages.node_images()
     code = 0
@@ -248,7 +248,7 @@ def docker_inspect(args: Sequence[str]) -> int:
         views.append(_inspect_view(rec))
     if "format" in opts:
         for view in views:
-            print(_render_template(opts["format"], view))
+            print(render_template(opts["format"], view))
     else:
         print(json.dumps(views, indent=4))
     return code
@@ -310,7 +310,7 @@ def info_text(kind: str, fmt: str | None) -> str:
                                                        ["userxattr", "false"]]}
     view.update({"ServerVersion": "28.0.0-sparkctl-sim", "OperatingSystem": "Ubuntu 24.04 LTS (sparkctl sim)"})
     if fmt is not None:
-        return _render_template(fmt, view) + "\n"
+        return render_template(fmt, view) + "\n"
     lines = ["Server:", " Server Version: " + view["ServerVersion"], " Storage Driver: " + view["Driver"]]
     return "\n".join(lines + [f"  {k}: {v}" for k, v in view["DriverStatus"]]) + "\n"
 
@@ -340,7 +340,7 @@ def docker_main(argv: Sequence[str]) -> int:
             if not refs:
                 raise ShimError("\"docker image inspect\" requires at least 1 argument.\n"
                                 "See 'docker image inspect --help'.", 1)
-            return dockerimages.docker_image_inspect(refs, opts.get("format"), _render_template)
+            return dockerimages.docker_image_inspect(refs, opts.get("format"), render_template)
         sub = {"ls": "images", "list": "images", "rm": "rmi"}.get(verb, verb)
     if sub == "run":  # only `docker run` imports run's modules (every call starts a fresh `python3 -S`)
         from sparkctl_sim.dockershim import docker_run

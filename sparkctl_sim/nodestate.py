@@ -180,6 +180,14 @@ def _remove_dir(d: str) -> None:
     os.rmdir(gone)
 
 
+def drop_views(path: str | os.PathLike[str]) -> None:
+    """Drop the views of a node whose other inputs changed (its docker image store: dockerimages)."""
+    p = os.fspath(path)
+    if os.path.isfile(p):
+        with _locked(p):
+            _remove_dir(_beside(p, VIEWS_DIR))
+
+
 def views_ready(path: str | os.PathLike[str]) -> bool:
     return os.path.isfile(os.path.join(_beside(path, VIEWS_DIR), _VIEWS_MARK))
 

@@ -120,7 +120,9 @@ def install_procshims(bin_dir: Path, python: str = sys.executable) -> list[Path]
     bin_dir.mkdir(parents=True, exist_ok=True)
     # docker's node-state-only lines answer from the views of the state beside the run dir, the one
     # dockerimages.store_kind reads (sparkctl_sim.shims.rendered)
-    docker_fast = pick_view(DOCKER_LINES, f'"${{SPARKCTL_SIM_RUN_DIR%/*}}/{VIEWS_DIR}/docker.$k.sh"')
+    views = f'"${{SPARKCTL_SIM_RUN_DIR%/*}}/{VIEWS_DIR}'
+    docker_fast = (pick_view(DOCKER_LINES, views + '/docker.$k.sh"')
+                   + f'f={views}/docker-images.sh"; [ "$1" = image ] && [ -r "$f" ] && . "$f"\n')
     package_root = str(Path(__file__).resolve().parents[1])
     written = []
     for tool in ("docker", "systemctl", "journalctl"):
@@ -155,12 +157,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if tool == "docker":
             from sparkctl_sim.dockerps import docker_main
-            if rest[:1] == ["info"]:  # the view missed: render on read (sparkctl_sim.shims.rendered)
+            if rest[:1] in (["info"], ["image"]):  # a view missed: render on read (sparkctl_sim.shims.rendered)
                 from sparkctl_sim.shims.rendered import DOCKER_LINES, ensure_views
 
                 state = os.path.join(os.path.dirname(os.environ.get(RUN_DIR_ENV) or "/nonexistent"), "state.json")
                 try:
-                    if tuple(rest) in DOCKER_LINES:
+                    if tuple(rest) in DOCKER_LINES or rest[1:3] == ["inspect", "--format"]:
                         ensure_views(state)
                 except (OSError, ValueError, KeyError, TypeError):  # no node state here: docker answers alone
                     pass

@@ -35,9 +35,11 @@ from __future__ import annotations
 
 import os
 import shlex
+from pathlib import Path
 
 from sparkctl_sim import nodestate
 from sparkctl_sim.nodestate import VIEWS_DIR
+from sparkctl_sim.shimbase import ShimError
 from sparkctl_sim.shims.common import BDF_OF_NETDEV, ROCE_DEVICES, VIEW_TOOLS, Netdev, State, ToolResult
 from sparkctl_sim.shims.lspci import ROOT_PORTS
 from sparkctl_sim.shims.run import run_tool
@@ -69,6 +71,11 @@ SMI_WINDOW_S = 30
 # docker's node-state-only line sparkctl runs (sparkctl/model/imageid.py store_command): the image store's
 # kind is the state's docker_store (dockerimages.store_kind). Its wrapper is procshims.install_procshims'.
 DOCKER_LINES: tuple[tuple[str, ...], ...] = (("info", "--format", "{{json .DriverStatus}}"),)
+# and the image inspections it runs of every tag in the node's image store (sparkctl/facts/engine.py;
+# CONTENT_FORMAT of sparkctl/model/imageid.py): a view of the store and the state's store kind
+IMAGE_FORMATS = ("{{.Id}}", "{{json .RootFS.Layers}} {{json .Config.Env}} {{json .Config.Entrypoint}} "
+                 "{{json .Config.Cmd}} {{json .Config.WorkingDir}} {{json .Config.User}} "
+                 "{{json .Os}} {{json .Architecture}}")
 assert tuple(TABLE) == VIEW_TOOLS  # the Python shim renders the views of these (dispatch.main)
 EUIDS = {"root": 0, "user": 1000}  # any non-zero euid reads the same
 EUID_TOOLS = ("lspci", "ethtool")
@@ -108,7 +115,8 @@ def render_smi_views(state: State, start: int) -> dict[str, str]:
             for k, args in enumerate(SMI_LINES) for sec in range(start, start + SMI_WINDOW_S)}
 
 
-def render_views(state: State, now: float | None = None) -> dict[str, str]:
+def render_views(state: State, now: float | None = None, node_dir: str | os.PathLike[str] | None = None
+                 ) -> dict[str, str]:
     """File name -> sh fragment, for every command line of :data:`TABLE` (and of
     :data:`SMI_LINES` from the second ``now`` on, when given). Pure.
 
@@ -131,7 +139,28 @@ def render_views(state: State, now: float | None = None) -> dict[str, str]:
 
     for k, args in enumerate(DOCKER_LINES):  # docker info --format FMT
         out[f"docker.{k}.sh"] = _fragment(ToolResult(info_text(kind_of(state), args[2])))
+    if node_dir is not None:
+        out["docker-images.sh"] = render_image_views(Path(node_dir), kind_of(state))
     return out if now is None else {**out, **render_smi_views(state, int(now))}
+
+
+def render_image_views(node_dir: Path, kind: str) -> str:
+    """sh answering ``docker image inspect --format F TAG`` for each of :data:`IMAGE_FORMATS` and
+    each tag in the node's image store, as dockerimages.docker_image_inspect prints it."""
+    from sparkctl_sim.dockerimages import Images, inspect_view, node_store_dir
+    from sparkctl_sim.dockerps import render_template
+
+    arms = []
+    for rec in Images(node_store_dir(node_dir), kind).all().values():
+        for tag in rec["RepoTags"]:
+            for fmt in IMAGE_FORMATS:
+                try:
+                    text = render_template(fmt, inspect_view(rec, kind)) + "\n"
+                except ShimError:
+                    continue
+                key = shlex.quote(f"5:image inspect --format {fmt} {tag}")
+                arms.append(f"  {key}) printf %s {shlex.quote(text)}; exit 0 ;;\n")
+    return 'case "$#:$*" in\n' + "".join(arms) + "esac\n"
 
 
 def ensure_views(state_path: str | os.PathLike[str], renew: bool = False) -> None:
@@ -139,7 +168,8 @@ def ensure_views(state_path: str | os.PathLike[str], renew: bool = False) -> Non
     (``renew``: nvidia-smi's ran out; all are rendered again, from this second on)."""
     import time
 
-    nodestate.ensure_views(state_path, lambda s: render_views(s, time.time()), renew)
+    node_dir = os.path.dirname(os.fspath(state_path))
+    nodestate.ensure_views(state_path, lambda s: render_views(s, time.time(), node_dir), renew)
 
 
 # --------------------------------------------------------------------------- the wrappers

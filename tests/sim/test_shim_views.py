@@ -4,6 +4,7 @@ Python shims answer, follow every state write, and fall back to Python for anyth
 from __future__ import annotations
 
 import os
+import shlex
 import subprocess
 from pathlib import Path
 
@@ -179,3 +180,35 @@ def test_docker_info_is_a_view_of_the_image_store_kind(tmp_path: Path, store: st
     view = node / rendered.VIEWS_DIR / "docker.0.sh"
     view.write_text("printf %s 'planted\n'\nexit 0\n")
     assert _run(tmp_path / "bin", env, *argv)[0] == "planted\n"  # the wrapper read it
+
+
+def test_docker_image_inspect_is_a_view_of_the_image_store(tmp_path: Path) -> None:
+    """sparkctl's image probes (``docker image inspect --format {{.Id}}`` and the content format) from
+    the node's views: Python's answer, for every tag in the store; loading an image drops the views,
+    so a newly loaded tag answers too; an absent one still gets docker's own refusal."""
+    from sparkctl.model.imageid import CONTENT_FORMAT
+    from sparkctl_sim import dockerimages, procshims
+
+    assert CONTENT_FORMAT in rendered.IMAGE_FORMATS  # the sim renders what sparkctl asks
+    node = tmp_path / "nodes" / "a"
+    nodestate.create(node / "state.json", nodestate.default_state("spark-a"))
+    (node / "run").mkdir()
+    procshims.install_procshims(tmp_path / "bin")
+    env = {**os.environ, "SPARKCTL_SIM_RUN_DIR": str(node / "run")}
+    dockerimages.load_on_node(tmp_path, "a", "vllm-node:v1", layer_bytes=1 << 12)
+    for fmt in rendered.IMAGE_FORMATS:
+        argv = ["docker", "image", "inspect", "--format", fmt, "vllm-node:v1"]
+        python = _run(tmp_path / "bin", env, *argv)  # no views yet: Python answers and renders them
+        views = node / rendered.VIEWS_DIR / "docker-images.sh"
+        assert python[2] == 0 and shlex.quote(f"5:{' '.join(argv[1:])}") in views.read_text()
+        assert _run(tmp_path / "bin", env, *argv) == python
+    dockerimages.load_on_node(tmp_path, "a", "vllm-node:v2", layer_bytes=1 << 12)
+    assert not (node / rendered.VIEWS_DIR).exists()  # the store changed: its views are gone
+    out = _run(tmp_path / "bin", env, "docker", "image", "inspect", "--format", "{{.Id}}", "vllm-node:v2")
+    assert out[2] == 0 and out[0].startswith("sha256:")
+    (node / rendered.VIEWS_DIR / "docker-images.sh").write_text(
+        "case \"$#:$*\" in '5:image inspect --format {{.Id}} vllm-node:v2') printf %s 'planted\n'; exit 0 ;; esac\n")
+    assert _run(tmp_path / "bin", env, "docker", "image", "inspect", "--format", "{{.Id}}", "vllm-node:v2")[0] \
+        == "planted\n"  # the wrapper read it
+    out = _run(tmp_path / "bin", env, "docker", "image", "inspect", "--format", "{{.Id}}", "nope:1")
+    assert out[2] == 1 and "No such image: nope:1" in out[1]
