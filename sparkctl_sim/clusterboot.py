@@ -53,6 +53,7 @@ from sparkctl_sim.clusterroot import (
 )
 from sparkctl_sim.netns import SimError
 from sparkctl_sim.shims.ibdev import netdev_mac
+from sparkctl_sim.shims.rendered import ensure_views
 from sparkctl_sim.spec import ClusterSpec, SimLink, SimNode
 
 log = logging.getLogger(__name__)
@@ -101,6 +102,7 @@ def _prepare_node(p: SimPaths, spec: ClusterSpec, node: SimNode, rootless: bool)
 
             debpkg.hold_lock_at_first_boot(st, spec.dpkg_lock_s, spec.speedup, st["boot_time"])
         nodestate.create(nd.state, st)
+        ensure_views(nd.state)  # the first check's tools answer from their views (sparkctl_sim.shims.rendered)
         # the node's disk as the operator left it before sparkctl came: the playbook's file,
         # NetworkManager's files (written once, at the node's first boot)
         from sparkctl_sim import playbook

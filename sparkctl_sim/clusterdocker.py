@@ -30,9 +30,8 @@ from pathlib import Path
 
 from sparkctl.model.engines import ENGINE_CONTAINER
 from sparkctl_sim.clusterroot import _ctx, _find_node, _root_lock
-from sparkctl_sim.dockershim import Containers
 from sparkctl_sim.netns import SimError
-from sparkctl_sim.shimbase import _alive
+from sparkctl_sim.shimbase import Containers, _alive
 
 
 def orphan_container(root: Path, node: str, name: str = ENGINE_CONTAINER) -> str:

@@ -55,10 +55,12 @@ import json
 import os
 import re
 import sys
-import tarfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # tarfile is imported by save and load only (every docker call starts a fresh python3 -S)
+    import tarfile
 
 from sparkctl_sim.shimbase import ShimError, _locked, _now_iso, _read_json, _run_dir, _write_json_atomic
 
@@ -73,7 +75,10 @@ OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 
 def store_kind(node_dir: Path) -> str:
     """The node's docker image store: its state's ``docker_store`` (classic unless set)."""
-    state = _read_json(node_dir / "state.json") or {}
+    return kind_of(_read_json(node_dir / "state.json") or {})
+
+
+def kind_of(state: dict[str, Any]) -> str:
     kind = state.get("docker_store", STORE_CLASSIC)
     return kind if kind in (STORE_CLASSIC, STORE_CONTAINERD) else STORE_CLASSIC
 
@@ -166,6 +171,10 @@ class Images:
 
     def _save(self, images: dict[str, dict[str, Any]]) -> None:
         _write_json_atomic(self.path, {"images": images})
+        # the node's `docker image inspect` views read this store (sparkctl_sim.shims.rendered)
+        from sparkctl_sim import nodestate
+
+        nodestate.drop_views(self.root.parent / "state.json")
 
     def find(self, ref: str) -> dict[str, Any] | None:
         images = self.all()
@@ -332,6 +341,8 @@ class _Stream(io.RawIOBase):
 
 
 def docker_save(args: Sequence[str]) -> int:
+    import tarfile
+
     refs = [a for a in args if not a.startswith("-")]
     if any(a.startswith("-") for a in args):
         raise ShimError("sparkctl sim: docker save here writes to stdout only (no -o)", 125)
@@ -364,12 +375,16 @@ def docker_save(args: Sequence[str]) -> int:
 
 
 def _add(tar: tarfile.TarFile, name: str, fh: Any, size: int) -> None:
+    import tarfile
+
     info = tarfile.TarInfo(name)
     info.size, info.mode, info.mtime = size, 0o644, 0
     tar.addfile(info, fh)
 
 
 def docker_load(args: Sequence[str]) -> int:
+    import tarfile
+
     # -q hides the progress bar only; the loaded names are printed either way (docker load --help)
     if any(a not in ("-q", "--quiet") for a in args):
         raise ShimError("sparkctl sim: docker load here reads stdin only (no -i)", 125)

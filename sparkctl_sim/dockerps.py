@@ -17,21 +17,23 @@ from collections.abc import Sequence
 from typing import Any
 
 from sparkctl_sim import dockerimages
-from sparkctl_sim.dockershim import Containers, _docker_opts, docker_run
 from sparkctl_sim.shimbase import (
     DOCKER_STOP_DEFAULT_S,
+    Containers,
     ShimError,
     _alive,
     _killpg,
     _read_json,
     _run_dir,
     _wait_until,
+    docker_opts,
+    parse_signal,
 )
 
 _TEMPLATE_RE = re.compile(r"\{\{\s*(json\s+)?\.([A-Za-z0-9_.]*)\s*\}\}")
 
 
-def _render_template(template: str, data: dict[str, Any]) -> str:
+def render_template(template: str, data: dict[str, Any]) -> str:
     """The subset of Go templates the shim supports: ``{{.A.B}}`` and ``{{json .A}}``."""
 
     def lookup(match: re.Match[str]) -> str:
@@ -96,7 +98,7 @@ def _inspect_view(rec: dict[str, Any]) -> dict[str, Any]:
 
 
 def docker_ps(args: Sequence[str]) -> int:
-    opts, rest = _docker_opts(
+    opts, rest = docker_opts(
         args, "ps", {"-a": "all", "--all": "all", "-q": "quiet", "--quiet": "quiet",
                      "--no-trunc": "no_trunc"},
         {"--filter": "filter", "-f": "filter", "--format": "format"})
@@ -123,7 +125,7 @@ def docker_ps(args: Sequence[str]) -> int:
     if fmt:
         body = fmt.removeprefix("table ")  # the header line of `table` is not reproduced
         for rec in recs:
-            print(_render_template(body, _ps_view(rec)))
+            print(render_template(body, _ps_view(rec)))
         return 0
     print(f"{'CONTAINER ID':<15}{'IMAGE':<25}{'COMMAND':<25}{'STATUS':<15}NAMES")
     for rec in recs:
@@ -156,27 +158,15 @@ def _stop_container(store: Containers, rec: dict[str, Any], sig: int, timeout_s:
     store.all()  # reconcile when the monitor is gone
 
 
-def _parse_signal(name: str) -> int:
-    name = name.upper()
-    if name.isdigit():
-        return int(name)
-    if not name.startswith("SIG"):
-        name = "SIG" + name
-    try:
-        return int(signal.Signals[name])
-    except KeyError as exc:
-        raise ShimError(f"invalid signal: {name}", 1) from exc
-
-
 def docker_stop(args: Sequence[str]) -> int:
-    opts, refs = _docker_opts(args, "stop", {}, {"-t": "time", "--time": "time",
+    opts, refs = docker_opts(args, "stop", {}, {"-t": "time", "--time": "time",
                                                  "--timeout": "time", "-s": "signal",
                                                  "--signal": "signal"})
     if not refs:
         raise ShimError("\"docker stop\" requires at least 1 argument.\n"
                         "See 'docker stop --help'.", 1)
     timeout_s = float(opts.get("time", DOCKER_STOP_DEFAULT_S))
-    sig = _parse_signal(opts.get("signal", "SIGTERM"))
+    sig = parse_signal(opts.get("signal", "SIGTERM"))
     store = Containers(_run_dir())
     code = 0
     for ref in refs:
@@ -191,8 +181,8 @@ def docker_stop(args: Sequence[str]) -> int:
 
 
 def docker_kill(args: Sequence[str]) -> int:
-    opts, refs = _docker_opts(args, "kill", {}, {"-s": "signal", "--signal": "signal"})
-    sig = _parse_signal(opts.get("signal", "SIGKILL"))
+    opts, refs = docker_opts(args, "kill", {}, {"-s": "signal", "--signal": "signal"})
+    sig = parse_signal(opts.get("signal", "SIGKILL"))
     store = Containers(_run_dir())
     code = 0
     for ref in refs:
@@ -211,7 +201,7 @@ def docker_kill(args: Sequence[str]) -> int:
 
 
 def docker_rm(args: Sequence[str]) -> int:
-    opts, refs = _docker_opts(args, "rm", {"-f": "force", "--force": "force",
+    opts, refs = docker_opts(args, "rm", {"-f": "force", "--force": "force",
                                            "-v": "volumes", "--volumes": "volumes"}, {})
     if not refs:
         raise ShimError("\"docker rm\" requires at least 1 argument.\n"
@@ -238,10 +228,10 @@ def docker_rm(args: Sequence[str]) -> int:
 
 
 def docker_inspect(args: Sequence[str]) -> int:
-    opts, refs = _docker_opts(args, "inspect", {}, {"-f": "format", "--format": "format",
+    opts, refs = docker_opts(args, "inspect", {}, {"-f": "format", "--format": "format",
                                                     "--type": "type"})
     if opts.get("type") == "image":
-        return dockerimages.docker_image_inspect(refs, opts.get("format"), _render_template)
+        return dockerimages.docker_image_inspect(refs, opts.get("format"), render_template)
     store = Containers(_run_dir())
     images = dockerimages.node_images()
     code = 0
@@ -258,14 +248,14 @@ def docker_inspect(args: Sequence[str]) -> int:
         views.append(_inspect_view(rec))
     if "format" in opts:
         for view in views:
-            print(_render_template(opts["format"], view))
+            print(render_template(opts["format"], view))
     else:
         print(json.dumps(views, indent=4))
     return code
 
 
 def docker_logs(args: Sequence[str]) -> int:
-    opts, refs = _docker_opts(args, "logs", {"-f": "follow", "--follow": "follow",
+    opts, refs = docker_opts(args, "logs", {"-f": "follow", "--follow": "follow",
                                              "-t": "timestamps", "--timestamps": "timestamps"},
                               {"-n": "tail", "--tail": "tail"})
     if len(refs) != 1:
@@ -306,14 +296,12 @@ def docker_logs(args: Sequence[str]) -> int:
     return 0
 
 
-def docker_info(args: Sequence[str]) -> int:
-    """``docker info [--format T]``: the storage driver and its DriverStatus, by image store.
+def info_text(kind: str, fmt: str | None) -> str:
+    """What ``docker info [--format FMT]`` prints for an image store of ``kind``. Pure.
 
     The containerd image store reports the snapshotter (``Storage Driver: overlayfs``,
     ``driver-type: io.containerd.snapshotter.v1``); the classic store its graph driver
     (docs.docker.com/engine/storage/containerd/, moby daemon/info.go fillDriverInfo)."""
-    opts, _ = _docker_opts(args, "info", {}, {"-f": "format", "--format": "format"})
-    kind = dockerimages.store_kind(_run_dir().parent)
     if kind == dockerimages.STORE_CONTAINERD:
         view = {"Driver": "overlayfs", "DriverStatus": [["driver-type", "io.containerd.snapshotter.v1"]]}
     else:
@@ -321,12 +309,16 @@ def docker_info(args: Sequence[str]) -> int:
                                                        ["Using metacopy", "false"], ["Native Overlay Diff", "true"],
                                                        ["userxattr", "false"]]}
     view.update({"ServerVersion": "28.0.0-sparkctl-sim", "OperatingSystem": "Ubuntu 24.04 LTS (sparkctl sim)"})
-    if "format" in opts:
-        print(_render_template(opts["format"], view))
-        return 0
-    print("Server:\n Server Version: " + view["ServerVersion"] + "\n Storage Driver: " + view["Driver"])
-    for k, v in view["DriverStatus"]:
-        print(f"  {k}: {v}")
+    if fmt is not None:
+        return render_template(fmt, view) + "\n"
+    lines = ["Server:", " Server Version: " + view["ServerVersion"], " Storage Driver: " + view["Driver"]]
+    return "\n".join(lines + [f"  {k}: {v}" for k, v in view["DriverStatus"]]) + "\n"
+
+
+def docker_info(args: Sequence[str]) -> int:
+    """``docker info [--format T]``: the storage driver and its DriverStatus, by image store (:func:`info_text`)."""
+    opts, _ = docker_opts(args, "info", {}, {"-f": "format", "--format": "format"})
+    sys.stdout.write(info_text(dockerimages.store_kind(_run_dir().parent), opts.get("format")))
     return 0
 
 
@@ -344,13 +336,17 @@ def docker_main(argv: Sequence[str]) -> int:
     elif sub == "image" and rest:  # docker image inspect|ls|save|load|pull|tag|rm
         verb, rest = rest[0], rest[1:]
         if verb == "inspect":
-            opts, refs = _docker_opts(rest, "image inspect", {}, {"-f": "format", "--format": "format"})
+            opts, refs = docker_opts(rest, "image inspect", {}, {"-f": "format", "--format": "format"})
             if not refs:
                 raise ShimError("\"docker image inspect\" requires at least 1 argument.\n"
                                 "See 'docker image inspect --help'.", 1)
-            return dockerimages.docker_image_inspect(refs, opts.get("format"), _render_template)
+            return dockerimages.docker_image_inspect(refs, opts.get("format"), render_template)
         sub = {"ls": "images", "list": "images", "rm": "rmi"}.get(verb, verb)
-    handlers = {"run": docker_run, "ps": docker_ps, "stop": docker_stop, "kill": docker_kill,
+    if sub == "run":  # only `docker run` imports run's modules (every call starts a fresh `python3 -S`)
+        from sparkctl_sim.dockershim import docker_run
+
+        return docker_run(rest)
+    handlers = {"ps": docker_ps, "stop": docker_stop, "kill": docker_kill,
                 "rm": docker_rm, "inspect": docker_inspect, "logs": docker_logs,
                 "images": dockerimages.docker_images, "save": dockerimages.docker_save,
                 "load": dockerimages.docker_load, "pull": dockerimages.docker_pull,

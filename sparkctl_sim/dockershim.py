@@ -20,19 +20,18 @@ from typing import Any
 
 from sparkctl_sim import dockerimages, imagefs
 from sparkctl_sim.shimbase import (
+    Containers,
     ShimError,
-    _alive,
     _daemonize,
     _exit_code_from_status,
     _killpg,
-    _locked,
     _log_crash,
     _now_iso,
     _proc_start_ticks,
-    _read_json,
     _run_dir,
     _set_memlock_unlimited,
-    _write_json_atomic,
+    docker_usage_error,
+    wait_status,
 )
 
 # docker
@@ -48,7 +47,6 @@ DOCKER_VALUE_FLAGS = {
 DOCKER_BOOL_FLAGS = {"--rm": "rm", "-d": "detach", "--detach": "detach", "--init": "init"}
 REPEATABLE = {"device", "ulimit", "cap_add", "env", "env_file", "volume"}
 NAME_RE = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.-]+$")
-ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 SIZE_RE = re.compile(r"^\d+(\.\d+)?[bkmgBKMG]?$")
 
 
@@ -75,10 +73,6 @@ class RunSpec:
     env: list[str] = field(default_factory=list)
     env_file: list[str] = field(default_factory=list)
     volume: list[str] = field(default_factory=list)
-
-
-def _docker_usage_error(message: str, sub: str) -> ShimError:
-    return ShimError(f"{message}\nSee 'docker {sub} --help'.", 125)
 
 
 def _daemon_error(message: str, code: int = 125) -> ShimError:
@@ -113,10 +107,10 @@ def parse_docker_run(args: Sequence[str]) -> RunSpec:
                 continue
             else:
                 bad = next(c for c in arg[1:] if f"-{c}" not in DOCKER_BOOL_FLAGS)
-                raise _docker_usage_error(f"unknown shorthand flag: '{bad}' in {arg}", "run")
+                raise docker_usage_error(f"unknown shorthand flag: '{bad}' in {arg}", "run")
         if flag in DOCKER_BOOL_FLAGS:
             if eq and inline not in ("true", "false"):
-                raise _docker_usage_error(
+                raise docker_usage_error(
                     f'invalid argument "{inline}" for "{flag}" flag: strconv.ParseBool: '
                     f'parsing "{inline}": invalid syntax', "run")
             values[DOCKER_BOOL_FLAGS[flag]] = inline != "false"
@@ -128,7 +122,7 @@ def parse_docker_run(args: Sequence[str]) -> RunSpec:
                 i += 1
             else:
                 if i + 1 >= len(args):
-                    raise _docker_usage_error(f"flag needs an argument: {flag}", "run")
+                    raise docker_usage_error(f"flag needs an argument: {flag}", "run")
                 value = args[i + 1]
                 i += 2
             key = DOCKER_VALUE_FLAGS[flag]
@@ -138,8 +132,8 @@ def parse_docker_run(args: Sequence[str]) -> RunSpec:
                 values[key] = value
             continue
         if flag.startswith("--"):
-            raise _docker_usage_error(f"unknown flag: {flag}", "run")
-        raise _docker_usage_error(f"unknown shorthand flag: '{flag[1:2]}' in {flag}", "run")
+            raise docker_usage_error(f"unknown flag: {flag}", "run")
+        raise docker_usage_error(f"unknown shorthand flag: '{flag[1:2]}' in {flag}", "run")
     if i >= len(args):
         raise ShimError(
             "docker: 'docker run' requires at least 1 argument.\n"
@@ -157,24 +151,24 @@ def _validate_run_spec(spec: RunSpec) -> None:
         kind, eq, limits = item.partition("=")
         parts = limits.split(":")
         if not eq or not kind or len(parts) > 2 or not all(re.fullmatch(r"-?\d+", p) for p in parts):
-            raise _docker_usage_error(
+            raise docker_usage_error(
                 f'invalid argument "{item}" for "--ulimit" flag: invalid ulimit argument: {item}', "run")
     for item in spec.volume:
         parts = item.split(":")
         if len(parts) < 2 or len(parts) > 3 or not parts[0] or not parts[1]:
-            raise _docker_usage_error(f'invalid argument "{item}" for "-v, --volume" flag', "run")
+            raise docker_usage_error(f'invalid argument "{item}" for "-v, --volume" flag', "run")
         if len(parts) == 3 and not set(parts[2].split(",")) <= {"ro", "rw", "z", "Z", "shared",
                                                                "rshared", "slave", "rslave",
                                                                "private", "rprivate"}:
             raise _daemon_error(f'invalid mode: {parts[2]}')
     if spec.shm_size is not None and not SIZE_RE.match(spec.shm_size):
-        raise _docker_usage_error(
+        raise docker_usage_error(
             f'invalid argument "{spec.shm_size}" for "--shm-size" flag: invalid size: '
             f"'{spec.shm_size}'", "run")
     for item in spec.env:
         name = item.partition("=")[0]
         if not name:
-            raise _docker_usage_error(
+            raise docker_usage_error(
                 f'invalid argument "{item}" for "-e, --env" flag: invalid environment '
                 f'variable: {item}', "run")
 
@@ -251,73 +245,6 @@ def _container_env(spec: RunSpec, image_env: dict[str, str], site: Path | None =
     stub = str(site) if site is not None else str(Path(__file__).resolve().parent / "containerpy")
     env["PYTHONPATH"] = stub + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     return env
-
-
-class Containers:
-    """Container records of one simulated node (``RUN_DIR/docker``)."""
-
-    def __init__(self, run_dir: Path) -> None:
-        self.root = run_dir / "docker"
-        self.records = self.root / "containers"
-        self.logs = self.root / "logs"
-        self.records.mkdir(parents=True, exist_ok=True)
-        self.logs.mkdir(parents=True, exist_ok=True)
-        self.lock_path = self.root / ".lock"
-
-    def lock(self) -> contextlib.AbstractContextManager[None]:
-        return _locked(self.lock_path)
-
-    def all(self) -> list[dict[str, Any]]:
-        out = []
-        for path in sorted(self.records.glob("*.json")):
-            rec = _read_json(path)
-            if rec is not None:
-                out.append(self._reconcile(rec))
-        out.sort(key=lambda r: r.get("created_at", ""), reverse=True)
-        return out
-
-    def _reconcile(self, rec: dict[str, Any]) -> dict[str, Any]:
-        # A container whose monitor vanished (node power-cycled, shim SIGKILLed)
-        # and whose process is gone is reported as exited, not running.
-        if rec.get("status") == "running" and not _alive(rec.get("pid"), rec.get("pid_start")):
-            if not _alive(rec.get("monitor_pid"), rec.get("monitor_start")):
-                rec = dict(rec, status="exited", exit_code=rec.get("exit_code") or 255,
-                           finished_at=rec.get("finished_at") or _now_iso())
-                # no lock: callers may hold it (flock is per open file), and the
-                # replace is atomic; a concurrent writer only repeats this verdict
-                self.save(rec)
-        return rec
-
-    def find(self, ref: str) -> dict[str, Any] | None:
-        ref = ref.lstrip("/")
-        recs = self.all()
-        for rec in recs:
-            if rec["name"] == ref or rec["id"] == ref:
-                return rec
-        matches = [r for r in recs if len(ref) >= 1 and r["id"].startswith(ref)]
-        return matches[0] if len(matches) == 1 else None
-
-    def save(self, rec: dict[str, Any]) -> None:
-        _write_json_atomic(self.records / f"{rec['id']}.json", rec)
-
-    def update(self, cid: str, **changes: Any) -> dict[str, Any] | None:
-        with self.lock():
-            rec = _read_json(self.records / f"{cid}.json")
-            if rec is None:
-                return None
-            rec.update(changes)
-            self.save(rec)
-            return rec
-
-    def remove(self, cid: str) -> None:
-        with self.lock():
-            with contextlib.suppress(FileNotFoundError):
-                (self.records / f"{cid}.json").unlink()
-            with contextlib.suppress(FileNotFoundError):
-                (self.logs / f"{cid}.log").unlink()
-
-    def log_path(self, cid: str) -> Path:
-        return self.logs / f"{cid}.log"
 
 
 def _resolve_exec(argv0: str, env: dict[str, str]) -> str | None:
@@ -422,15 +349,6 @@ def _finish_container(store: Containers, rec: dict[str, Any], proc: subprocess.P
     return code
 
 
-def _wait_status(pid: int) -> int:
-    while True:
-        try:
-            _, status = os.waitpid(pid, 0)
-            return status
-        except ChildProcessError:
-            return 255 << 8
-
-
 def _docker_run_detached(store: Containers, rec: dict[str, Any], exe: str, argv: list[str],
                          env: dict[str, str], workdir: str | None) -> int:
     read_fd, write_fd = os.pipe()
@@ -450,7 +368,7 @@ def _docker_run_detached(store: Containers, rec: dict[str, Any], exe: str, argv:
                              monitor_pid=os.getpid(), monitor_start=_proc_start_ticks(os.getpid()))
                 os.write(write_fd, b"ok")
                 os.close(write_fd)
-                code = _finish_container(store, rec, proc, _wait_status(proc.pid))
+                code = _finish_container(store, rec, proc, wait_status(proc.pid))
         except BaseException:
             _log_crash(store.root / "monitor-crash.log")
         finally:
@@ -500,45 +418,8 @@ def _docker_run_foreground(store: Containers, rec: dict[str, Any], exe: str, arg
                  threading.Thread(target=_pump, args=(proc.stderr, 2, log, log_lock), daemon=True)]
         for t in pumps:
             t.start()
-        status = _wait_status(proc.pid)
+        status = wait_status(proc.pid)
         _killpg(proc.pid, signal.SIGKILL)  # closes the pipes held by stragglers
         for t in pumps:
             t.join(timeout=2)
     return _finish_container(store, rec, proc, status)
-
-
-def _docker_opts(args: Sequence[str], sub: str, bools: dict[str, str],
-                 valued: dict[str, str]) -> tuple[dict[str, Any], list[str]]:
-    """Tiny pflag-like parser for the non-run subcommands."""
-    opts: dict[str, Any] = {}
-    rest: list[str] = []
-    i = 0
-    while i < len(args):
-        arg = args[i]
-        if arg.startswith("-") and arg != "-":
-            flag, eq, inline = arg.partition("=")
-            if flag in bools:
-                opts[bools[flag]] = True
-                i += 1
-                continue
-            if flag in valued:
-                if eq:
-                    value = inline
-                    i += 1
-                elif i + 1 < len(args):
-                    value = args[i + 1]
-                    i += 2
-                else:
-                    raise _docker_usage_error(f"flag needs an argument: {flag}", sub)
-                key = valued[flag]
-                if key == "filter":
-                    opts.setdefault(key, []).append(value)
-                else:
-                    opts[key] = value
-                continue
-            if flag.startswith("--"):
-                raise _docker_usage_error(f"unknown flag: {flag}", sub)
-            raise _docker_usage_error(f"unknown shorthand flag: '{flag[1:2]}' in {flag}", sub)
-        rest.append(arg)
-        i += 1
-    return opts, rest

@@ -3,7 +3,17 @@
 SIMULATION ONLY. Why not the real binary: the simulated nodes share this
 machine's PID namespace, and earlyoom picks its victim among every process in
 /proc, so the real one on a node would kill this machine's processes (the test
-runner is a ``python3`` that sparkctl's ``--prefer`` matches). This stand-in
+runner is a ``python3`` that sparkctl's ``--prefer`` matches). A PID namespace of
+its own (``unshare -p --fork --mount-proc``, root mode only) does not help: earlyoom
+would see itself alone, none of the node's engines. Moving each node's whole process
+tree (sshd, its sessions, the engines) into one would let it see them, but not their
+memory: a simulated engine holds none (its GiB are the state file's ``engine_mem_gib``),
+so the kernel's oom_score and VmRSS that earlyoom ranks by (kill.c) would rank a ~30 MB
+Python engine beside sshd and bash, and its choice would measure this machine, not the
+node; and the pids in the state file, which the host-side tools (``sim``'s kill_engines,
+nodestate.settle) read, would be another namespace's. tests/test_earlyoom_sim.py judges the
+stand-in by the real binary instead (``--dryrun``: the same arguments read into the same
+limits, the same refusals). This stand-in
 follows earlyoom v1.7's source (github.com/rfjakob/earlyoom, tag v1.7):
 
 * arguments (main.c, getopt_long "m:s:M:S:kingN:dvr:ph" plus --prefer, --avoid,
@@ -40,7 +50,6 @@ from dataclasses import dataclass
 
 from sparkctl_sim import nodestate
 from sparkctl_sim.envnames import STATE_ENV
-from sparkctl_sim.netns import pid_alive
 
 VERSION = "v1.7"
 BADNESS_PREFER, BADNESS_AVOID = 300, -300  # kill.c
@@ -303,7 +312,7 @@ def _kill(cfg: Config, sig: int, victim: Proc, state_path: str) -> None:
                 sig = signal.SIGKILL
                 os.kill(victim.pid, sig)
                 _warn(f"escalating to SIGKILL after {i * 0.1:.1f} seconds")
-        if not pid_alive(victim.pid):
+        if not nodestate.pid_alive(victim.pid):
             nodestate.settle_file(state_path)  # the kernel takes the dead engine's memory back
             _warn(f"process exited after {i * 0.1:.1f} seconds")
             return

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from sparkctl.errors import ExitStatus, SparkctlError
+from sparkctl_sim.nodestate import pid_alive  # the process helpers below use it; clusterboot and overcommit call nx.pid_alive
 
 # Every namespace the sim creates starts with this; nothing else is ever deleted.
 NETNS_PREFIX = "sparkctl-"
@@ -146,22 +147,8 @@ def ns_exec_write(netns: str, path: str, value: str) -> None:
     run(["ip", "netns", "exec", netns, "sh", "-c", f"echo {shlex.quote(value)} > {shlex.quote(path)}"])
 
 
-def ns_exec_read(netns: str, path: str) -> str:
-    return run(["ip", "netns", "exec", netns, "cat", path]).stdout.strip()
-
-
 # ---------------------------------------------------------------------------
 # processes
-
-
-def pid_alive(pid: int) -> bool:
-    """True for a live process (a zombie counts as dead)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    # state is the field after the parenthesised comm, which may contain spaces
-    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
 
 
 def pid_comm(pid: int) -> str:

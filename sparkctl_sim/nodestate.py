@@ -17,7 +17,7 @@ import copy
 import fcntl
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 # Light on purpose (no pathlib, typing or uuid at run time): the shims without a rendered view
 # import this in a fresh `python3 -S` on every call.
@@ -133,36 +133,87 @@ def _write(p: str, state: dict[str, Any]) -> None:
 
     ``meminfo`` and ``boot_id`` beside the state file are what the simulated
     node sees as /proc/meminfo and /proc/sys/kernel/random/boot_id (bind-mounted
-    in its mount namespace), so they are refreshed on every write.
+    in its mount namespace), so they are refreshed on every write; ``engine_pids``
+    tells the ``ps`` wrapper whether any engine holding memory is gone (shims.rendered).
+    The tools' rendered views of another state are dropped first (:func:`ensure_views`).
     """
     derived = (("meminfo", render_meminfo(state)), ("boot_id", render_boot_id(state)),
-               ("drop_caches", ""))
+               ("drop_caches", ""), (ENGINE_PIDS, render_engine_pids(state)))
     text = json.dumps(state, indent=2, sort_keys=True) + "\n"
+    _drop_views(p, text)
     _atomic_text(p, text)
     # Write in place (not rename): a bind mount pins the inode it was mounted on.
     for name, view in derived:
         with open(_beside(p, name), "w") as fh:
             fh.write(view)
-    _write_tool_views(p, state, text)
 
 
-VIEWS_DIR = "rendered"  # the node-state-only tool outputs, beside the state (sparkctl_sim.shims.rendered)
+# --------------------------------------------------------------------------
+# The node-state-only tools' answers (sparkctl_sim.shims.rendered): dropped when the state
+# changes (under the state's lock, before the new state is written), rendered again by the
+# first reader that finds none (:func:`ensure_views`, under the same lock). A directory that
+# exists holds the views of the current state, complete: it appears by one rename.
+# --------------------------------------------------------------------------
+
+VIEWS_DIR = "rendered"
+_VIEWS_MARK = ".state"  # the state text the views were rendered from
 
 
-def _write_tool_views(p: str, state: dict[str, Any], text: str) -> None:
-    """Re-render the tools' views when the state differs from the one they were rendered from."""
-    mark = os.path.join(_beside(p, VIEWS_DIR), ".state")
+def _drop_views(p: str, text: str) -> None:
+    d = _beside(p, VIEWS_DIR)
     try:
-        if _read(mark) == text:
-            return
+        if _read(os.path.join(d, _VIEWS_MARK)) == text:
+            return  # rendered from this very state (a rewrite that changed nothing)
     except OSError:
         pass
-    # imported here: the views' formatters are the shims, which read this module's files
-    from sparkctl_sim.shims.rendered import write_views
+    _remove_dir(d)
 
-    write_views(p, state)
-    with open(mark, "w", encoding="utf-8") as fh:
-        fh.write(text)
+
+def _remove_dir(d: str) -> None:
+    gone = f"{d}.{os.getpid()}.gone"
+    try:
+        os.rename(d, gone)  # readers see the views, or none; never half of them
+    except FileNotFoundError:
+        return
+    for name in os.listdir(gone):
+        os.unlink(os.path.join(gone, name))
+    os.rmdir(gone)
+
+
+def drop_views(path: str | os.PathLike[str]) -> None:
+    """Drop the views of a node whose other inputs changed (its docker image store: dockerimages)."""
+    p = os.fspath(path)
+    if os.path.isfile(p):
+        with _locked(p):
+            _remove_dir(_beside(p, VIEWS_DIR))
+
+
+def views_ready(path: str | os.PathLike[str]) -> bool:
+    return os.path.isfile(os.path.join(_beside(path, VIEWS_DIR), _VIEWS_MARK))
+
+
+def ensure_views(path: str | os.PathLike[str], render: Callable[[dict[str, Any]], dict[str, str]],
+                 renew: bool = False) -> None:
+    """Render on read: when the state has no views (or ``renew``: they ran out), ``render(state)``
+    (file name -> text) them, under the state's lock, into a new directory that replaces the old
+    by one rename."""
+    p = os.fspath(path)
+    if views_ready(p) and not renew:
+        return
+    with _locked(p):
+        if views_ready(p) and not renew:
+            return
+        text = _read(p)
+        views = {**render(json.loads(text)), _VIEWS_MARK: text}
+        d = _beside(p, VIEWS_DIR)
+        new = f"{d}.{os.getpid()}.new"
+        _remove_dir(new)  # a reader killed mid-render
+        os.mkdir(new)
+        for name, body in views.items():
+            with open(os.path.join(new, name), "w", encoding="utf-8") as fh:
+                fh.write(body)
+        _remove_dir(d)
+        os.rename(new, d)
 
 
 def create(path: str | os.PathLike[str], state: dict[str, Any]) -> None:
@@ -303,15 +354,25 @@ def render_boot_id(state: dict[str, Any]) -> str:
     return f"{state['boot_id']}\n"
 
 
+ENGINE_PIDS = "engine_pids"
+
+
+def render_engine_pids(state: dict[str, Any]) -> str:
+    """The pids of the engines holding memory, one line (what :func:`settle` checks)."""
+    return " ".join(str(p) for p in state.get("engine_mem_gib", {})) + "\n"
+
+
 
 # The field report: 6.17.0-1031-nvidia "leaks ~80 GiB on engine death"; 1029 does not.
 LEAKY_KERNELS = ("6.17.0-1031-nvidia",)
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """True for a live process: a zombie holds no memory, counts as dead (proc(5): the state is
+    the field after the parenthesised comm, which may itself hold ``)`` and spaces)."""
     try:
         with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().split(") ", 1)[1][:1] not in ("Z", "X")  # a zombie holds no memory
+            return fh.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
     except (OSError, IndexError):
         return False
 
@@ -321,7 +382,7 @@ def settle(state: dict[str, Any]) -> None:
     (or with the ``leak_on_death`` fault), given back otherwise."""
     leaky = state.get("kernel_release") in LEAKY_KERNELS or bool(state.get("faults", {}).get("leak_on_death"))
     for pid, gib in list(state.get("engine_mem_gib", {}).items()):
-        if not (str(pid).isdigit() and _pid_alive(int(pid))):
+        if not (str(pid).isdigit() and pid_alive(int(pid))):
             if leaky:
                 state["leaked_mem_gib"] = float(state.get("leaked_mem_gib", 0.0)) + float(gib)
             del state["engine_mem_gib"][pid]

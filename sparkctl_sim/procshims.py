@@ -78,32 +78,31 @@ docker|systemctl ARGS`` and the wrappers that call it.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shlex
 import sys
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
-from sparkctl_sim.dockerps import docker_main
-from sparkctl_sim.dockershim import parse_docker_env_file, parse_docker_run
 from sparkctl_sim.shimbase import PREFIX_ENV, RUN_DIR_ENV, UNIT_DIR_ENV, ShimError
-from sparkctl_sim.systemctlshim import systemctl_main
-from sparkctl_sim.systemdunits import (
-    expand_systemd_argv,
-    parse_systemd_env_file,
-    parse_timespan_s,
-    parse_unit,
-    split_systemd_words,
-)
 
-__all__ = [
-    "PREFIX_ENV", "RUN_DIR_ENV", "UNIT_DIR_ENV", "ShimError", "expand_systemd_argv", "install_procshims", "main",
-    "parse_docker_env_file", "parse_docker_run", "parse_systemd_env_file", "parse_timespan_s", "parse_unit",
-    "split_systemd_words",
-]
+# Each verb imports only its own tool's modules (`systemctl` never loads docker's image store):
+# every call starts a fresh `python3 -S`. The parsers are re-exported lazily (PEP 562).
+_LAZY = {"parse_docker_env_file": "dockershim", "parse_docker_run": "dockershim",
+         **dict.fromkeys(("expand_systemd_argv", "parse_systemd_env_file", "parse_timespan_s", "parse_unit",
+                          "split_systemd_words"), "systemdunits")}
+
+__all__ = ["PREFIX_ENV", "RUN_DIR_ENV", "UNIT_DIR_ENV", "ShimError", "install_procshims", "main", *sorted(_LAZY)]
+
+
+def __getattr__(name: str) -> object:
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(f"sparkctl_sim.{_LAZY[name]}"), name)
+
 
 # ===========================================================================
 # entry points
@@ -116,7 +115,14 @@ def install_procshims(bin_dir: Path, python: str = sys.executable) -> list[Path]
     directory that holds the ``sparkctl`` package on ``PYTHONPATH``, so they
     work in a clean environment (an SSH session, a systemd unit).
     """
+    from sparkctl_sim.shims.rendered import DOCKER_LINES, VIEWS_DIR, pick_view
+
     bin_dir.mkdir(parents=True, exist_ok=True)
+    # docker's node-state-only lines answer from the views of the state beside the run dir, the one
+    # dockerimages.store_kind reads (sparkctl_sim.shims.rendered)
+    views = f'"${{SPARKCTL_SIM_RUN_DIR%/*}}/{VIEWS_DIR}'
+    docker_fast = (pick_view(DOCKER_LINES, views + '/docker.$k.sh"')
+                   + f'f={views}/docker-images.sh"; [ "$1" = image ] && [ -r "$f" ] && . "$f"\n')
     package_root = str(Path(__file__).resolve().parents[1])
     written = []
     for tool in ("docker", "systemctl", "journalctl"):
@@ -126,7 +132,8 @@ def install_procshims(bin_dir: Path, python: str = sys.executable) -> list[Path]
             "# sparkctl SIMULATION shim: see sparkctl_sim/procshims.py\n"
             f"PYTHONPATH={shlex.quote(package_root)}${{PYTHONPATH:+:$PYTHONPATH}}\n"
             "export PYTHONPATH\n"
-            f"exec {shlex.quote(python)} -S -m sparkctl_sim.procshims {tool} \"$@\"\n"
+            + (docker_fast if tool == "docker" else "")
+            + f"exec {shlex.quote(python)} -S -m sparkctl_sim.procshims {tool} \"$@\"\n"
         )
         tmp = path.with_name(f".{tool}.tmp")
         tmp.write_text(body, encoding="utf-8")
@@ -148,7 +155,21 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return journalctl_main(rest)
     try:
-        return docker_main(rest) if tool == "docker" else systemctl_main(rest)
+        if tool == "docker":
+            from sparkctl_sim.dockerps import docker_main
+            if rest[:1] in (["info"], ["image"]):  # a view missed: render on read (sparkctl_sim.shims.rendered)
+                from sparkctl_sim.shims.rendered import DOCKER_LINES, ensure_views
+
+                state = os.path.join(os.path.dirname(os.environ.get(RUN_DIR_ENV) or "/nonexistent"), "state.json")
+                try:
+                    if tuple(rest) in DOCKER_LINES or rest[1:3] == ["inspect", "--format"]:
+                        ensure_views(state)
+                except (OSError, ValueError, KeyError, TypeError):  # no node state here: docker answers alone
+                    pass
+            return docker_main(rest)
+        from sparkctl_sim.systemctlshim import systemctl_main
+
+        return systemctl_main(rest)
     except ShimError as exc:
         print(exc.message, file=sys.stderr)
         return exc.code
@@ -159,11 +180,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         if rest and rest[0] in ("stop", "rm", "kill", "restart"):
             # An engine killed before it gave its memory back: settle the node's
             # simulated memory now, as the driver would when the process is gone.
+            import time
+
             from sparkctl_sim import nodestate
 
-            with contextlib.suppress(OSError, ValueError):
+            try:
                 time.sleep(0.05)
                 nodestate.settle_file(os.environ.get("SPARKCTL_SIM_STATE"))
+            except (OSError, ValueError):
+                pass
 
 
 def _entry() -> NoReturn:

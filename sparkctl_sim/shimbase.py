@@ -11,9 +11,11 @@ import datetime as _dt
 import fcntl
 import json
 import os
+import re as _re
 import resource
+import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -199,4 +201,138 @@ def _set_memlock_unlimited() -> None:
         resource.setrlimit(resource.RLIMIT_MEMLOCK, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
 
 
-# ===========================================================================
+# shared by the docker and systemd shims (kept here: `systemctl` must not import docker's modules)
+ENV_NAME_RE = _re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def wait_status(pid: int) -> int:
+    while True:
+        try:
+            _, status = os.waitpid(pid, 0)
+            return status
+        except ChildProcessError:
+            return 255 << 8
+
+
+def parse_signal(name: str) -> int:
+    name = name.upper()
+    if name.isdigit():
+        return int(name)
+    if not name.startswith("SIG"):
+        name = "SIG" + name
+    try:
+        return int(signal.Signals[name])
+    except KeyError as exc:
+        raise ShimError(f"invalid signal: {name}", 1) from exc
+
+
+# docker's container records and its small flag parser (here: `docker image inspect` and `docker ps`
+# must not import `docker run`'s modules)
+
+
+class Containers:
+    """Container records of one simulated node (``RUN_DIR/docker``)."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.root = run_dir / "docker"
+        self.records = self.root / "containers"
+        self.logs = self.root / "logs"
+        self.records.mkdir(parents=True, exist_ok=True)
+        self.logs.mkdir(parents=True, exist_ok=True)
+        self.lock_path = self.root / ".lock"
+
+    def lock(self) -> contextlib.AbstractContextManager[None]:
+        return _locked(self.lock_path)
+
+    def all(self) -> list[dict[str, Any]]:
+        out = []
+        for path in sorted(self.records.glob("*.json")):
+            rec = _read_json(path)
+            if rec is not None:
+                out.append(self._reconcile(rec))
+        out.sort(key=lambda r: r.get("created_at", ""), reverse=True)
+        return out
+
+    def _reconcile(self, rec: dict[str, Any]) -> dict[str, Any]:
+        # A container whose monitor vanished (node power-cycled, shim SIGKILLed)
+        # and whose process is gone is reported as exited, not running.
+        if rec.get("status") == "running" and not _alive(rec.get("pid"), rec.get("pid_start")):
+            if not _alive(rec.get("monitor_pid"), rec.get("monitor_start")):
+                rec = dict(rec, status="exited", exit_code=rec.get("exit_code") or 255,
+                           finished_at=rec.get("finished_at") or _now_iso())
+                # no lock: callers may hold it (flock is per open file), and the
+                # replace is atomic; a concurrent writer only repeats this verdict
+                self.save(rec)
+        return rec
+
+    def find(self, ref: str) -> dict[str, Any] | None:
+        ref = ref.lstrip("/")
+        recs = self.all()
+        for rec in recs:
+            if rec["name"] == ref or rec["id"] == ref:
+                return rec
+        matches = [r for r in recs if len(ref) >= 1 and r["id"].startswith(ref)]
+        return matches[0] if len(matches) == 1 else None
+
+    def save(self, rec: dict[str, Any]) -> None:
+        _write_json_atomic(self.records / f"{rec['id']}.json", rec)
+
+    def update(self, cid: str, **changes: Any) -> dict[str, Any] | None:
+        with self.lock():
+            rec = _read_json(self.records / f"{cid}.json")
+            if rec is None:
+                return None
+            rec.update(changes)
+            self.save(rec)
+            return rec
+
+    def remove(self, cid: str) -> None:
+        with self.lock():
+            with contextlib.suppress(FileNotFoundError):
+                (self.records / f"{cid}.json").unlink()
+            with contextlib.suppress(FileNotFoundError):
+                (self.logs / f"{cid}.log").unlink()
+
+    def log_path(self, cid: str) -> Path:
+        return self.logs / f"{cid}.log"
+
+
+def docker_usage_error(message: str, sub: str) -> ShimError:
+    return ShimError(f"{message}\nSee 'docker {sub} --help'.", 125)
+
+
+def docker_opts(args: Sequence[str], sub: str, bools: dict[str, str],
+                 valued: dict[str, str]) -> tuple[dict[str, Any], list[str]]:
+    """Tiny pflag-like parser for the non-run subcommands."""
+    opts: dict[str, Any] = {}
+    rest: list[str] = []
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg.startswith("-") and arg != "-":
+            flag, eq, inline = arg.partition("=")
+            if flag in bools:
+                opts[bools[flag]] = True
+                i += 1
+                continue
+            if flag in valued:
+                if eq:
+                    value = inline
+                    i += 1
+                elif i + 1 < len(args):
+                    value = args[i + 1]
+                    i += 2
+                else:
+                    raise docker_usage_error(f"flag needs an argument: {flag}", sub)
+                key = valued[flag]
+                if key == "filter":
+                    opts.setdefault(key, []).append(value)
+                else:
+                    opts[key] = value
+                continue
+            if flag.startswith("--"):
+                raise docker_usage_error(f"unknown flag: {flag}", sub)
+            raise docker_usage_error(f"unknown shorthand flag: '{flag[1:2]}' in {flag}", sub)
+        rest.append(arg)
+        i += 1
+    return opts, rest

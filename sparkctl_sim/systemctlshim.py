@@ -15,7 +15,6 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from sparkctl_sim.dockershim import _wait_status
 from sparkctl_sim.shimbase import (
     EXIT_STATUS_NAMES,
     EXIT_STDERR,
@@ -32,6 +31,7 @@ from sparkctl_sim.shimbase import (
     _read_json,
     _run_dir,
     _wait_until,
+    wait_status,
 )
 from sparkctl_sim.systemdexec import (
     OutputSetupError,
@@ -206,7 +206,7 @@ def _supervise(units: Units, unit: Unit, report_fd: int, invocation: str) -> int
             report(f"ok {proc.pid}")
             env_post = dict(env, MAINPID=str(proc.pid))
             _run_control(units, unit, "ExecStartPost", env_post)
-            status = _wait_status(proc.pid)
+            status = wait_status(proc.pid)
             # KillMode=control-group: whatever is left of the group dies with the main process.
             _killpg(proc.pid, signal.SIGTERM)
             if not _wait_until(lambda: not _group_alive(proc.pid), 1.0):

@@ -16,9 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sparkctl_sim.dockerps import _parse_signal
-from sparkctl_sim.dockershim import ENV_NAME_RE
 from sparkctl_sim.shimbase import (
+    ENV_NAME_RE,
     EXEC_DIRECTORY_ROOTS,
     START_LIMIT_BURST,
     START_LIMIT_INTERVAL_S,
@@ -28,6 +27,7 @@ from sparkctl_sim.shimbase import (
     _locked,
     _read_json,
     _write_json_atomic,
+    parse_signal,
 )
 
 # ===========================================================================
@@ -412,7 +412,7 @@ def _apply_setting(unit: Unit, section: str, key: str, value: str) -> None:  # n
     elif section == "Service" and key == "RestartSec":
         unit.restart_sec_s = parse_timespan_s(value)
     elif section == "Service" and key == "KillSignal":
-        unit.kill_signal = _parse_signal(value)
+        unit.kill_signal = parse_signal(value)
     elif section == "Service" and key in ("TimeoutStopSec",):
         unit.timeout_stop_s = parse_timespan_s(value)
     elif section == "Service" and key == "User":

@@ -191,13 +191,6 @@ def test_no_import_cycles_in_the_product_or_the_simulator() -> None:
     Cut (issue 19): bench.{fitting,runner,suites} (RunOptions in bench/options.py),
     sparkctl_sim.{nodestate,shims,debpkg,earlyoomsim} (sparkctl_sim/envnames.py, the /proc views in nodestate),
     bench.{refserver,leanserver} (their command line in bench/refserve.py) and sparkctl_sim.{clusterinit,netplansim}
-    (refresh_gids in netplansim, which applies the addresses the GIDs follow)."""
-    assert cycles(import_graph([PRODUCT, REPO / "sparkctl_sim"])) == KNOWN_CYCLES
-
-
-# One cycle left, on purpose and lazily (function-level imports): a node-state write renders the
-# node-state-only tools' answers (sparkctl_sim.shims.rendered, issue 19 item 5), and those answers
-# are the shims' own output, which read the state. Cutting it means invalidate-on-write and
-# render-on-read under the state's lock; until then this list names it, and any other cycle fails.
-KNOWN_CYCLES = [["sparkctl_sim.debpkg", "sparkctl_sim.earlyoomsim", "sparkctl_sim.nodestate",
-                 "sparkctl_sim.shims.dispatch", "sparkctl_sim.shims.rendered"]]
+    (refresh_gids in netplansim, which applies the addresses the GIDs follow), and nodestate -> shims.rendered
+    (a state write drops the tools' views, the first reader renders them again: nodestate.ensure_views)."""
+    assert cycles(import_graph([PRODUCT, REPO / "sparkctl_sim"])) == []

@@ -36,6 +36,8 @@ TOOLS = (
     "dpkg-query",
     "earlyoom",
 )
+# the tools whose node-state-only answers are rendered to files (sparkctl_sim.shims.rendered.TABLE)
+VIEW_TOOLS = ("uname", "getconf", "apt-mark", "lspci", "ethtool", "dpkg-query")
 
 # RoCE device -> (netdev, PCI function). Order is ibdev2netdev's on spark-5c2d
 # (docs/reference/spark-facts.md §2.1); ls(1) in a UTF-8 locale lists /sys/class/infiniband the

@@ -9,20 +9,17 @@ import json
 import os
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from sparkctl_sim import nodestate
 from sparkctl_sim.shims.common import (
     BDF_OF_NETDEV,
     STATE_ENV,
     TOOLS,
-    GpuProcess,
+    VIEW_TOOLS,
     Netdev,
-    Netdevs,
-    State,
-    ToolResult,
-    _result,
 )
+from sparkctl_sim.shims.run import MUTATORS, run_tool
 
 # Lean on purpose: every call of a shim that has no rendered view starts `python3 -S` here, so
 # the tools' formatters, subprocess, shlex and pathlib are imported where they are used.
@@ -118,7 +115,7 @@ def install_shims(
     if state_path is not None:
         sp = shlex.quote(str(Path(state_path).resolve()))
         pre += f"{STATE_ENV}=${{{STATE_ENV}:-{sp}}}\nexport {STATE_ENV}\n"
-    from sparkctl_sim.shims.rendered import wrapper
+    from sparkctl_sim.shims.rendered import ensure_views, wrapper
 
     written = []
     for tool in TOOLS:
@@ -126,94 +123,9 @@ def install_shims(
         p.write_text(wrapper(tool, str(Path(python).absolute()), pre))
         p.chmod(0o755)
         written.append(p)
+    if state_path is not None:
+        ensure_views(state_path)
     return written
-
-
-_MUTATORS = {
-    "nvidia-smi": lambda a: any(x in ("-rgc", "--reset-gpu-clocks") or x.startswith(("-lgc", "--lock-gpu-clocks")) for x in a),
-    "apt-mark": lambda a: bool(a) and a[0] in ("hold", "unhold"),
-}
-
-
-def run_tool(tool: str, state: State, args: Sequence[str], *, now: float, euid: int,
-             netdevs: Netdevs | None = None, processes: Sequence[GpuProcess] | None = None) -> ToolResult:
-    """Pure dispatch by tool name (netdevs default to none present)."""
-    nds = netdevs or {}
-    if tool == "nvidia-smi":
-        from sparkctl_sim.shims.nvidia_smi import nvidia_smi
-
-        return nvidia_smi(state, args, now=now, euid=euid, processes=processes)
-    if tool in ("ibdev2netdev", "show_gids"):
-        from sparkctl_sim.shims import ibdev
-
-        return (ibdev.ibdev2netdev if tool == "ibdev2netdev" else ibdev.show_gids)(state, args, nds)
-    if tool == "ethtool":
-        from sparkctl_sim.shims.ethtool import ethtool
-
-        return ethtool(state, args, nds, euid=euid)
-    if tool == "lspci":
-        from sparkctl_sim.shims.lspci import lspci
-
-        return lspci(state, args, euid=euid)
-    if tool in ("uname", "getconf", "apt-mark"):
-        from sparkctl_sim.shims import system
-
-        if tool == "apt-mark":
-            return system.apt_mark(state, args, euid=euid)
-        return (system.uname if tool == "uname" else system.getconf)(state, args)
-    if tool == "ib_write_bw":
-        from sparkctl_sim.shims.perftest import ib_write_bw
-
-        return ib_write_bw(state, args, nds)
-    return _result("", f"sparkctl shims: unknown tool {tool!r}\n", 127)
-
-
-def filter_ps(text: str, keep_pid: Callable[[int], bool]) -> str:
-    """Keep the header and the rows whose PID column ``keep_pid`` accepts. Pure."""
-    lines = text.splitlines(keepends=True)
-    if not lines:
-        return text
-    header = lines[0].split()
-    if "PID" not in header:
-        return text
-    col = header.index("PID")
-    out = [lines[0]]
-    for line in lines[1:]:
-        parts = line.split()
-        if len(parts) > col and parts[col].isdigit() and keep_pid(int(parts[col])):
-            out.append(line)
-    return "".join(out)
-
-
-def ps_this_node(args: Sequence[str]) -> int:
-    """``ps`` as a real node sees it. SIMULATION: the simulated nodes share one
-    PID namespace, so rows of processes in another network namespace (another
-    node, or the host) are dropped."""
-    import subprocess
-
-    real = next((p for p in ("/bin/ps", "/usr/bin/ps") if os.access(p, os.X_OK)), None)
-    if real is None:
-        sys.stderr.write("ps: not found\n")
-        return 127
-    r = subprocess.run([real, *args], capture_output=True, text=True)
-    try:
-        me = os.readlink("/proc/self/ns/net")
-    except OSError:
-        me = None
-
-    def mine(pid: int) -> bool:
-        try:
-            return me is None or os.readlink(f"/proc/{pid}/ns/net") == me
-        except OSError:
-            return False
-
-    sys.stdout.write(filter_ps(r.stdout, mine))
-    sys.stderr.write(r.stderr)
-    try:  # dead engines' memory: settled whenever someone looks at the processes
-        nodestate.settle_file(os.environ.get(STATE_ENV))
-    except (OSError, ValueError):
-        pass
-    return r.returncode
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -223,8 +135,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stderr.write(f"usage: python3 -m sparkctl_sim.shims {{{','.join(TOOLS)}}} ARGS...\n")
         return 2
     tool, args = argv[0], argv[1:]
-    if tool == "ps":
-        return ps_this_node(args)
+    path = os.environ.get(STATE_ENV)
+    if path and (tool in VIEW_TOOLS or tool == "nvidia-smi"):
+        # render on read: the state has no views (a write dropped them), or nvidia-smi's ran out
+        try:
+            renew = tool == "nvidia-smi" and args[:1] != [] and args[0].startswith("--query-gpu=")
+            if renew or not nodestate.views_ready(path):
+                from sparkctl_sim.shims import rendered
+
+                rendered.ensure_views(path, renew=renew and tuple(args) in rendered.SMI_LINES)
+        except (OSError, ValueError):  # no state file: the tool's own answer says so below
+            pass
     if tool in ("apt-get", "dpkg-query"):  # the node's package database (sparkctl_sim.debpkg)
         from sparkctl_sim import debpkg
 
@@ -233,7 +154,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         from sparkctl_sim import earlyoomsim
 
         return earlyoomsim.main(args)
-    path = os.environ.get(STATE_ENV)
     if not path:
         sys.stderr.write(f"{tool}: {STATE_ENV} is not set (simulated node state file)\n")
         return 127
@@ -241,7 +161,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     netdevs = read_netdevs() if needs_net else {}
     euid = os.geteuid()
     now = time.time()
-    if tool in _MUTATORS and _MUTATORS[tool](args):
+    if tool in MUTATORS and MUTATORS[tool](args):
         with nodestate.edit(path) as state:
             res = run_tool(tool, state, args, now=now, euid=euid, netdevs=netdevs)
             if res.new_state is not None:

@@ -3,13 +3,15 @@
 Most of what sparkctl asks a node (``uname -r``, ``getconf PAGESIZE``, ``apt-mark
 showhold``, ``lspci -vv -s BDF``, ``ethtool IFACE``, ``dpkg-query -W ...``) depends
 only on the node's state file, the caller's euid and a netdev's operstate. Each call
-used to start a Python interpreter (~60 ms); now :func:`render_views` (called by
-``nodestate._write``, the one place the state is written) renders the answers of a
-fixed table of command lines beside the state file, and the ``#!/bin/sh`` wrapper of
-each tool (:func:`wrapper`) sources the matching one: builtin ``printf`` and ``exit``,
-no fork, no Python. A command line not in the table, or a view not rendered yet,
-falls back to the Python shim (``python3 -S -m sparkctl_sim.shims TOOL``), which
-computes the same answer with the same formatter: the views cannot disagree with it.
+used to start a Python interpreter (~60 ms); now :func:`render_views` renders the
+answers of a fixed table of command lines beside the state file, and the ``#!/bin/sh``
+wrapper of each tool (:func:`wrapper`) sources the matching one: builtin ``printf`` and
+``exit``, no fork, no Python. A command line not in the table, or a view not rendered
+yet, falls back to the Python shim (``python3 -S -m sparkctl_sim.shims TOOL``), which
+computes the same answer with the same formatter (the views cannot disagree with it)
+and, when the state has no views, renders them (:func:`ensure_views`). A state write
+drops the views of the state it replaces (``nodestate._write``, under the state's lock),
+so no view outlives its state, and nodestate imports none of the shims.
 
 What varies apart from the state, and how the wrapper picks it without Python:
 
@@ -22,10 +24,11 @@ What varies apart from the state, and how the wrapper picks it without Python:
   No operstate file (rootless mode, a missing netdev): the Python shim decides,
   from netlink.
 
-Time-dependent answers (nvidia-smi's power, clocks and timestamps; ``ps``) are not
-here: they stay in Python, started with ``-S`` (no ``site``).
+``ps`` is no view but a sh filter (:func:`_ps`): the real ps, the rows of this network
+namespace's processes (Python only to settle a dead engine's memory). Time-dependent answers (nvidia-smi's power, clocks and
+timestamps) are not here: they stay in Python, started with ``-S`` (no ``site``).
 
-SIMULATION ONLY. Pure except :func:`write_views`.
+SIMULATION ONLY. Pure except :func:`ensure_views`.
 """
 
 from __future__ import annotations
@@ -34,9 +37,12 @@ import os
 import shlex
 from pathlib import Path
 
+from sparkctl_sim import nodestate
 from sparkctl_sim.nodestate import VIEWS_DIR
-from sparkctl_sim.shims.common import BDF_OF_NETDEV, ROCE_DEVICES, Netdev, State, ToolResult
+from sparkctl_sim.shimbase import ShimError
+from sparkctl_sim.shims.common import BDF_OF_NETDEV, ROCE_DEVICES, VIEW_TOOLS, Netdev, State, ToolResult
 from sparkctl_sim.shims.lspci import ROOT_PORTS
+from sparkctl_sim.shims.run import run_tool
 
 NETDEVS = tuple(BDF_OF_NETDEV)
 _BDFS = tuple(sorted(ROOT_PORTS + tuple(BDF_OF_NETDEV.values())))
@@ -51,6 +57,26 @@ TABLE: dict[str, tuple[tuple[str, ...], ...]] = {
     "dpkg-query": (("-W", "--showformat=${db:Status-Status}", "earlyoom"),
                    ("-W", "-f=${db:Status-Status}", "earlyoom")),
 }
+# nvidia-smi's query lines that sparkctl runs (sparkctl/facts/gpu.py: the GPU fact, telemetry_command):
+# their values follow the state and the whole second (gb10.gpu_sample: jitter per second), never the
+# caller, so they are rendered per second, SMI_WINDOW_S seconds ahead, and the wrapper picks the
+# current second (`date +%s`). `-q -d PERFORMANCE` is not: its event-reason counters run in
+# microseconds of uptime.
+SMI_LINES: tuple[tuple[str, ...], ...] = (
+    ("--query-gpu=name,compute_cap,driver_version,clocks.sm,clocks.max.sm,clocks_event_reasons.active,"
+     "power.draw,temperature.gpu", "--format=csv,noheader,nounits"),
+    ("--query-gpu=power.draw,clocks.sm,temperature.gpu,clocks_event_reasons.active", "--format=csv,noheader,nounits"),
+)
+SMI_WINDOW_S = 30
+# docker's node-state-only line sparkctl runs (sparkctl/model/imageid.py store_command): the image store's
+# kind is the state's docker_store (dockerimages.store_kind). Its wrapper is procshims.install_procshims'.
+DOCKER_LINES: tuple[tuple[str, ...], ...] = (("info", "--format", "{{json .DriverStatus}}"),)
+# and the image inspections it runs of every tag in the node's image store (sparkctl/facts/engine.py;
+# CONTENT_FORMAT of sparkctl/model/imageid.py): a view of the store and the state's store kind
+IMAGE_FORMATS = ("{{.Id}}", "{{json .RootFS.Layers}} {{json .Config.Env}} {{json .Config.Entrypoint}} "
+                 "{{json .Config.Cmd}} {{json .Config.WorkingDir}} {{json .Config.User}} "
+                 "{{json .Os}} {{json .Architecture}}")
+assert tuple(TABLE) == VIEW_TOOLS  # the Python shim renders the views of these (dispatch.main)
 EUIDS = {"root": 0, "user": 1000}  # any non-zero euid reads the same
 EUID_TOOLS = ("lspci", "ethtool")
 # carrier-dependent entries: (tool, args) -> the netdev whose operstate picks the view
@@ -58,8 +84,6 @@ LINK_ARG = {("ethtool", (n,)): n for n in NETDEVS}
 
 
 def _result(tool: str, args: tuple[str, ...], state: State, euid: int, link_up: bool | None) -> ToolResult:
-    from sparkctl_sim.shims.dispatch import run_tool
-
     if tool == "dpkg-query":
         from sparkctl_sim.debpkg import dpkg_query
 
@@ -84,8 +108,17 @@ def view_name(tool: str, k: int, user: str | None = None, link: str | None = Non
     return ".".join(x for x in (tool, str(k), user, link) if x) + ".sh"
 
 
-def render_views(state: State) -> dict[str, str]:
-    """File name -> sh fragment, for every command line of :data:`TABLE`. Pure.
+def render_smi_views(state: State, start: int) -> dict[str, str]:
+    """File name -> sh fragment, for every line of :data:`SMI_LINES` and every second from ``start``
+    on, :data:`SMI_WINDOW_S` of them. Pure."""
+    return {f"nvidia-smi.{k}.{sec}.sh": _fragment(run_tool("nvidia-smi", state, args, now=float(sec), euid=0))
+            for k, args in enumerate(SMI_LINES) for sec in range(start, start + SMI_WINDOW_S)}
+
+
+def render_views(state: State, now: float | None = None, node_dir: str | os.PathLike[str] | None = None
+                 ) -> dict[str, str]:
+    """File name -> sh fragment, for every command line of :data:`TABLE` (and of
+    :data:`SMI_LINES` from the second ``now`` on, when given). Pure.
 
     An answer that needs the real tool (``exec_argv``) or changes the state is not
     rendered: the wrapper then falls back to the Python shim.
@@ -101,21 +134,42 @@ def render_views(state: State) -> dict[str, str]:
                                   None if link is None else link == "up")
                     if res.exec_argv is None and res.new_state is None:
                         out[view_name(tool, k, user, link)] = _fragment(res)
-    return out
+    from sparkctl_sim.dockerimages import kind_of
+    from sparkctl_sim.dockerps import info_text
+
+    for k, args in enumerate(DOCKER_LINES):  # docker info --format FMT
+        out[f"docker.{k}.sh"] = _fragment(ToolResult(info_text(kind_of(state), args[2])))
+    if node_dir is not None:
+        out["docker-images.sh"] = render_image_views(Path(node_dir), kind_of(state))
+    return out if now is None else {**out, **render_smi_views(state, int(now))}
 
 
-def write_views(state_path: str | os.PathLike[str], state: State) -> None:
-    """Render the views into ``rendered/`` beside the state file (atomic per file)."""
-    d = Path(state_path).with_name(VIEWS_DIR)
-    d.mkdir(exist_ok=True)
-    views = render_views(state)
-    for old in d.glob("*.sh"):
-        if old.name not in views:
-            old.unlink(missing_ok=True)
-    for name, text in views.items():
-        tmp = d / f".{name}.{os.getpid()}.tmp"
-        tmp.write_text(text)
-        os.replace(tmp, d / name)
+def render_image_views(node_dir: Path, kind: str) -> str:
+    """sh answering ``docker image inspect --format F TAG`` for each of :data:`IMAGE_FORMATS` and
+    each tag in the node's image store, as dockerimages.docker_image_inspect prints it."""
+    from sparkctl_sim.dockerimages import Images, inspect_view, node_store_dir
+    from sparkctl_sim.dockerps import render_template
+
+    arms = []
+    for rec in Images(node_store_dir(node_dir), kind).all().values():
+        for tag in rec["RepoTags"]:
+            for fmt in IMAGE_FORMATS:
+                try:
+                    text = render_template(fmt, inspect_view(rec, kind)) + "\n"
+                except ShimError:
+                    continue
+                key = shlex.quote(f"5:image inspect --format {fmt} {tag}")
+                arms.append(f"  {key}) printf %s {shlex.quote(text)}; exit 0 ;;\n")
+    return 'case "$#:$*" in\n' + "".join(arms) + "esac\n"
+
+
+def ensure_views(state_path: str | os.PathLike[str], renew: bool = False) -> None:
+    """Render the views into ``rendered/`` beside the state file, unless the state has them
+    (``renew``: nvidia-smi's ran out; all are rendered again, from this second on)."""
+    import time
+
+    node_dir = os.path.dirname(os.fspath(state_path))
+    nodestate.ensure_views(state_path, lambda s: render_views(s, time.time(), node_dir), renew)
 
 
 # --------------------------------------------------------------------------- the wrappers
@@ -154,12 +208,49 @@ def _ibdev2netdev() -> str:
             + f"\n  printf '{fmt}' {args}\n  exit 0\nfi\n")
 
 
+def _ps(python: str) -> str:
+    """``ps`` as a real node sees it: the real ps, its rows kept when the process shares this shell's
+    network namespace (find -L -samefile: the nsfs inode). SIMULATION: the simulated nodes share one
+    PID namespace. Dead engines' memory is settled whenever someone looks at the processes: when
+    one of ``engine_pids`` (beside the state) is gone or a zombie (as nodestate.pid_alive reads
+    /proc/PID/stat), Python settles the state first (nodestate.settle_file)."""
+    settle = "from sparkctl_sim import nodestate as n; import os; n.settle_file(os.environ.get('SPARKCTL_SIM_STATE'))"
+    return r"""e="${SPARKCTL_SIM_STATE%/*}/engine_pids"; k=
+[ -r "$e" ] && { read -r ps_pids <"$e"; k=ok; }
+for p in $ps_pids; do
+  st=; [ -r /proc/$p/stat ] && read -r st 2>/dev/null </proc/$p/stat
+  st=${st##*)}; st=${st# }
+  case "$st" in ""|Z*|X*) k= ;; esac
+done
+[ -n "$k" ] || @SETTLE@ 2>/dev/null
+ps=; for p in /bin/ps /usr/bin/ps; do [ -x "$p" ] && { ps=$p; break; }; done
+[ -n "$ps" ] || { echo "ps: not found" >&2; exit 127; }
+mine=$(find -L /proc/[0-9]*/ns/net -maxdepth 0 -samefile /proc/$$/ns/net 2>/dev/null)
+exec 3>&1
+rc=$({ { "$ps" "$@"; echo $? >&4; } | awk -v mine="$mine" '
+  BEGIN { n = split(mine, a, "\n"); for (i = 1; i <= n; i++) { split(a[i], f, "/"); keep[f[3]] = 1 } }
+  NR == 1 { for (i = 1; i <= NF; i++) if ($i == "PID") { col = i; break }; print; next }
+  !col || (NF >= col && $col ~ /^[0-9]+$/ && ($col in keep))' >&3; } 4>&1)
+exit "$rc"
+""".replace("@SETTLE@", f"{shlex.quote(python)} -S -c {shlex.quote(settle)}")
+
+
+def pick_view(lines: tuple[tuple[str, ...], ...], file: str) -> str:
+    """sh that sources the view ``file`` (a word that may use ``$k``) when ``"$@"`` is ``lines[k]``."""
+    arms = "".join(f"  {shlex.quote(f'{len(a)}:{chr(32).join(a)}')}) k={k} ;;\n" for k, a in enumerate(lines))
+    return f'k=\ncase "$#:$*" in\n{arms}esac\nif [ -n "$k" ]; then\n  f={file}\n  [ -r "$f" ] && . "$f"\nfi\n'
+
+
 def wrapper(tool: str, python: str, pre: str) -> str:
     """The ``#!/bin/sh`` for ``tool``: its rendered view when there is one, else the Python shim."""
     head = f"#!/bin/sh\n# sparkctl SIMULATION: {tool} (views: sparkctl_sim/shims/rendered.py)\n"
     fast = ""
     if tool == "ibdev2netdev":
         fast = '[ "$#" = 0 ] && {\n' + _ibdev2netdev() + "}\n"
+    elif tool == "ps":
+        fast = _ps(python)
+    elif tool == "nvidia-smi":
+        fast = pick_view(SMI_LINES, f'"${{SPARKCTL_SIM_STATE%/*}}/{VIEWS_DIR}/nvidia-smi.$k.$(date +%s).sh"')
     elif tool in TABLE:
         d = '"${%s%%/*}/%s"' % ("SPARKCTL_SIM_STATE", VIEWS_DIR)
         uid = _UID if tool in EUID_TOOLS else ""
