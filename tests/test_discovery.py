@@ -406,3 +406,16 @@ def test_rdma_names_other_than_a_sparks_go_into_the_inventory() -> None:
     assert inv.node("spark-b").ports["p0"].rdma == ("mlx5_0", "mlx5_1")
     assert inv.node("spark-a").ports["p0"].rdma == ("rocep1s0f0", "roceP2p1s0f0")  # unknown: a Spark's names
     assert inv.link_between("spark-a", "spark-b").b.rdma == "mlx5_0"
+
+
+def test_a_cage_with_no_netdevs_is_a_note_and_half_a_cage_a_problem() -> None:
+    four = [f"spark-{i}" for i in range(4)]
+    hosts = cluster(four, [], segment=[f"{n}:p0" for n in four])
+    p1 = set(CAGES[1][1])
+    bare = [HostSeen(h.name, h.host, {nd: s for nd, s in h.netdevs.items() if nd not in p1}) for h in hosts]
+    f = find_topology(bare)
+    assert f.ok and f.topology == "switch", f.problems
+    assert "spark-0:p1: no netdev of this cage" in " ".join(f.notes)
+    half = [HostSeen(h.name, h.host, {nd: s for nd, s in h.netdevs.items() if nd != CAGES[1][1][0]}) for h in hosts]
+    g = find_topology(half)
+    assert not g.ok and any("the host has no such netdev" in p for p in g.problems)

@@ -162,6 +162,11 @@ def find_topology(hosts: Sequence[HostSeen]) -> Finding:
         for cage, twins in CAGES:
             me = PortEnd(h.name, cage)
             views: dict[str, set[PortEnd]] = {}
+            if not any(nd in h.netdevs for nd in twins):
+                # neither twin of the cage is there (a cage with no module, or its netdevs not created):
+                # nothing can run over it; half a cage (one twin only) stays a problem below
+                notes.append(f"{me}: no netdev of this cage ({', '.join(twins)}); it carries nothing")
+                continue
             for nd in twins:
                 seen = h.netdevs.get(nd)
                 if seen is None:
