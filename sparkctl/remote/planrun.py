@@ -180,7 +180,7 @@ def _ready(step: dict[str, Any], backend: Backend, state: RunState) -> str:
             # Only an answer is evidence: a check that did not get through (an SSH session refused
             # or reset under load, a timeout) says nothing about the rank, and one "dead" can be a
             # process between two execs. A rank is dead when it answers "dead" twice in a row.
-            answered = {n: r for n, r in alive.items() if r["ok"] and r.get("stdout", "").strip()}
+            answered = {n: r for n, r in alive.items() if r["ok"]}
             unanswered = {n: _last_line(r) for n, r in alive.items() if n not in answered}
             now_dead = {n for n, r in answered.items() if "alive" not in r.get("stdout", "")}
             dead = sorted(now_dead & dead_once)
@@ -190,7 +190,7 @@ def _ready(step: dict[str, Any], backend: Backend, state: RunState) -> str:
                 backend.emit(n, "waiting", f"{elapsed:5.1f}s  {tails.get(n, {}).get('stdout', '').strip()[-100:]}")
             if dead:
                 _not_ready(step, backend, f"rank on {', '.join(dead)} exited before the endpoint was ready")
-            next_watch = backend.monotonic() + 2.0
+            next_watch = backend.monotonic() + (0.5 if now_dead else 2.0)  # a dead answer is confirmed soon
         if elapsed > float(p["deadline_s"]):
             silent = "; ".join(f"{n} did not answer the liveness check: {w}" for n, w in sorted(unanswered.items()))
             _not_ready(step, backend, f"not ready within {float(p['deadline_s']):.0f} s: {last}"
