@@ -21,7 +21,7 @@ from pydantic import ValidationError
 
 from sparkctl.errors import InventoryError
 from sparkctl.model import switched
-from sparkctl.model.schema import InventoryFile, KernelList, NodeSpec, PortSpec, default_ports
+from sparkctl.model.schema import InventoryFile, KernelList, NodeSpec, PortSpec, SwitchSpec, default_ports
 from sparkctl.model.yamlsrc import Located, load, loads, pydantic_errors
 
 
@@ -105,6 +105,8 @@ class Inventory:
     kernels: KernelList = field(default_factory=KernelList)  # laws.kernels: added to the bundled kernel data
     switch_name: str = ""  # a switched cluster's switch (switch.name)
     switch_mtu: int = 0  # the MTU its ports carry (switch.mtu_bytes)
+    # switch.roce as NCCL's variables (NCCL_IB_TC, NCCL_IB_SL: schema.RoceSpec); empty off a switch
+    nccl_qos: tuple[tuple[str, int], ...] = ()
 
     # -- lookups (pure) -------------------------------------------------
     def node(self, name: str) -> Node:
@@ -283,7 +285,18 @@ def build(src: Located) -> Inventory:
         fabric_pool=str(pool), source=src, kernels=inv.laws.kernels,
         switch_name=(sw.name if sw else "switch") if topology == "switch" else "",
         switch_mtu=(sw.mtu_bytes if sw else inv.cluster.fabric_mtu_bytes) if topology == "switch" else 0,
+        nccl_qos=_nccl_qos(sw) if topology == "switch" and sw else (),
     )
+
+
+def _nccl_qos(sw: SwitchSpec) -> tuple[tuple[str, int], ...]:
+    """switch.roce as NCCL reads it: the traffic class byte is the DSCP shifted past the two ECN bits."""
+    out: list[tuple[str, int]] = []
+    if sw.roce.dscp is not None:
+        out.append(("NCCL_IB_TC", sw.roce.dscp << 2))
+    if sw.roce.priority is not None:
+        out.append(("NCCL_IB_SL", sw.roce.priority))
+    return tuple(out)
 
 
 def _pool(inv: InventoryFile, src: Located) -> ipaddress.IPv4Network:

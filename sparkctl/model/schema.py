@@ -561,6 +561,19 @@ class ClusterSpec(_Strict):
     fabric_mtu_bytes: int = Field(9000, ge=1280, le=9216, description="MTU of every fabric twin")
 
 
+class RoceSpec(_Strict):
+    """The RoCE QoS class the operator's switch gives lossless (PFC and ECN are set on the switch and
+    the NICs, not here): NCCL marks its RDMA traffic with it. NCCL reads NCCL_IB_TC into the GRH's
+    traffic_class byte and NCCL_IB_SL into the address handle's service level (NCCL's
+    src/transport/net_ib.cc, ``NCCL_PARAM(IbTc, "IB_TC", ...)`` and ``NCCL_PARAM(IbSl, "IB_SL", ...)``,
+    github.com/NVIDIA/nccl); for RoCE v2 the traffic class is the IP header's TOS byte, whose top six
+    bits are the DSCP, so NCCL_IB_TC = dscp * 4. Unset: NCCL's defaults (no marking)."""
+
+    dscp: int | None = Field(None, ge=0, le=63, description="the DSCP the switch maps to its lossless queue "
+                             "(NCCL_IB_TC = dscp * 4)")
+    priority: int | None = Field(None, ge=0, le=7, description="the 802.1p priority of that queue, as NCCL_IB_SL")
+
+
 class SwitchSpec(_Strict):
     """The switch the fabric ports run to (NVIDIA's playbook "Connect Multiple DGX Spark through a Switch").
 
@@ -572,6 +585,8 @@ class SwitchSpec(_Strict):
     mtu_bytes: int = Field(9216, ge=1280, le=9216, description="the MTU the switch ports carry; the fabric MTU must fit in it")
     subnets: dict[Literal["p0", "p1"], tuple[str, str]] | None = Field(
         None, description="each cage's two twin subnets (/24 each); consecutive /24s of fabric_pool when unset")
+    roce: RoceSpec = Field(default_factory=lambda: RoceSpec(),
+                           description="the RoCE class NCCL marks its traffic with (NCCL_IB_TC, NCCL_IB_SL)")
 
 
 class InventoryLaws(_Strict):
