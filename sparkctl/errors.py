@@ -25,6 +25,7 @@ class ExitStatus(IntEnum):
     LIFECYCLE = 5  # up / down / switch / weights did not reach the state asked for
     LOCKED = 6  # the cluster is locked by another operator
     SIM = 7  # the simulated cluster (sparkctl_sim's SimError: it lives there, sparkctl never imports it)
+    DEGRADED = 8  # a rolling switch's way back failed part way: some replicas serve, the record says "degraded"
     INTERNAL = 70  # a bug in sparkctl: EX_SOFTWARE of sysexits.h
     INTERRUPTED = 130  # Ctrl-C: 128 + SIGINT, the shell's convention
 
@@ -131,6 +132,13 @@ class LifecycleError(SparkctlError):
     """up / down / switch did not reach the state it was asked for."""
 
     exit_code = ExitStatus.LIFECYCLE
+
+
+class SwitchDegraded(LifecycleError):
+    """A rolling switch failed and its way back failed part way: what serves was left serving
+    (some replicas the new profile, some the old), the one that did not come back is stopped."""
+
+    exit_code = ExitStatus.DEGRADED
 
 
 class LockUnavailable(LifecycleError):

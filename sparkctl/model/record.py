@@ -24,10 +24,12 @@ from sparkctl.model.paths import DEFAULT_STACK
 # Where the records and the node locks live on the state node: sparkctl.model.paths
 # (RECORD, STACKS_DIR, LOCKS_DIR, record_path, node_lock_dir).
 SCHEMA = 1
-STATES = ("starting", "serving", "stopping", "switching", "failed", "stopped")
+STATES = ("starting", "serving", "stopping", "switching", "degraded", "failed", "stopped")
 # A stack whose record is in one of these may have engines running: its nodes are its own
 # (another stack's up refuses them) until a down or a failed run records otherwise.
-LIVE_STATES = ("starting", "serving", "stopping", "switching")
+# "degraded": a rolling switch's way back failed part way; some replicas serve the new profile,
+# some the old one (``replicas`` says which), the ones that did not come back are stopped.
+LIVE_STATES = ("starting", "serving", "stopping", "switching", "degraded")
 
 
 @dataclass(frozen=True)
@@ -80,6 +82,9 @@ class RunRecord:
     # node asks it, backends: url as the gateway reaches each head + served name, the engine's
     # in-flight gauge, drain_timeout_s; sparkctl.plan.gatewayplan.record_entry). Empty: no gateway.
     gateway: dict[str, Any] = field(default_factory=dict)
+    # state "degraded" only: per serving head, what it serves (profile, served_name, port, nodes);
+    # the gateway entry's backends are exactly these heads. Empty otherwise.
+    replicas: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def live(self) -> bool:
@@ -90,6 +95,8 @@ class RunRecord:
         d["sets"] = list(self.sets)
         d["heads"] = list(self.heads)
         d["steps"] = [dict(s) for s in self.steps]
+        if not self.replicas:  # only a degraded record has them: the others keep their shape
+            del d["replicas"]
         return d
 
     @classmethod
@@ -107,6 +114,7 @@ class RunRecord:
             stack=str(d.get("stack") or DEFAULT_STACK), model=str(d.get("model") or ""),
             shared_name=bool(d.get("shared_name", False)),
             gateway=dict(d.get("gateway") or {}),
+            replicas={str(k): dict(v) for k, v in (d.get("replicas") or {}).items() if isinstance(v, dict)},
         )
 
     def with_state(self, state: str, updated_at: str, note: str = "") -> "RunRecord":

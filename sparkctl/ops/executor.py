@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any, NoReturn, TypeVar
 
-from sparkctl.errors import CheckFailed, ConfigError, Interrupted, LifecycleError, LockHeld, Ref, SparkctlError
+from sparkctl.errors import CheckFailed, ConfigError, Interrupted, LifecycleError, LockHeld, Ref, SparkctlError, SwitchDegraded
 from sparkctl.facts.registry import ProbeParseError
 from sparkctl.facts.system import parse_meminfo
 from sparkctl.model.inventory import Inventory
@@ -548,6 +548,18 @@ def switch(res: Resolved, inv: Inventory, transport: Transport, roots: Roots, *,
     assert f is not None
     first = f.cause.in_phase(op, f.step["phase"]).one_line() if isinstance(f.cause, SparkctlError) else \
         f"{op} failed in phase {f.step['phase']}: {f.detail}"
+    degraded = next((b for b in state.completed if b.startswith("degraded-")), None)
+    if degraded is not None:
+        b = state.branch_failure
+        assert b is not None
+        rec = RunRecord.from_dict(state.record) if state.record else None
+        serving = "; ".join(f"{'+'.join(r.get('nodes') or [h])} serve{'s' if len(r.get('nodes') or [h]) == 1 else ''} "
+                            f"{r.get('profile')}" for h, r in (rec.replicas if rec else {}).items())
+        raise SwitchDegraded(
+            f"switch to {res.name} failed ({f.detail}); rolling back, {b.step['id']} failed in phase "
+            f"{b.step['phase']}: {b.detail}; left degraded, nothing serving was stopped: {serving}",
+            Ref(node=b.node), hint=f"`sparkctl status` shows which replica serves which profile; `sparkctl switch "
+            f"{res.name}` again, or `sparkctl down`")
     if rollback not in state.completed:
         b = state.branch_failure
         assert b is not None

@@ -159,7 +159,7 @@ def record_step(inv: Inventory, sid: str, phase: str, head: str, rec: RunRecord,
     when that write fails and the record claims nothing serves, ``rm -f`` it: no record also says nothing serves."""
     path = under(inv.node(head).prefix, record_path(rec.stack))
     params: dict[str, object] = {"record": rec.to_dict(), "path": path}
-    if rec.state != "serving":
+    if rec.state not in ("serving", "degraded"):  # a degraded stack still serves: its record stays
         params["remove_on_failure"] = {head: f"rm -f {shlex.quote(path)}"}
     if note_from_failure:
         params["note_from_failure"] = True

@@ -24,7 +24,15 @@ removed and stopped, the old replica(s) of those nodes are started again (ready,
 registered), and each replica already replaced (K-1 .. 1) is drained and given
 its old replica back the same way, while the old replicas not yet touched kept
 serving. The branch ends with the old profile's record, a note saying what did
-not come up. A failure inside it falls back to the switch's ``stop`` branch.
+not come up.
+
+A failure inside ``rollback-K`` at replica J (K itself, or one replaced before) never
+stops what serves: it leads to branch ``degraded-K-J``, which removes J's replicas from
+the gateway, stops J's nodes (what did not come back) and records the state
+"degraded": the new replicas 1 .. J-1 and the old replicas of J+1 .. n serve on,
+the record's ``replicas`` says which head serves which profile, and ``switch``
+exits 8 (``ExitStatus.DEGRADED``) naming the node and phase. Only where nothing
+would serve does the failure fall back to the switch's ``stop`` branch.
 
 Where no replica can stay up (one replica on either side, e.g. TP4 on four
 boxes), the switch is the plain one and its plan says the expected outage
@@ -107,15 +115,68 @@ def _prefixed(steps: Sequence[Step], prefix: str, phase: str | None = None, on_f
 
 
 def _restore(g: Group, prefix: str, prev: RunRecord, prev_res: Resolved, prev_rendering: Rendering,
-             inv: Inventory) -> list[Step]:
+             inv: Inventory, on_fail: str = "stop") -> list[Step]:
     """The old replica(s) of ``g`` back on their nodes: files, start, ready, registered."""
     if not g.old_nodes:
         return []
-    up = planner._bring_up(prev_res, inv, prev_rendering, list(g.old_nodes), prefix, "stop", only_heads=g.old_heads)
-    steps = [replace(s, phase="rollback", on_fail="continue" if s.on_fail == "continue" else "stop") for s in up]
+    up = planner._bring_up(prev_res, inv, prev_rendering, list(g.old_nodes), prefix, on_fail, only_heads=g.old_heads)
+    steps = [replace(s, phase="rollback", on_fail="continue" if s.on_fail == "continue" else on_fail) for s in up]
     steps += gatewayplan.register_step(_only(prev.gateway, g.old_heads), inv, f"{prefix}gateway-register",
-                                       "rollback", "stop")
+                                       "rollback", on_fail)
     return steps
+
+
+DEGRADED = "degraded-{k}-{j}"
+
+
+def _degraded(k: int, j: Group, roll: Sequence[Group], res: Resolved, prev: RunRecord, starting: RunRecord,
+              gw_entry: Mapping[str, Any], inv: Inventory, ports: Sequence[int], started_at: str,
+              ) -> tuple[str, tuple[Step, ...]] | None:
+    """Where the way back of replica ``k`` fails at replica ``j`` (``j`` is ``k``, or one replaced
+    before): (branch name, its steps), or None when nothing would serve (the ``stop`` branch then).
+
+    What serves at that point, and is never stopped: the new replicas 1 .. j-1 (not rolled back yet),
+    the old replicas of j+1 .. n (given back, or never touched). Only ``j``'s nodes are stopped (what
+    did not come back) and removed from the gateway; the record says "degraded" and which head serves
+    which profile."""
+    new_groups = [g for g in roll if g.index < j.index]
+    old_groups = [g for g in roll if g.index > j.index and g.old_heads]
+    new_heads = [h for g in new_groups for h in g.new_heads]
+    old_heads = [h for g in old_groups for h in g.old_heads]
+    if not new_heads and not old_heads:
+        return None
+    name = DEGRADED.format(k=k, j=j.index)
+    pfx = f"dg{k}-{j.index}-"
+    gone = {**gw_entry, "backends": [*_only(gw_entry, j.new_heads).get("backends", []),
+                                     *_only(prev.gateway, j.old_heads).get("backends", [])]}
+    steps = [*gatewayplan.drain_step(gone, inv, f"{pfx}gateway-deregister", "degraded", wait=False),
+             planner._stop_step(inv, f"{pfx}stop", "degraded", j.nodes, ports, res.profile.serve.stop_timeout_s,
+                                f"stop what did not come back on {_words(j.nodes)} (replica {j.index}); the "
+                                "replicas that serve are left as they are", "continue")]
+    replicas: dict[str, dict[str, Any]] = {}
+    for g in new_groups:
+        for h in g.new_heads:
+            replicas[h] = {"profile": res.name, "served_name": starting.served_name, "port": starting.port,
+                           "nodes": list(g.nodes)}
+    for g in old_groups:
+        for h in g.old_heads:
+            replicas[h] = {"profile": prev.profile, "served_name": prev.served_name, "port": prev.port,
+                           "nodes": [n for n in g.old_nodes if n in prev.nodes and h in prev.nodes
+                                     and prev.nodes[n].replica == prev.nodes[h].replica] or list(g.old_nodes)}
+    # every node either stack may still run on stays in the record: down stops them, locks claim them
+    nodes = {**prev.nodes, **{n: starting.nodes[n] for g in new_groups for n in g.nodes if n in starting.nodes}}
+    nodes.update({n: starting.nodes[n] for n in starting.nodes if n not in nodes})
+    serving = [f"{_words(r['nodes'])} serve {r['profile']}" for r in replicas.values()]
+    fix = f"`sparkctl switch {res.name}` again, or `sparkctl down`"
+    rec = replace(starting, state="degraded", updated_at=started_at, heads=tuple(replicas), nodes=nodes,
+                  gateway={**gw_entry, "backends": [*_only(gw_entry, new_heads).get("backends", []),
+                                                    *_only(prev.gateway, old_heads).get("backends", [])]},
+                  replicas=replicas,
+                  note=(f"degraded: switch to {res.name} failed at replica {k} and its way back failed at replica "
+                        f"{j.index} ({_words(j.nodes)}: stopped); {'; '.join(serving)}; {fix}"))
+    steps.append(planner.record_step(inv, f"{pfx}record", "degraded", inv.nodes[0].name, rec,
+                                     f"record degraded: {'; '.join(serving)}", on_fail="abort"))
+    return name, tuple(steps)
 
 
 def _words(nodes: Sequence[str]) -> str:
@@ -171,17 +232,27 @@ def plan_rolling(res: Resolved, inv: Inventory, rendering: Rendering, base: Plan
                                              f"record replica {k} of {n} replaced", on_fail="continue"))
         # The way back from a failure of replica k: its nodes get the old replica(s) back, then
         # every replica already replaced is drained and given its old replica back.
+        # A failure on the way back degrades, never stops what serves (branch degraded-K-J).
+        def way_back(j: Group, k: int = k) -> str:
+            d = _degraded(k, j, roll, res, prev, starting, gw_entry, inv, ports, started_at)
+            if d is None:
+                return "stop"
+            branches[d[0]] = d[1]
+            return d[0]
+
+        dk = way_back(g)
         back = [*gatewayplan.drain_step(_only(gw_entry, g.new_heads), inv, f"rb{k}-gateway-deregister", "rollback",
                                         wait=False),
                 planner._stop_step(inv, f"rb{k}-stop", "rollback", g.nodes, ports, p.serve.stop_timeout_s,
-                                   f"stop what {res.name} started on {_words(g.nodes)}", "stop")]
-        back += _restore(g, f"rb{k}-", prev, prev_res, prev_rendering, inv)
+                                   f"stop what {res.name} started on {_words(g.nodes)}", dk)]
+        back += _restore(g, f"rb{k}-", prev, prev_res, prev_rendering, inv, dk)
         for j in reversed(roll[:k - 1]):
             jp = f"rb{k}-r{j.index}-"
+            dj = way_back(j)
             back += gatewayplan.drain_step(_only(gw_entry, j.new_heads), inv, f"{jp}gateway-drain", "rollback")
             back.append(planner._stop_step(inv, f"{jp}stop", "rollback", j.nodes, ports, p.serve.stop_timeout_s,
-                                           f"stop {res.name} on {_words(j.nodes)} (replaced before)", "stop"))
-            back += _restore(j, jp, prev, prev_res, prev_rendering, inv)
+                                           f"stop {res.name} on {_words(j.nodes)} (replaced before)", dj))
+            back += _restore(j, jp, prev, prev_res, prev_rendering, inv, dj)
         restored = replace(prev, state="serving", updated_at=started_at,
                            note=f"{rollback_note}: {res.name}'s replica on {_words(g.nodes)} did not come up; "
                            f"{prev.profile} serves again")
