@@ -248,15 +248,22 @@ def test_an_engine_that_does_not_answer_has_nothing_in_flight() -> None:
     assert gateway_ctl.in_flight(f"http://127.0.0.1:{port}", None, ["x"], False) == 0.0
 
 
-def test_rebuild_registers_only_stacks_recorded_serving(stub: tuple[_Stub, str], tmp_path: Path) -> None:
+def test_rebuild_registers_only_stacks_recorded_serving_or_degraded(stub: tuple[_Stub, str], tmp_path: Path) -> None:
     s, url = stub
     for name, state, backend in (("a", "serving", "http://10.0.0.1:8000"), ("b", "stopped", "http://10.0.0.2:8000"),
-                                 ("c", "starting", "http://10.0.0.3:8000")):
+                                 ("c", "starting", "http://10.0.0.3:8000"), ("d", "degraded", "http://10.0.0.4:8000")):
         (tmp_path / f"{name}.json").write_text(json.dumps({
             "state": state, "served_name": "m", "gateway": {"backends": [{"url": backend, "model": "m"}]}}))
     cfg = {"url": url, "records": [str(tmp_path / "*.json")]}
-    assert gateway_ctl.rebuild(cfg, None, 5) == "rebuilt 1 backend(s) from the record"
-    assert [w["url"] for w in s.workers.values()] == ["http://10.0.0.1:8000"]
+    # a degraded record's backends are the replicas left serving: a restarted gateway routes to them
+    assert gateway_ctl.rebuild(cfg, None, 5) == "rebuilt 2 backend(s) from the record"
+    assert sorted(w["url"] for w in s.workers.values()) == ["http://10.0.0.1:8000", "http://10.0.0.4:8000"]
+
+
+def test_the_gateway_and_the_head_agree_on_which_records_serve() -> None:
+    from sparkctl.model.record import LIVE_STATES, SERVING_STATES
+
+    assert gateway_ctl.SERVING_STATES == SERVING_STATES and set(SERVING_STATES) <= set(LIVE_STATES)
 
 
 def test_the_key_is_read_from_the_env_file_and_never_printed(tmp_path: Path, capsys, stub) -> None:

@@ -346,3 +346,20 @@ def test_the_supervisor_writes_the_record_copy_on_a_peer_through_its_ssh(tmp_pat
     assert json.loads(path.read_text()) == {"state": "serving"}
     r = b.write_record("spark-x", str(path), {"state": "stopped"}, False, None)  # not one of the plan's nodes
     assert not r["ok"] and "spark-x" in r["error"] and json.loads(path.read_text()) == {"state": "serving"}
+
+
+def test_a_degraded_record_is_a_state_the_exporter_names_and_its_backends_are_expected() -> None:
+    """A rolling switch's failed way back leaves state "degraded" (sparkctl.model.record.STATES): the
+    state gauge has a series for it (1 for it, 0 for serving), and the replicas it lists stay expected
+    at the gateway (they serve)."""
+    import dataclasses
+
+    rec = dataclasses.replace(_rec("default", ("spark-a", "spark-b"),
+                                   gateway=_gw("spark-a", ["http://10.0.0.1:8000"])), state="degraded").to_dict()
+    text = _expose(list(head_families(rec, None, None, None)))
+    assert 'sparkctl_record_state{state="degraded"} 1.0' in text
+    assert 'sparkctl_record_state{state="serving"} 0.0' in text
+    gws = headstate.read_gateways({"default": rec}, "spark-a", {}, None)
+    assert [e["url"] for e in gws[0]["expected"]] == ["http://10.0.0.1:8000"]
+    stopped = {**rec, "state": "stopped"}
+    assert headstate.read_gateways({"default": stopped}, "spark-a", {}, None)[0]["expected"] == []

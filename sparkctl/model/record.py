@@ -30,6 +30,9 @@ STATES = ("starting", "serving", "stopping", "switching", "degraded", "failed", 
 # "degraded": a rolling switch's way back failed part way; some replicas serve the new profile,
 # some the old one (``replicas`` says which), the ones that did not come back are stopped.
 LIVE_STATES = ("starting", "serving", "stopping", "switching", "degraded")
+# The states whose gateway backends serve (a degraded record lists exactly the replicas left serving);
+# sparkctl/remote/gateway_ctl.py, stdlib only, keeps its own copy (tests/test_gateway.py compares them).
+SERVING_STATES = ("serving", "degraded")
 
 
 @dataclass(frozen=True)

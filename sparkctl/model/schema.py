@@ -502,7 +502,21 @@ def default_ports() -> dict[str, PortSpec]:
     }
 
 
-class NodeDefaults(_Strict):
+class _NodeFields(_Strict):
+    """The checks shared by the defaults and each node: node paths have no '..', local paths no control characters."""
+
+    @field_validator("prefix", "sysfs_root", "proc_root", check_fields=False)
+    @classmethod
+    def _paths(cls, v: str | None) -> str | None:
+        return no_dotdot(v)
+
+    @field_validator("ssh_identity", "known_hosts", check_fields=False)
+    @classmethod
+    def _local_paths(cls, v: str | None) -> str | None:
+        return no_control(v)
+
+
+class NodeDefaults(_NodeFields):
     """Values every node gets unless it says otherwise."""
 
     ssh_user: str = Field("nvidia", pattern=SSH_USER_RE, description="ssh login")
@@ -515,18 +529,8 @@ class NodeDefaults(_Strict):
     proc_root: SafePath = Field("/proc", description="where procfs is read (simulated rootless nodes)")
     mgmt_iface: IfName = Field("enP7s7", description="management interface")
 
-    @field_validator("prefix", "sysfs_root", "proc_root")
-    @classmethod
-    def _paths(cls, v: str | None) -> str | None:
-        return no_dotdot(v)
 
-    @field_validator("ssh_identity", "known_hosts")
-    @classmethod
-    def _local_paths(cls, v: str | None) -> str | None:
-        return no_control(v)
-
-
-class NodeSpec(_Strict):
+class NodeSpec(_NodeFields):
     """One DGX Spark."""
 
     name: Name = Field(description="node name (used in messages, files and units)")
@@ -542,16 +546,6 @@ class NodeSpec(_Strict):
     mgmt_iface: IfName | None = Field(None, description="overrides defaults")
     ports: dict[Literal["p0", "p1"], PortSpec] | None = Field(None, description="QSFP cage names; Spark defaults")
 
-    @field_validator("prefix", "sysfs_root", "proc_root")
-    @classmethod
-    def _paths(cls, v: str | None) -> str | None:
-        return no_dotdot(v)
-
-    @field_validator("ssh_identity", "known_hosts")
-    @classmethod
-    def _local_paths(cls, v: str | None) -> str | None:
-        return no_control(v)
-
 
 class ClusterSpec(_Strict):
     """Cluster-wide fabric settings."""
@@ -562,12 +556,10 @@ class ClusterSpec(_Strict):
 
 
 class RoceSpec(_Strict):
-    """The RoCE QoS class the operator's switch gives lossless (PFC and ECN are set on the switch and
-    the NICs, not here): NCCL marks its RDMA traffic with it. NCCL reads NCCL_IB_TC into the GRH's
-    traffic_class byte and NCCL_IB_SL into the address handle's service level (NCCL's
-    src/transport/net_ib.cc, ``NCCL_PARAM(IbTc, "IB_TC", ...)`` and ``NCCL_PARAM(IbSl, "IB_SL", ...)``,
-    github.com/NVIDIA/nccl); for RoCE v2 the traffic class is the IP header's TOS byte, whose top six
-    bits are the DSCP, so NCCL_IB_TC = dscp * 4. Unset: NCCL's defaults (no marking)."""
+    """The RoCE class the switch keeps lossless (PFC/ECN live on the switch and NICs): NCCL marks its RDMA
+    traffic with NCCL_IB_TC (the GRH traffic class, for RoCE v2 the IP TOS byte whose top six bits are the
+    DSCP: dscp * 4) and NCCL_IB_SL (the service level); github.com/NVIDIA/nccl src/transport/net_ib.cc,
+    ``NCCL_PARAM(IbTc, "IB_TC", ...)`` and ``NCCL_PARAM(IbSl, "IB_SL", ...)``. Unset: no marking."""
 
     dscp: int | None = Field(None, ge=0, le=63, description="the DSCP the switch maps to its lossless queue "
                              "(NCCL_IB_TC = dscp * 4)")

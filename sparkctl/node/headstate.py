@@ -17,6 +17,8 @@ import urllib.request
 from collections.abc import Mapping
 from typing import Any
 
+from sparkctl.model.record import SERVING_STATES
+
 DEFAULT_STACK = "default"  # sparkctl.model.paths.DEFAULT_STACK (not imported: the node has no pydantic)
 WILDCARD, LOOPBACK = "0.0.0.0", "127.0.0.1"  # sparkctl.model.record
 GATEWAY_TIMEOUT_S = 2.0
@@ -90,7 +92,7 @@ def read_gateways(recs: Mapping[str, Mapping[str, Any]], here: str, hosts: Mappi
                              "up": False, "workers": [], "error": None}
         g["expected"] = [{"url": str(b.get("url")), "model": str(b.get("model") or rec.get("served_name")),
                           "stack": stack}
-                         for stack, rec in recs.items() if rec.get("state") == "serving"
+                         for stack, rec in recs.items() if rec.get("state") in SERVING_STATES
                          and (rec.get("gateway") or {}).get("node") == node
                          for b in (rec.get("gateway") or {}).get("backends", [])]
         headers = {"Authorization": f"Bearer {key}"} if key and entry.get("keyed") else {}

@@ -16,10 +16,10 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from sparkctl.facts.gpu import REASON_BITS
 from sparkctl.facts.nodefacts import NodeFacts
 from sparkctl.facts.statusrow import clock_lock
+from sparkctl.model.record import STATES
 
 MHZ = 1_000_000
 KIB = 1024
-STATES = ("starting", "serving", "stopping", "switching", "failed", "stopped")  # sparkctl.model.record.STATES
 VERDICTS = ("ok", "warn", "fail", "waived", "skip")  # sparkctl.plan.laws.base
 
 

@@ -350,12 +350,18 @@ def read_records(cfg: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
+# The record states whose gateway backends serve: "degraded" (a rolling switch's way back failed part
+# way) lists exactly the replicas left serving (sparkctl.model.record, which this stdlib file cannot import).
+SERVING_STATES = ("serving", "degraded")
+
+
 def live_backends(records: list[dict[str, Any]], node: str | None = None) -> list[tuple[str, str]]:
-    """(url, served name) of every backend of every stack recorded serving (through the gateway on ``node``)."""
+    """(url, served name) of every backend of every stack recorded serving or degraded (through the gateway
+    on ``node``)."""
     out = []
     for rec in records:
         gw = rec.get("gateway") or {}
-        if rec.get("state") != "serving" or (node and gw.get("node") and gw.get("node") != node):
+        if rec.get("state") not in SERVING_STATES or (node and gw.get("node") and gw.get("node") != node):
             continue
         for b in gw.get("backends", []):
             out.append((str(b["url"]), str(b.get("model") or rec.get("served_name"))))
