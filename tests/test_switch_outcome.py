@@ -6,6 +6,10 @@ backend whose probes fail where the test says: the new replica, then an old one 
 
 from __future__ import annotations
 
+import http.server
+import json
+import re
+import threading
 from typing import Any
 
 from sparkctl.errors import ExitStatus, SwitchDegraded
@@ -50,7 +54,9 @@ def test_the_plan_has_a_degraded_branch_for_each_replica_on_each_way_back() -> N
     assert [s["nodes"] for s in d21 if s["kind"] == "stop"] == [["spark-a", "spark-b"]]
     rec = d21[-1]["params"]["record"]
     assert rec["replicas"] == {"spark-c": {"profile": "halves", "served_name": rec["replicas"]["spark-c"]
-                                           ["served_name"], "port": 8000, "nodes": ["spark-c", "spark-d"]}}
+                                           ["served_name"], "port": 8000, "engine": "vllm", "clock_cap_mhz": 2100,
+                                           "nodes": ["spark-c", "spark-d"]}}
+    assert "spark-a" not in rec["listen"]  # a stopped head listens nowhere
     assert "sparkctl switch halves-next" in rec["note"] and "sparkctl down" in rec["note"]
 
 
@@ -82,3 +88,59 @@ def test_a_failure_giving_back_an_earlier_replica_keeps_both_others_serving() ->
 
 def test_degraded_has_its_own_exit_code() -> None:
     assert SwitchDegraded("x").exit_code == ExitStatus.DEGRADED == 8
+
+
+# --------------------------------------------------------------------------- status of a degraded record
+
+
+class _Models(http.server.BaseHTTPRequestHandler):
+    """An engine that serves ``m-old`` only (the old profile's name, on the old profile's port)."""
+
+    def do_GET(self) -> None:  # noqa: N802
+        body = json.dumps({"object": "list", "data": [{"id": "m-old"}]} if self.path == "/v1/models" else {}).encode()
+        self.send_response(200 if self.path == "/v1/models" else 404)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_status_judges_each_node_of_a_degraded_record_by_the_replica_it_serves_in() -> None:
+    """spark-a was given back the old profile (m-old on its port, clock cap 1800 MHz) and serves;
+    spark-b's replica did not come back and was stopped on purpose: no drift names it. The new
+    profile's name, port and clock cap (m-new, 9, 2400) are asked of nobody."""
+    from sparkctl.model.inventory import loads_inventory
+    from sparkctl.model.record import NodeRecord, RunRecord
+    from sparkctl.ops.status import cluster_status
+    from sparkctl.transport import FakeTransport, reply
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Models)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    port = srv.server_address[1]
+    try:
+        inv = loads_inventory("nodes:\n  - {name: spark-a, host: 127.0.0.1}\n  - {name: spark-b, host: 127.0.0.2}\n"
+                              "cables:\n  - [spark-a:p0, spark-b:p1]\n", "inv.yaml")
+        rec = RunRecord(profile="new", sets=(), digest="d", engine="vllm", engine_version="v", served_name="m-new",
+                        port=9, heads=("spark-a",), state="degraded", started_at="t", updated_at="t",
+                        clock_cap_mhz=2400, nodes={n: NodeRecord(0, i, "h", {}, "systemd")
+                                                   for i, n in enumerate(("spark-a", "spark-b"))},
+                        replicas={"spark-a": {"profile": "old", "served_name": "m-old", "port": port,
+                                              "engine": "vllm", "clock_cap_mhz": 1800, "nodes": ["spark-a"]}})
+        assert rec.serves_on("spark-b") is None and rec.serves_on("spark-a").port == port  # type: ignore[union-attr]
+        t = FakeTransport(nodes=["spark-a", "spark-b"])
+        t.add("*", re.compile(r"for f in .*sparkctl-record.*", re.DOTALL),
+              reply("\n==> sparkctl-record /var/lib/sparkctl/record.json\n" + json.dumps(rec.to_dict())))
+        t.add("*", re.compile(r"\[ -e .*supervisor.*", re.DOTALL), reply(""))
+        t.add("*", re.compile(r"sh -c .*", re.DOTALL), reply(""))  # the batch: no engine runs, no clock lock
+        st = cluster_status(inv, t)
+        assert st["endpoint"]["spark-a"]["state"] == "serving" and st["endpoint"]["spark-a"]["url"].endswith(f":{port}")
+        drift = st["drift"]
+        assert "spark-a: rank 0 is not running" in drift
+        assert "spark-a: clock lock lost (record: 0,1800 MHz)" in drift
+        assert not [d for d in drift if d.startswith("spark-b")], drift
+        assert not [d for d in drift if "does not serve" in d or "2400" in d], drift
+    finally:
+        srv.shutdown()
+        srv.server_close()

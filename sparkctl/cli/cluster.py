@@ -422,6 +422,11 @@ def _print_status(st: dict[str, Any]) -> None:
         out.print(f"{name}[bold]{rec['profile']}[/] ({rec['engine']} {rec['engine_version']}, {rec['served_name']}"
                   f" on {', '.join(rec['nodes'])}): {rec['state']} since {rec['started_at']}"
                   + (f"; waivers: {', '.join(rec['waivers'])}" if rec["waivers"] else ""))
+        for head, r in (rec.get("replicas") or {}).items():  # degraded: which head serves which profile
+            out.print(f"  {escape(head)}: {escape(str(r.get('profile')))} ({escape(str(r.get('served_name')))} "
+                      f"on {escape('+'.join(r.get('nodes') or ()))}, port {r.get('port')})")
+        if rec["state"] == "degraded" and rec.get("note"):
+            out.print(f"  [yellow]{escape(rec['note'])}[/]")
     if not stacks:
         out.print("no sparkctl record: nothing started by sparkctl")
     many = len(stacks) > 1

@@ -45,6 +45,16 @@ class NodeRecord:
 
 
 @dataclass(frozen=True)
+class Serves:
+    """What a node of a record serves (:meth:`RunRecord.serves_on`)."""
+    profile: str
+    served_name: str
+    port: int
+    engine: str
+    clock_cap_mhz: int | None
+
+
+@dataclass(frozen=True)
 class RunRecord:
     profile: str
     sets: tuple[str, ...]
@@ -85,7 +95,8 @@ class RunRecord:
     # node asks it, backends: url as the gateway reaches each head + served name, the engine's
     # in-flight gauge, drain_timeout_s; sparkctl.plan.gatewayplan.record_entry). Empty: no gateway.
     gateway: dict[str, Any] = field(default_factory=dict)
-    # state "degraded" only: per serving head, what it serves (profile, served_name, port, nodes);
+    # state "degraded" only: per serving head, what it serves (profile, served_name, port, engine,
+    # clock_cap_mhz, nodes; :meth:`serves_on`);
     # the gateway entry's backends are exactly these heads. Empty otherwise.
     replicas: dict[str, dict[str, Any]] = field(default_factory=dict)
 
@@ -119,6 +130,19 @@ class RunRecord:
             gateway=dict(d.get("gateway") or {}),
             replicas={str(k): dict(v) for k, v in (d.get("replicas") or {}).items() if isinstance(v, dict)},
         )
+
+    def serves_on(self, node: str) -> "Serves | None":
+        """What ``node`` is expected to serve: the record's profile on every node it names, or, in a
+        degraded record, its replica's (the old profile's served name, port, engine and clock cap
+        on the heads given back); None for a degraded record's node in no replica (stopped on purpose)."""
+        if self.state != "degraded":
+            return Serves(self.profile, self.served_name, self.port, self.engine, self.clock_cap_mhz)
+        for r in self.replicas.values():
+            if node in r.get("nodes", ()):
+                return Serves(str(r.get("profile", self.profile)), str(r.get("served_name", self.served_name)),
+                              int(r.get("port", self.port)), str(r.get("engine", self.engine)),
+                              r.get("clock_cap_mhz", self.clock_cap_mhz))
+        return None
 
     def with_state(self, state: str, updated_at: str, note: str = "") -> "RunRecord":
         from dataclasses import replace

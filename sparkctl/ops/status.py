@@ -14,7 +14,7 @@ from sparkctl.facts.batch import build_script, parse_batch, remote_command
 from sparkctl.facts.statusrow import node_row, rank_drift
 from sparkctl.model.inventory import Inventory
 from sparkctl.model.paths import DEFAULT_STACK, ENV_FILE, under
-from sparkctl.model.record import Route, RunRecord, on_node_host, operator_route
+from sparkctl.model.record import SERVING_STATES, Route, RunRecord, on_node_host, operator_route
 from sparkctl.ops.gatewayops import gateway_status
 from sparkctl.ops.lock import held_command, read_state
 from sparkctl.ops.readiness import OperatorKey, operator_key
@@ -28,7 +28,8 @@ from sparkctl.transport.forward import forward
 def _on_node_endpoint(inv: Inventory, rec: RunRecord, head: str) -> dict[str, Any]:
     """What the head's ``models`` fact asks: the address its engine listens on (serve.bind), and
     the head's 0600 env file when the endpoint wants a key (the fact reads the key there)."""
-    return {"endpoint_port": rec.port, "endpoint_host": on_node_host(rec.listen.get(head)),
+    serves = rec.serves_on(head)
+    return {"endpoint_port": serves.port if serves else rec.port, "endpoint_host": on_node_host(rec.listen.get(head)),
             "endpoint_key": (under(inv.node(head).prefix, ENV_FILE), API_KEY_VAR) if rec.api_key_env else None}
 
 
@@ -123,7 +124,11 @@ def cluster_status(inv: Inventory, transport: Transport, stack: str | None = Non
             if rec and nr:
                 row.update({"rank": nr.rank, "replica": nr.replica, "engine": rec.engine if rec else None})
                 u = f.engine_unit
-                drift += rank_drift(n, nr.rank, row, rec.state if rec else "", rec.clock_cap_mhz if rec else None,
+                # a degraded record: a node of a replica left serving is judged as serving (against its own
+                # profile's clock cap); one in no replica was stopped on purpose
+                serves = rec.serves_on(n)
+                state = "serving" if rec.state == "degraded" and serves else rec.state
+                drift += rank_drift(n, nr.rank, row, state, serves.clock_cap_mhz if serves else None,
                                     u.result if u else None, u.n_restarts if u else 0)
                 for path, sha in nr.files.items():
                     got = hashes.get(n, {}).get(path)
@@ -139,14 +144,15 @@ def cluster_status(inv: Inventory, transport: Transport, stack: str | None = Non
     for rec in records.values():
         key = operator_key(rec.api_key_env)
         for h in rec.heads:
-            if h not in inv.names:
+            serves = rec.serves_on(h)
+            if h not in inv.names or serves is None:
                 continue
-            route = operator_route(h, inv.node(h).host, rec.listen.get(h), rec.port)
-            e = endpoints[rec.stack][h] = endpoint_status(transport, route, rec.served_name,
-                                                          TOKENS_METRIC.get(rec.engine), key)
-            if rec.state == "serving" and not e.get("serves_record"):
+            route = operator_route(h, inv.node(h).host, rec.listen.get(h), serves.port)
+            e = endpoints[rec.stack][h] = endpoint_status(transport, route, serves.served_name,
+                                                          TOKENS_METRIC.get(serves.engine), key)
+            if rec.state in SERVING_STATES and not e.get("serves_record"):
                 drifts[rec.stack].append(f"{h}: endpoint {e['error']}" if e["state"] == "needs key"
-                                         else f"{h}: endpoint does not serve {rec.served_name}")
+                                         else f"{h}: endpoint does not serve {serves.served_name}")
     # A supervised switch: its last events, and whether it still runs (only when
     # one is under way or has left its events behind).
     for rec in records.values():

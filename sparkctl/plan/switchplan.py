@@ -157,10 +157,12 @@ def _degraded(k: int, j: Group, roll: Sequence[Group], res: Resolved, prev: RunR
     for g in new_groups:
         for h in g.new_heads:
             replicas[h] = {"profile": res.name, "served_name": starting.served_name, "port": starting.port,
+                           "engine": starting.engine, "clock_cap_mhz": starting.clock_cap_mhz,
                            "nodes": list(g.nodes)}
     for g in old_groups:
         for h in g.old_heads:
             replicas[h] = {"profile": prev.profile, "served_name": prev.served_name, "port": prev.port,
+                           "engine": prev.engine, "clock_cap_mhz": prev.clock_cap_mhz,
                            "nodes": [n for n in g.old_nodes if n in prev.nodes and h in prev.nodes
                                      and prev.nodes[n].replica == prev.nodes[h].replica] or list(g.old_nodes)}
     # every node either stack may still run on stays in the record: down stops them, locks claim them
@@ -168,7 +170,11 @@ def _degraded(k: int, j: Group, roll: Sequence[Group], res: Resolved, prev: RunR
     nodes.update({n: starting.nodes[n] for n in starting.nodes if n not in nodes})
     serving = [f"{_words(r['nodes'])} serve {r['profile']}" for r in replicas.values()]
     fix = f"`sparkctl switch {res.name}` again, or `sparkctl down`"
+    # each head listens where its own profile's serve.bind put it
+    binds = {h: starting.listen if h in new_heads else prev.listen for h in replicas}
+    listen = {h: binds[h][h] for h in replicas if h in binds[h]}
     rec = replace(starting, state="degraded", updated_at=started_at, heads=tuple(replicas), nodes=nodes,
+                  listen=listen,
                   gateway={**gw_entry, "backends": [*_only(gw_entry, new_heads).get("backends", []),
                                                     *_only(prev.gateway, old_heads).get("backends", [])]},
                   replicas=replicas,
