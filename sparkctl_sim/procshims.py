@@ -116,6 +116,7 @@ def install_procshims(bin_dir: Path, python: str = sys.executable) -> list[Path]
     work in a clean environment (an SSH session, a systemd unit).
     """
     from sparkctl_sim.shims.rendered import DOCKER_LINES, VIEWS_DIR, pick_view
+    from sparkctl_sim.unitsh import JOURNALCTL_SH, SYSTEMCTL_SH  # read-only lines answered in sh
 
     bin_dir.mkdir(parents=True, exist_ok=True)
     # docker's node-state-only lines answer from the views of the state beside the run dir, the one
@@ -132,7 +133,7 @@ def install_procshims(bin_dir: Path, python: str = sys.executable) -> list[Path]
             "# sparkctl SIMULATION shim: see sparkctl_sim/procshims.py\n"
             f"PYTHONPATH={shlex.quote(package_root)}${{PYTHONPATH:+:$PYTHONPATH}}\n"
             "export PYTHONPATH\n"
-            + (docker_fast if tool == "docker" else "")
+            + {"docker": docker_fast, "systemctl": SYSTEMCTL_SH, "journalctl": JOURNALCTL_SH}[tool]
             + f"exec {shlex.quote(python)} -S -m sparkctl_sim.procshims {tool} \"$@\"\n"
         )
         tmp = path.with_name(f".{tool}.tmp")

@@ -124,9 +124,11 @@ def frame_parallel(steps: list[tuple[str, str]]) -> str:
             raise ValueError(f"unsafe probe section name {name!r}")
     names = " ".join(n for n, _ in steps)
     out = [PRELUDE, 'd=$(mktemp -d) || exit 1', "trap 'rm -rf \"$d\"' EXIT"]
-    out += [f'( ( {body} ) > "$d/{i}"; echo $? > "$d/{i}.rc" ) &' for i, (_, body) in enumerate(steps)]
+    # each section writes its own markers (sec and end are shell functions): a section costs its
+    # subshells and its tool, and the sections are printed in order by one cat
+    out += [f'( sec {name}; ( {body} ); end {name} "$?" ) > "$d/{i}" &' for i, (name, body) in enumerate(steps)]
     out += ["wait", f"echo {q(f'{MARKER_PREFIX}manifest:{names}@@')}"]
-    out += [f'sec {name}; cat "$d/{i}"; end {name} "$(cat "$d/{i}.rc")"' for i, (name, _) in enumerate(steps)]
+    out.append("cat " + " ".join(f'"$d/{i}"' for i in range(len(steps))))
     out.append(f"echo {q(MARKER_PREFIX + 'done@@')}")
     return "\n".join(out) + "\n"
 

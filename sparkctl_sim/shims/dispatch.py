@@ -139,7 +139,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if path and (tool in VIEW_TOOLS or tool == "nvidia-smi"):
         # render on read: the state has no views (a write dropped them), or nvidia-smi's ran out
         try:
-            renew = tool == "nvidia-smi" and args[:1] != [] and args[0].startswith("--query-gpu=")
+            renew = tool == "nvidia-smi" and bool(args) and (args[0].startswith("--query-gpu=") or args[0] == "-q")
             if renew or not nodestate.views_ready(path):
                 from sparkctl_sim.shims import rendered
 

@@ -34,6 +34,7 @@ SIMULATION ONLY. Pure except :func:`ensure_views`.
 from __future__ import annotations
 
 import os
+import re
 import shlex
 from pathlib import Path
 
@@ -66,7 +67,11 @@ SMI_LINES: tuple[tuple[str, ...], ...] = (
     ("--query-gpu=name,compute_cap,driver_version,clocks.sm,clocks.max.sm,clocks_event_reasons.active,"
      "power.draw,temperature.gpu", "--format=csv,noheader,nounits"),
     ("--query-gpu=power.draw,clocks.sm,temperature.gpu,clocks_event_reasons.active", "--format=csv,noheader,nounits"),
+    ("-q", "-d", "CLOCK,PERFORMANCE"),  # the GPU clocks fact (sparkctl/facts/gpu.py)
 )
+# `-q -d PERFORMANCE`'s SW power capping counter runs in microseconds of uptime (nvidia_smi.render_smi_q):
+# its view computes it from the wrapper's clock ($T, microseconds since the epoch) and the state's boot time
+_SW_CAP = re.compile(r"\n +SW Power Capping +: (\d+) us\n")
 SMI_WINDOW_S = 30
 # docker's node-state-only line sparkctl runs (sparkctl/model/imageid.py store_command): the image store's
 # kind is the state's docker_store (dockerimages.store_kind). Its wrapper is procshims.install_procshims'.
@@ -111,8 +116,21 @@ def view_name(tool: str, k: int, user: str | None = None, link: str | None = Non
 def render_smi_views(state: State, start: int) -> dict[str, str]:
     """File name -> sh fragment, for every line of :data:`SMI_LINES` and every second from ``start``
     on, :data:`SMI_WINDOW_S` of them. Pure."""
-    return {f"nvidia-smi.{k}.{sec}.sh": _fragment(run_tool("nvidia-smi", state, args, now=float(sec), euid=0))
+    return {f"nvidia-smi.{k}.{sec}.sh": _smi_fragment(state, args, sec)
             for k, args in enumerate(SMI_LINES) for sec in range(start, start + SMI_WINDOW_S)}
+
+
+def _smi_fragment(state: State, args: tuple[str, ...], sec: int) -> str:
+    res = run_tool("nvidia-smi", state, args, now=float(sec), euid=0)
+    m = _SW_CAP.search(res.stdout)
+    if m is None or not state.get("boot_time") or res.stderr or res.exit_code:
+        return _fragment(res)
+    boot_us = int(float(state["boot_time"]) * 1_000_000)
+    # int(max(0, now - boot) * 0.28e6), in sh's integer arithmetic (the same floor to within rounding);
+    # the counter's digits are sh's, the rest is the rendered text
+    head, rest = res.stdout[:m.start(1)], res.stdout[m.end(1):]
+    return (f"u=$((T - {boot_us})); [ \"$u\" -lt 0 ] && u=0\n"
+            f"printf '%s%s%s' {shlex.quote(head)} \"$((u * 28 / 100))\" {shlex.quote(rest)}\nexit 0\n")
 
 
 def render_views(state: State, now: float | None = None, node_dir: str | os.PathLike[str] | None = None
@@ -249,8 +267,9 @@ def wrapper(tool: str, python: str, pre: str) -> str:
         fast = '[ "$#" = 0 ] && {\n' + _ibdev2netdev() + "}\n"
     elif tool == "ps":
         fast = _ps(python)
-    elif tool == "nvidia-smi":
-        fast = pick_view(SMI_LINES, f'"${{SPARKCTL_SIM_STATE%/*}}/{VIEWS_DIR}/nvidia-smi.$k.$(date +%s).sh"')
+    elif tool == "nvidia-smi":  # T: now in microseconds; the view of this second
+        fast = ("T=$(date +%s%N); T=${T%???}\n"
+                + pick_view(SMI_LINES, f'"${{SPARKCTL_SIM_STATE%/*}}/{VIEWS_DIR}/nvidia-smi.$k.${{T%??????}}.sh"'))
     elif tool in TABLE:
         d = '"${%s%%/*}/%s"' % ("SPARKCTL_SIM_STATE", VIEWS_DIR)
         uid = _UID if tool in EUID_TOOLS else ""

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import shlex
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -127,17 +128,29 @@ def test_nvidia_smis_query_views_are_the_python_shims_answer_of_that_second(node
     bin_dir, env = node
     state = bin_dir.parent / "node" / "state.json"
     args = rendered.SMI_LINES[k]
+    import time
+
+    with nodestate.edit(state) as s:
+        s["boot_time"] = time.time() - 3600  # booted an hour ago: -q's counters run
     for busy in (False, True):
         if busy:
             with nodestate.edit(state) as s:
                 s["engine_mem_gib"] = {str(os.getpid()): 30.0}
         for _ in range(3):  # a pair that straddles a second boundary may differ: try again
+            before = _python(env, state, "nvidia-smi", *args)
             a, b = _run(bin_dir, env, "nvidia-smi", *args), _python(env, state, "nvidia-smi", *args)
-            if a == b:
+            if _sw_cap(a) == _sw_cap(b) == _sw_cap(before):
                 break
-        assert a == b and a[2] == 0
+        assert _sw_cap(a) == _sw_cap(b) and a[2] == 0
+        if k == 2:  # the counter runs in microseconds of uptime: the view's lies between Python's two
+            n = [int(m.group(1)) for m in (rendered._SW_CAP.search(x[0]) for x in (before, a, b)) if m]
+            assert len(n) == 3 and n[0] <= n[1] <= n[2] and n[2] - n[0] < 10_000_000, n
         views = sorted(p.name for p in (state.parent / rendered.VIEWS_DIR).glob(f"nvidia-smi.{k}.*.sh"))
         assert len(views) >= rendered.SMI_WINDOW_S
+
+
+def _sw_cap(out: tuple[str, str, int]) -> tuple[str, str, int]:
+    return rendered._SW_CAP.sub("\nSW Power Capping: N us\n", out[0]), out[1], out[2]
 
 
 def test_nvidia_smis_views_run_out_and_python_renders_the_next_ones(node: tuple[Path, dict[str, str]]) -> None:
@@ -212,3 +225,118 @@ def test_docker_image_inspect_is_a_view_of_the_image_store(tmp_path: Path) -> No
         == "planted\n"  # the wrapper read it
     out = _run(tmp_path / "bin", env, "docker", "image", "inspect", "--format", "{{.Id}}", "nope:1")
     assert out[2] == 1 and "No such image: nope:1" in out[1]
+
+
+# --------------------------------------------------------------------------- systemctl and journalctl in sh
+
+
+@pytest.fixture
+def units(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Path, dict[str, str]]:
+    """``py``: the Python shim itself (the reference answers); ``sh``: the wrappers, with a Python
+    that does not exist (an answer from them came from sh alone; a fallback exits 127)."""
+    from sparkctl_sim import procshims
+
+    py = tmp_path / "py"
+    py.mkdir()
+    root = str(Path(procshims.__file__).resolve().parents[1])
+    for tool in ("systemctl", "journalctl"):
+        (py / tool).write_text(f"#!/bin/sh\nPYTHONPATH={shlex.quote(root)} exec {shlex.quote(sys.executable)} -S "
+                               f"-m sparkctl_sim.procshims {tool} \"$@\"\n")
+        (py / tool).chmod(0o755)
+    procshims.install_procshims(tmp_path / "sh", python="/nonexistent/python3")
+    (tmp_path / "run" / "systemd").mkdir(parents=True)
+    (tmp_path / "units" / "multi-user.target.wants").mkdir(parents=True)
+    env = {**os.environ, "SPARKCTL_SIM_RUN_DIR": str(tmp_path / "run"), "SPARKCTL_SIM_UNIT_DIR": str(tmp_path / "units")}
+    monkeypatch.setenv("SPARKCTL_SIM_UNIT_DIR", env["SPARKCTL_SIM_UNIT_DIR"])  # Units() here reads it too
+    return py, tmp_path / "sh", env
+
+
+def _start_ticks(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+
+
+def _records() -> dict[str, dict[str, object]]:
+    me = os.getpid()
+    return {
+        "none": {},
+        "running": {"ActiveState": "active", "SubState": "running", "MainPID": me, "main_start": _start_ticks(me),
+                    "NRestarts": 1, "Result": "success", "supervisor": {"pid": me, "start": _start_ticks(me)},
+                    "starts": [1.5, 2.5]},
+        # SIGKILLed supervisor and main process: systemd would have seen it die (Units.state)
+        "gone": {"ActiveState": "active", "SubState": "running", "MainPID": 999_999_1, "main_start": 5,
+                 "supervisor": {"pid": 999_999_2, "start": 6}},
+        # the pid lives, but it is another process (its start time differs): dead too
+        "reused": {"ActiveState": "activating", "SubState": "start", "MainPID": me, "main_start": 1,
+                   "supervisor": {"pid": me, "start": 1}},
+        "oneshot": {"ActiveState": "active", "SubState": "exited", "MainPID": 0, "main_start": None,
+                    "supervisor": {"pid": 999_999_2, "start": None}},
+        "limit": {"ActiveState": "failed", "SubState": "failed", "MainPID": None, "Result": "start-limit-hit",
+                  "NRestarts": 4, "supervisor": None},
+    }
+
+
+QUERIES = [("show", "-p", "UnitFileState,ActiveState", "u"), ("show", "-p", "LoadState,UnitFileState,ActiveState,"
+           "Result,NRestarts", "u.service"), ("show", "-p", "Id,Names,MainPID,ExecMainPID,SubState", "u"),
+           ("is-active", "u"), ("is-active", "--quiet", "u"), ("is-active", "-q", "u.service")]
+
+
+@pytest.mark.parametrize("record", list(_records()))
+@pytest.mark.parametrize("unit_file", ["enabled", "loaded-only", "absent"])
+def test_systemctls_read_only_lines_are_the_python_shims_answer_without_python(
+        units: tuple[Path, Path, dict[str, str]], record: str, unit_file: str) -> None:
+    from sparkctl_sim.systemdunits import Units
+
+    py, sh, env = units
+    root = Path(env["SPARKCTL_SIM_UNIT_DIR"])
+    run = Path(env["SPARKCTL_SIM_RUN_DIR"]) / "systemd"
+    if unit_file == "enabled":
+        (root / "u.service").write_text("[Service]\nExecStart=/bin/true\n[Install]\nWantedBy=multi-user.target\n")
+        (root / "multi-user.target.wants" / "u.service").symlink_to(root / "u.service")
+    elif unit_file == "loaded-only":
+        (run / "loaded").mkdir()
+        (run / "loaded" / "u.service").write_text("[Service]\nExecStart=/bin/true\n")
+    rec = _records()[record]
+    if rec:
+        Units(run.parent).save_state("u.service", rec)
+    for q in QUERIES:
+        want = _run(py, env, "systemctl", *q)
+        assert want[1] == "" and want[2] in (0, 3), (q, want)
+        assert _run(sh, env, "systemctl", *q) == want, q
+    if record == "gone":
+        assert _run(sh, env, "systemctl", "show", "-p", "ActiveState,Result", "u")[0] == \
+            "ActiveState=failed\nResult=signal\n"
+
+
+def test_systemctl_lines_sh_cannot_answer_go_to_python(units: tuple[Path, Path, dict[str, str]]) -> None:
+    py, sh, env = units
+    root = Path(env["SPARKCTL_SIM_UNIT_DIR"])
+    (root / "u.service").write_text("[Service]\nExecStart=/bin/true\n[Install]\nWantedBy=multi-user.target\n")
+    for q in [("show", "-p", "UnitFileState", "u"),  # not enabled: "disabled" or "static" needs [Install]
+              ("show", "u"), ("show", "-p", "ActiveState", "-p", "SubState", "u"), ("show", "-p", "Description", "u"),
+              ("is-active", "u", "v"), ("status", "u"), ("start", "u"), ("show", "-p", "ActiveState", "--value", "u")]:
+        assert _run(sh, env, "systemctl", *q)[2] == 127, q  # the wrapper's exec of the missing Python
+    assert _run(py, env, "systemctl", "show", "-p", "UnitFileState", "u") == ("UnitFileState=disabled\n", "", 0)
+    # a record whose value is no plain word (a string with a space) is Python's to read
+    from sparkctl_sim.shimbase import _write_json_atomic
+
+    _write_json_atomic(Path(env["SPARKCTL_SIM_RUN_DIR"]) / "systemd" / "u.service.json", {"ActiveState": "a b"})
+    assert _run(sh, env, "systemctl", "is-active", "u")[2] == 127
+
+
+def test_journalctl_in_sh_is_the_python_shims_answer(units: tuple[Path, Path, dict[str, str]]) -> None:
+    py, sh, env = units
+    journal = Path(env["SPARKCTL_SIM_RUN_DIR"]) / "systemd" / "earlyoom.service.journal.log"
+    for argv in [("-b", "-u", "earlyoom", "-o", "cat", "--no-pager", "-q"), ("-u", "earlyoom")]:
+        assert _run(sh, env, "journalctl", *argv) == ("", "", 0)  # no journal yet: nothing, like Python
+    journal.write_text("2026-12-03T11:00:00+00:00 systemd[1]: earlyoom.service: Started Early OOM Daemon.\n"
+                       "earlyoom v1.7\nmem avail: 100 of 128 GiB (78.12%)\n"
+                       "sending SIGTERM to process 42 uid 0 \"vllm\": badness 900\n"
+                       "x systemd[1]: no colon here\nsending SIGKILL to process 42")
+    for argv in [("-b", "-u", "earlyoom", "-o", "cat", "--no-pager", "-q"), ("-u", "earlyoom"),
+                 ("--unit=earlyoom.service", "-o", "short"), ("-q", "-b", "--unit", "earlyoom")]:
+        want = _run(py, env, "journalctl", *argv)
+        assert want[2] == 0 and _run(sh, env, "journalctl", *argv) == want, argv
+    out = _run(sh, env, "journalctl", "-b", "-u", "earlyoom", "-o", "cat", "--no-pager", "-q")[0]
+    assert out.startswith("Started Early OOM Daemon.\n") and out.count("sending SIG") == 2
+    for argv in [("-u", "earlyoom", "-o", "json"), ("-f", "-u", "earlyoom"), ("-b",), ("-u",)]:
+        assert _run(sh, env, "journalctl", *argv)[2] == 127, argv
