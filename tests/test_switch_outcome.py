@@ -12,6 +12,8 @@ import re
 import threading
 from typing import Any
 
+import pytest
+
 from sparkctl.errors import ExitStatus, SwitchDegraded
 from sparkctl.remote import planrun
 from tests.test_plan_fixtures import plan_case
@@ -42,7 +44,7 @@ def test_the_plan_has_a_degraded_branch_for_each_replica_on_each_way_back() -> N
     plan = plan_case("rolling-switch")
     assert {"degraded-1-1", "degraded-2-2", "degraded-2-1"} <= set(plan["branches"])
     for k in (1, 2):
-        fails = {s["on_fail"] for s in plan["branches"][f"rollback-{k}"] if s["id"] != f"rb{k}-record"}
+        fails = {s.get("on_fail", "abort") for s in plan["branches"][f"rollback-{k}"]}
         assert "stop" not in fails, fails  # a failure on the way back never takes the stop branch
     for name, steps in plan["branches"].items():
         if name.startswith("degraded-"):
@@ -144,3 +146,41 @@ def test_status_judges_each_node_of_a_degraded_record_by_the_replica_it_serves_i
     finally:
         srv.shutdown()
         srv.server_close()
+
+
+class _CtrlC(_Backend):
+    """The operator presses Ctrl-C while replica ``k``'s new engine is being waited for."""
+
+    def __init__(self, address: str) -> None:
+        super().__init__("nowhere")
+        self.address, self.pressed = address, False
+
+    def probe(self, url: str, served_name: str, metric: str | None, smoke: bool, api_key: Any = None,
+              via: str | None = None) -> tuple[bool, str]:
+        if self.phase == "ready" and self.address in url and not self.pressed:
+            self.pressed = True
+            raise KeyboardInterrupt
+        return True, "serving"
+
+
+@pytest.mark.parametrize("address,branch,stopped,serving", [(A, "degraded-1-1", ("spark-a", "spark-b"), "spark-c"),
+                                                            (C, "degraded-2-2", ("spark-c", "spark-d"), "spark-a")])
+def test_ctrl_c_mid_roll_stops_the_replica_being_replaced_and_nothing_that_serves(
+        address: str, branch: str, stopped: tuple[str, ...], serving: str) -> None:
+    plan = plan_case("rolling-switch")
+    assert {s.get("on_interrupt") for s in plan["steps"] if s["on_fail"] == f"rollback-{branch[-1]}"} == {branch}
+    backend = _CtrlC(address)
+    with pytest.raises(KeyboardInterrupt) as exc:
+        planrun.execute(plan, backend)
+    state = exc.value.args[0]
+    assert state.interrupted and state.branches == [branch] and state.completed == [branch]
+    after = [(n, c) for ph, n, c in backend.ran if ph == "degraded" and "echo \"left:" in c]  # the branch's stops
+    assert after and {n for n, _ in after} == set(stopped)
+    rec = backend.records[-1]
+    assert rec["state"] == "degraded" and set(rec["replicas"]) == {serving}
+    assert "interrupted (Ctrl-C)" in rec["note"] and "sparkctl down" in rec["note"]
+
+
+def test_a_plain_switch_still_stops_on_ctrl_c() -> None:
+    """No replica can stay up in a plain switch: Ctrl-C takes branch stop, as before."""
+    assert not [s for s in plan_case("switch-rollback")["steps"] if s.get("on_interrupt")]

@@ -154,7 +154,8 @@ def _fan(inv: Inventory, cmds: Mapping[str, object]) -> dict[str, bool]:
 
 
 def record_step(inv: Inventory, sid: str, phase: str, head: str, rec: RunRecord, summary: str, *,
-                 on_fail: str = "abort", note_from_failure: bool = False, state_if_left: str | None = None) -> Step:
+                 on_fail: str = "abort", note_from_failure: bool = False, state_if_left: str | None = None,
+                 note_if_interrupted: str | None = None) -> Step:
     """Write ``rec`` on the head (atomically, with the inventory's sudo there) at its stack's record path;
     when that write fails and the record claims nothing serves, ``rm -f`` it: no record also says nothing serves."""
     path = under(inv.node(head).prefix, record_path(rec.stack))
@@ -165,6 +166,8 @@ def record_step(inv: Inventory, sid: str, phase: str, head: str, rec: RunRecord,
         params["note_from_failure"] = True
     if state_if_left:
         params["state_if_left"] = state_if_left
+    if note_if_interrupted:  # a Ctrl-C's branch keeps this record's state, with this note
+        params["note_if_interrupted"] = note_if_interrupted
     gw = str((rec.gateway or {}).get("node") or "")
     changes = f"the run record on {head}: {rec.state}"
     if gw and gw != head and gw in inv.names:

@@ -65,6 +65,9 @@ class Step:
     files: Mapping[str, tuple[FileRef, ...]] = field(default_factory=dict)  # put: node -> files
     params: Mapping[str, Any] = field(default_factory=dict)  # ready / record / check / leaks parameters
     on_fail: str = "abort"
+    # What Ctrl-C during this step runs: "" is branch "stop" when the step has a way out (on_fail is
+    # not "abort"), else nothing; a rolling switch names the branch that keeps what serves.
+    on_interrupt: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"id": self.id, "phase": self.phase, "kind": self.kind, "nodes": list(self.nodes),
@@ -79,6 +82,8 @@ class Step:
             d["files"] = {n: [f.to_dict() for f in fs] for n, fs in self.files.items()}
         if self.params:
             d["params"] = dict(self.params)
+        if self.on_interrupt:
+            d["on_interrupt"] = self.on_interrupt
         return d
 
     @classmethod
@@ -88,7 +93,8 @@ class Step:
                    sudo=dict(d.get("sudo", {})), timeout_s=d.get("timeout_s"),
                    files={n: tuple(FileRef(f["path"], int(f["mode"], 8), f["sha256"]) for f in fs)
                           for n, fs in d.get("files", {}).items()},
-                   params=dict(d.get("params", {})), on_fail=d.get("on_fail", "abort"))
+                   params=dict(d.get("params", {})), on_fail=d.get("on_fail", "abort"),
+                   on_interrupt=d.get("on_interrupt", ""))
 
 
 @dataclass(frozen=True)
@@ -168,7 +174,8 @@ def describe(plan: Plan) -> list[str]:
 
     def body(steps: tuple[Step, ...], indent: str) -> None:
         for i, s in enumerate(steps, 1):
-            fail = "" if s.on_fail == "abort" else f"  [on failure: {s.on_fail}]"
+            fail = ("" if s.on_fail == "abort" else f"  [on failure: {s.on_fail}]") \
+                + (f"  [on Ctrl-C: {s.on_interrupt}]" if s.on_interrupt else "")
             lines.append(f"{indent}{i:2d}. {s.phase:<10} {', '.join(s.nodes)}: {s.summary}{fail}")
             if s.changes != "nothing":
                 lines.append(f"{indent}      changes: {s.changes}")

@@ -181,7 +181,10 @@ def _degraded(k: int, j: Group, roll: Sequence[Group], res: Resolved, prev: RunR
                   note=(f"degraded: switch to {res.name} failed at replica {k} and its way back failed at replica "
                         f"{j.index} ({_words(j.nodes)}: stopped); {'; '.join(serving)}; {fix}"))
     steps.append(planner.record_step(inv, f"{pfx}record", "degraded", inv.nodes[0].name, rec,
-                                     f"record degraded: {'; '.join(serving)}", on_fail="abort"))
+                                     f"record degraded: {'; '.join(serving)}", on_fail="abort",
+                                     note_if_interrupted=(f"degraded: switch to {res.name} interrupted (Ctrl-C) at "
+                                                          f"replica {j.index} ({_words(j.nodes)}: stopped); "
+                                                          f"{'; '.join(serving)}; {fix}")))
     return name, tuple(steps)
 
 
@@ -217,6 +220,7 @@ def plan_rolling(res: Resolved, inv: Inventory, rendering: Rendering, base: Plan
     steps.append(planner.record_step(inv, "record-start", "record-start", head, starting,
                                      "record that the rolling switch starts"))
     branches: dict[str, tuple[Step, ...]] = {}
+    interrupt: dict[str, str] = {}  # rollback-K -> what Ctrl-C in replica K's steps runs
     for g in roll:
         k = g.index
         pfx, rb = f"r{k}-", BRANCH.format(k=k)
@@ -247,6 +251,7 @@ def plan_rolling(res: Resolved, inv: Inventory, rendering: Rendering, base: Plan
             return d[0]
 
         dk = way_back(g)
+        interrupt[rb] = dk if dk != "stop" else ""
         back = [*gatewayplan.drain_step(_only(gw_entry, g.new_heads), inv, f"rb{k}-gateway-deregister", "rollback",
                                         wait=False),
                 planner._stop_step(inv, f"rb{k}-stop", "rollback", g.nodes, ports, p.serve.stop_timeout_s,
@@ -262,14 +267,18 @@ def plan_rolling(res: Resolved, inv: Inventory, rendering: Rendering, base: Plan
         restored = replace(prev, state="serving", updated_at=started_at,
                            note=f"{rollback_note}: {res.name}'s replica on {_words(g.nodes)} did not come up; "
                            f"{prev.profile} serves again")
+        # the old stack serves again whatever the record says: a record that cannot be written ends
+        # the run (status then names the run that did not record its outcome), it stops nothing
         back.append(planner.record_step(inv, f"rb{k}-record", "rollback", head, restored,
-                                        f"record {prev.profile} serving again", on_fail="stop"))
+                                        f"record {prev.profile} serving again", on_fail="abort"))
         branches[rb] = tuple(back)
     last = BRANCH.format(k=n)
     steps += planner._persist_step(res, inv, list(rendering.layout.nodes), "", last)
     serving = replace(starting, state="serving", note="")
     steps.append(planner.record_step(inv, "record", "record", head, serving, f"record {res.name} serving",
                                      on_fail=last))
+    # Ctrl-C in replica K's steps stops replica K's nodes alone (branch degraded-K-K), never what serves
+    steps = [replace(s, on_interrupt=interrupt[s.on_fail]) if interrupt.get(s.on_fail) else s for s in steps]
     return Plan(base.op, res.name, tuple(steps), {**branches, "stop": base.branches["stop"]},
                 reads=(*base.reads, f"the gateway on {setup.node}"),
                 outage=rolling_outage(res, prev, roll))

@@ -213,7 +213,9 @@ def _record(step: dict[str, Any], backend: Backend, state: RunState) -> str:
     data = dict(p["record"])
     data["updated_at"] = backend.now()
     failure = state.failure
-    if state.interrupted:
+    if state.interrupted and p.get("note_if_interrupted"):  # what serves still serves (a rolling switch)
+        data["note"] = p["note_if_interrupted"]
+    elif state.interrupted:
         data["state"] = "stopped"
     if p.get("note_from_failure") and failure:
         verb = "interrupted" if state.interrupted else "failed"
@@ -336,7 +338,9 @@ def _main(plan: dict[str, Any], backend: Backend, state: RunState, done: Sequenc
         cur = state.current or {"id": "?", "phase": "?"}
         state.interrupted = True
         state.failure = {"step": cur["id"], "phase": cur["phase"], "node": None, "detail": "interrupted"}
-        if cur.get("on_fail", "abort") != "abort":
+        if cur.get("on_interrupt"):  # the plan names it (a rolling switch: what serves keeps serving)
+            _branch(plan, cur["on_interrupt"], backend, state)
+        elif cur.get("on_fail", "abort") != "abort":
             _branch(plan, "stop", backend, state)  # Ctrl-C stops what was started; it never rolls back
         state.result = "interrupted"
         raise KeyboardInterrupt(state) from None
