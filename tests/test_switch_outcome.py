@@ -179,6 +179,10 @@ def test_ctrl_c_mid_roll_stops_the_replica_being_replaced_and_nothing_that_serve
     rec = backend.records[-1]
     assert rec["state"] == "degraded" and set(rec["replicas"]) == {serving}
     assert "interrupted (Ctrl-C)" in rec["note"] and "sparkctl down" in rec["note"]
+    from sparkctl.ops.executor import interrupted_hint
+
+    assert "the other replicas serve" in interrupted_hint(state)
+    assert interrupted_hint(None).startswith("what this run started was stopped")
 
 
 def test_a_plain_switch_still_stops_on_ctrl_c() -> None:

@@ -383,8 +383,16 @@ def run_plan(plan: Plan, backend: TransportBackend, done: Sequence[str] = ()) ->
     except KeyboardInterrupt as exc:
         state = exc.args[0] if exc.args and isinstance(exc.args[0], planrun.RunState) else None
         phase = ((state.failure if state else None) or {}).get("phase", "?")
-        raise Interrupted(f"{plan.op} interrupted in phase {phase}",
-                          hint="what this run started was stopped; `sparkctl status` shows what runs") from None
+        raise Interrupted(f"{plan.op} interrupted in phase {phase}", hint=interrupted_hint(state)) from None
+
+
+def interrupted_hint(state: planrun.RunState | None) -> str:
+    """What Ctrl-C left: the replica being replaced stopped and the others serving (a rolling switch's
+    ``degraded-K-K``), or what this run started stopped."""
+    if state is not None and any(b.startswith("degraded-") for b in state.completed):
+        return ("the replica being replaced was stopped, the other replicas serve (record: degraded); "
+                "`sparkctl status` shows which head serves which profile")
+    return "what this run started was stopped; `sparkctl status` shows what runs"
 
 
 def plan_runner(inv: Inventory, transport: Transport, say: Callable[[str], None]
