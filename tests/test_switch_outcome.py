@@ -169,6 +169,9 @@ def test_ctrl_c_mid_roll_stops_the_replica_being_replaced_and_nothing_that_serve
         address: str, branch: str, stopped: tuple[str, ...], serving: str) -> None:
     plan = plan_case("rolling-switch")
     assert {s.get("on_interrupt") for s in plan["steps"] if s["on_fail"] == f"rollback-{branch[-1]}"} == {branch}
+    ids = [s["id"] for s in plan["steps"]]
+    # from the first drain on, no step's Ctrl-C takes branch stop (which would stop what serves)
+    assert all(s.get("on_interrupt") for s in plan["steps"][ids.index("r1-gateway-drain"):])
     backend = _CtrlC(address)
     with pytest.raises(KeyboardInterrupt) as exc:
         planrun.execute(plan, backend)

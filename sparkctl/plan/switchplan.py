@@ -220,7 +220,7 @@ def plan_rolling(res: Resolved, inv: Inventory, rendering: Rendering, base: Plan
     steps.append(planner.record_step(inv, "record-start", "record-start", head, starting,
                                      "record that the rolling switch starts"))
     branches: dict[str, tuple[Step, ...]] = {}
-    interrupt: dict[str, str] = {}  # rollback-K -> what Ctrl-C in replica K's steps runs
+    interrupt: dict[int, str] = {}  # K -> what Ctrl-C in replica K's steps runs
     for g in roll:
         k = g.index
         pfx, rb = f"r{k}-", BRANCH.format(k=k)
@@ -251,7 +251,7 @@ def plan_rolling(res: Resolved, inv: Inventory, rendering: Rendering, base: Plan
             return d[0]
 
         dk = way_back(g)
-        interrupt[rb] = dk if dk != "stop" else ""
+        interrupt[k] = dk if dk != "stop" else ""
         back = [*gatewayplan.drain_step(_only(gw_entry, g.new_heads), inv, f"rb{k}-gateway-deregister", "rollback",
                                         wait=False),
                 planner._stop_step(inv, f"rb{k}-stop", "rollback", g.nodes, ports, p.serve.stop_timeout_s,
@@ -277,8 +277,13 @@ def plan_rolling(res: Resolved, inv: Inventory, rendering: Rendering, base: Plan
     serving = replace(starting, state="serving", note="")
     steps.append(planner.record_step(inv, "record", "record", head, serving, f"record {res.name} serving",
                                      on_fail=last))
-    # Ctrl-C in replica K's steps stops replica K's nodes alone (branch degraded-K-K), never what serves
-    steps = [replace(s, on_interrupt=interrupt[s.on_fail]) if interrupt.get(s.on_fail) else s for s in steps]
+    # Ctrl-C from replica K's first step until replica K+1's stops replica K's nodes alone (branch
+    # degraded-K-K), never what serves; after the last replica's, the last one's
+    marked, cur = [], 0
+    for s in steps:
+        cur = next((k for k in interrupt if s.id.startswith(f"r{k}-")), cur)
+        marked.append(replace(s, on_interrupt=interrupt[cur]) if interrupt.get(cur) else s)
+    steps = marked
     return Plan(base.op, res.name, tuple(steps), {**branches, "stop": base.branches["stop"]},
                 reads=(*base.reads, f"the gateway on {setup.node}"),
                 outage=rolling_outage(res, prev, roll))
