@@ -387,9 +387,9 @@ def run_plan(plan: Plan, backend: TransportBackend, done: Sequence[str] = ()) ->
 
 
 def interrupted_hint(state: planrun.RunState | None) -> str:
-    """What Ctrl-C left: the replica being replaced stopped and the others serving (a rolling switch's
-    ``degraded-K-K``), or what this run started stopped."""
-    if state is not None and any(b.startswith("degraded-") for b in state.completed):
+    """What Ctrl-C left, from the last record the run wrote: the replica being replaced stopped and
+    the others serving (a rolling switch's ``degraded-K-K``), or what this run started stopped."""
+    if state is not None and (state.record or {}).get("state") == "degraded":
         return ("the replica being replaced was stopped, the other replicas serve (record: degraded); "
                 "`sparkctl status` shows which head serves which profile")
     return "what this run started was stopped; `sparkctl status` shows what runs"

@@ -26,6 +26,11 @@ _SMI_RULE = "+" + "-" * 89 + "+"
 _SMI_GRID = "+" + "-" * 41 + "+" + "-" * 24 + "+" + "-" * 22 + "+"
 
 
+# the share of uptime a GB10 under load spends SW-power-capped, in percent (render_smi_q's counter;
+# shims/rendered.py computes the same counter in sh from it)
+SW_CAP_PCT = 28
+
+
 def _smi_timestamp(now: float) -> str:
     return time.strftime("%a %b %d %H:%M:%S %Y", time.localtime(now))
 
@@ -378,7 +383,7 @@ def render_smi_q(
     if show_all or "PERFORMANCE" in want:
         # cumulative event-reason counters: GB10s under load spend ~28% of uptime
         # SW-power-capped (33.9e9 us over 33 h, §1.2)
-        sw_cap_us = int(uptime_s * 0.28e6)
+        sw_cap_us = int(uptime_s * SW_CAP_PCT * 1e4)
         L += [
             _kv(4, "Performance State", s.pstate),
             _sec(4, "Clocks Event Reasons"),

@@ -43,6 +43,7 @@ from sparkctl_sim.nodestate import VIEWS_DIR
 from sparkctl_sim.shimbase import ShimError
 from sparkctl_sim.shims.common import BDF_OF_NETDEV, ROCE_DEVICES, VIEW_TOOLS, Netdev, State, ToolResult
 from sparkctl_sim.shims.lspci import ROOT_PORTS
+from sparkctl_sim.shims.nvidia_smi import SW_CAP_PCT
 from sparkctl_sim.shims.run import run_tool
 
 NETDEVS = tuple(BDF_OF_NETDEV)
@@ -126,11 +127,11 @@ def _smi_fragment(state: State, args: tuple[str, ...], sec: int) -> str:
     if m is None or not state.get("boot_time") or res.stderr or res.exit_code:
         return _fragment(res)
     boot_us = int(float(state["boot_time"]) * 1_000_000)
-    # int(max(0, now - boot) * 0.28e6), in sh's integer arithmetic (the same floor to within rounding);
+    # int(max(0, now - boot) * SW_CAP_PCT * 1e4), in sh's integer arithmetic (the same floor to within rounding);
     # the counter's digits are sh's, the rest is the rendered text
     head, rest = res.stdout[:m.start(1)], res.stdout[m.end(1):]
     return (f"u=$((T - {boot_us})); [ \"$u\" -lt 0 ] && u=0\n"
-            f"printf '%s%s%s' {shlex.quote(head)} \"$((u * 28 / 100))\" {shlex.quote(rest)}\nexit 0\n")
+            f"printf '%s%s%s' {shlex.quote(head)} \"$((u * {SW_CAP_PCT} / 100))\" {shlex.quote(rest)}\nexit 0\n")
 
 
 def render_views(state: State, now: float | None = None, node_dir: str | os.PathLike[str] | None = None
