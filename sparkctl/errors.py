@@ -135,8 +135,9 @@ class LifecycleError(SparkctlError):
 
 
 class SwitchDegraded(LifecycleError):
-    """A rolling switch failed and its way back failed part way: what serves was left serving
-    (some replicas the new profile, some the old), the one that did not come back is stopped."""
+    """A rolling switch failed and its way back failed part way, or a resumed one's replica did not
+    come up: what serves was left serving (some replicas the new profile, some the old), the one
+    that did not come back is stopped; the same switch again resumes (sparkctl.plan.resumeplan)."""
 
     exit_code = ExitStatus.DEGRADED
 

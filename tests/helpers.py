@@ -6,7 +6,9 @@ Test modules import these (``from helpers import ...``) rather than each other:
   ds41f profile (``DS``), one node's facts as a good box gives them (``healthy``),
   the laws' context over them (``ctx``);
 * the inventory each bundled profile renders against (``INVENTORY_FOR``);
-* a local hub's repository and sparkctl's fetch from it (``FILES``, ``fetch``, ``tree``).
+* a local hub's repository and sparkctl's fetch from it (``FILES``, ``fetch``, ``tree``);
+* a plan run with no hosts (``StubBackend``: every command succeeds; ``FailsAt``: the probes of
+  the phases and addresses a test names fail), for planrun's branches.
 """
 
 from __future__ import annotations
@@ -121,3 +123,70 @@ def fetch(tmp_path: Path, h: LocalHub, repo_id: str = REPO_ID, *, token: str | N
                          token=token)
     return plan, fetch_model(inv, tr, plan, token=token, connections=3, chunk_mb=chunk_mb, poll_s=0.05,
                              max_bytes=max_bytes)
+
+
+# --------------------------------------------------------------------------- a plan run with no hosts
+
+
+class StubBackend:
+    """Runs nothing; every command succeeds; the new replica on ``bad`` never serves (the probe
+    fails while the main line's ``ready`` of that replica runs, and succeeds again in the rollback)."""
+
+    def __init__(self, bad: str) -> None:
+        self.bad, self.phase, self.t = bad, "", 0.0
+        self.records: list[dict[str, Any]] = []
+        self.ran: list[tuple[str, str, str]] = []  # (phase, node, command)
+
+    def emit(self, node: str, phase: str, message: str) -> None:
+        if node == "*":
+            self.phase = phase
+
+    def now(self) -> str:
+        return "2026-01-01T00:00:00+00:00"
+
+    def monotonic(self) -> float:
+        self.t += 5.0
+        return self.t
+
+    def sleep(self, seconds: float) -> None:
+        pass
+
+    def probe(self, url: str, served_name: str, metric: str | None, smoke: bool, api_key: Any = None,
+              via: str | None = None) -> tuple[bool, str]:
+        return (False, "connection refused") if self.phase == "ready" and self.bad in url else (True, "serving")
+
+    def run_all(self, commands: Any, sudo: Any, timeout_s: float | None, stdin: Any = None) -> dict[str, Any]:
+        self.ran += [(self.phase, n, c) for n, c in commands.items()]
+        return {n: {"ok": True, "exit_code": 0, "stdout": "left:\nports:\n" if "echo \"left:" in c else "alive\n",
+                    "stderr": "", "error": ""} for n, c in commands.items()}
+
+    def put_all(self, files: Any, sudo: Any) -> dict[str, Any]:
+        self.ran += [(self.phase, n, "put") for n in files]
+        return {n: {"ok": True, "exit_code": 0, "stdout": "", "stderr": "", "error": ""} for n in files}
+
+    def write_record(self, node: str, path: str, data: Any, sudo: bool, remove_on_failure: Any) -> dict[str, Any]:
+        self.records.append(dict(data))
+        return {"ok": True, "exit_code": 0, "stdout": "", "stderr": "", "error": ""}
+
+    def leaks(self, results: Any) -> dict[str, float]:
+        return {}
+
+    def check(self, step: Any) -> str:
+        return "laws hold"
+
+    def lock(self, step: Any) -> str:
+        return "acquired"
+
+
+class FailsAt(StubBackend):
+    """Every probe of ``bad`` (phase, address) pairs fails: the engine there never serves."""
+
+    def __init__(self, bad: set[tuple[str, str]]) -> None:
+        super().__init__("nowhere")
+        self.bad_at = bad
+
+    def probe(self, url: str, served_name: str, metric: str | None, smoke: bool, api_key: Any = None,
+              via: str | None = None) -> tuple[bool, str]:
+        if any(self.phase == ph and ip in url for ph, ip in self.bad_at):
+            return False, "connection refused"
+        return True, "serving"

@@ -16,9 +16,10 @@ import yaml
 
 from sparkctl.model.inventory import load_inventory
 from sparkctl.model.profiles import resolve
+from sparkctl.model.record import RunRecord
 from sparkctl.model.resources import Roots
 from sparkctl.ops import nodessh
-from sparkctl.plan import lockplan, planner, supervised, switchplan
+from sparkctl.plan import lockplan, planner, resumeplan, supervised
 from sparkctl.plan.render import render
 
 REPO = Path(__file__).resolve().parent.parent
@@ -56,11 +57,16 @@ def _gateway(res: Any, inv: Any, roots: Roots, spec: dict[str, Any] | None) -> A
 def _record(spec: dict[str, Any] | None, inv: Any, roots: Roots) -> Any:
     if not spec:
         return None
+    if "digest" in spec:  # a whole record, as a run wrote it
+        return RunRecord.from_dict(spec)
+    if "from" in spec:  # the record another case's branch writes last: {case, branch}
+        steps = plan_case(spec["from"]["case"])["branches"][spec["from"]["branch"]]
+        return RunRecord.from_dict([s for s in steps if s["kind"] == "record"][-1]["params"]["record"])
     res = resolve(spec["profile"], roots, spec.get("sets", ()))
     rendering = render(res, inv, roots, secrets={})
     gw = _gateway(res, inv, roots, {})
     entry = planner.gatewayplan.record_entry(res, inv, rendering, gw[0]) if gw else None
-    rec = planner.record_for(res, rendering, (), spec["state"], {}, STARTED, gateway=entry)
+    rec = planner.record_for(res, rendering, spec.get("sets", ()), spec["state"], {}, STARTED, gateway=entry)
     nodes = {}
     for n, r in rec.nodes.items():
         want = spec.get("hashes", {}).get(n, "@rendered")
@@ -73,8 +79,9 @@ def _locked(plan: Any, inv: Any, nodes: Any = None) -> Any:
     return lockplan.with_lock(plan, inv, {**HOLDER, "operation": plan.op}, nodes)
 
 
-def plan_case(name: str) -> dict[str, Any]:
-    case = yaml.safe_load((PLANS / name / "case.yaml").read_text())
+def plan_case(name: str, **override: Any) -> dict[str, Any]:
+    """The plan of case ``name``; ``override``: case keys replaced (a variant of the case)."""
+    case = {**yaml.safe_load((PLANS / name / "case.yaml").read_text()), **override}
     roots = _roots()
     inv = _inventory(case["inventory"])
     record = _record(case.get("record"), inv, roots)
@@ -109,21 +116,25 @@ def plan_case(name: str) -> dict[str, Any]:
     if case["op"] == "up":
         plan = planner.plan_up(res, inv, rendering, facts, started_at=STARTED, gateway=gateway)
         return (_locked(plan, inv, planner.own_nodes(rendering, record)) if plan.steps else plan).to_dict()
-    prev_res = resolve(record.profile, roots, case["record"].get("sets", ()))
-    previous = (prev_res, render(prev_res, inv, roots, secrets={}))
+    # the way back: the serving stack's profile, or the other profile a degraded record's replicas serve
+    other = resumeplan.other_profile(record, res.name) if record.state == "degraded" else \
+        (record.profile, tuple(case["record"].get("sets", ())))
+    prev_res = resolve(other[0], roots, other[1]) if other else None
+    previous = (prev_res, render(prev_res, inv, roots, secrets={})) if prev_res else None
     scope = planner.own_nodes(rendering, record)  # the stack's nodes, old and new (executor.lock_scope)
     if case["op"] == "switch":
-        return _locked(switchplan.plan_switch(res, inv, rendering, facts, started_at=STARTED, previous=previous,
-                                           gateway=gateway), inv, scope).to_dict()
-    return _supervised(inv, res, rendering, facts, previous, record, gateway, scope)
+        return _locked(resumeplan.plan_switch(res, inv, rendering, facts, started_at=STARTED, sets=case.get("sets", ()),
+                                              previous=previous, gateway=gateway), inv, scope).to_dict()
+    return _supervised(inv, res, rendering, facts, previous, record, gateway, scope, case.get("sets", ()))
 
 
 def _supervised(inv: Any, res: Any, rendering: Any, facts: Any, previous: Any, record: Any, gateway: Any,
-                scope: Any) -> dict[str, Any]:
+                scope: Any, sets: Any) -> dict[str, Any]:
     """`switch --supervise`, with stand-in bytes for the key, the host keys and the runner."""
     holder = {**HOLDER, "operation": f"switch --supervise {res.name}"}
-    plan = lockplan.with_lock(switchplan.plan_switch(res, inv, rendering, facts, started_at=STARTED, previous=previous,
-                                                  rollback_note=supervised.ROLLBACK_NOTE, gateway=gateway),
+    plan = lockplan.with_lock(resumeplan.plan_switch(res, inv, rendering, facts, started_at=STARTED, sets=sets,
+                                                     previous=previous, rollback_note=supervised.ROLLBACK_NOTE,
+                                                     gateway=gateway),
                               inv, holder, scope)
     head, peers = inv.nodes[0].name, tuple(inv.names[1:])
     addrs = {n: nodessh.fabric_address_from(inv, head, n) for n in peers}

@@ -18,6 +18,8 @@ from sparkctl.model.resources import Roots
 from sparkctl.remote import planrun
 from tests.test_plan_fixtures import PLANS, REPO, plan_case
 
+from helpers import StubBackend
+
 GW = ["serve.gateway.enabled=true"]
 
 
@@ -102,60 +104,10 @@ def test_the_supervised_rolling_switch_hands_the_whole_roll_to_the_head() -> Non
     assert [s["id"] for s in head["steps"]] == [s["id"] for s in plan_case("rolling-switch")["steps"]][3:]
 
 
-class _Backend:
-    """Runs nothing; every command succeeds; the new replica on ``bad`` never serves (the probe
-    fails while the main line's ``ready`` of that replica runs, and succeeds again in the rollback)."""
-
-    def __init__(self, bad: str) -> None:
-        self.bad, self.phase, self.t = bad, "", 0.0
-        self.records: list[dict[str, Any]] = []
-        self.ran: list[tuple[str, str, str]] = []  # (phase, node, command)
-
-    def emit(self, node: str, phase: str, message: str) -> None:
-        if node == "*":
-            self.phase = phase
-
-    def now(self) -> str:
-        return "2026-01-01T00:00:00+00:00"
-
-    def monotonic(self) -> float:
-        self.t += 5.0
-        return self.t
-
-    def sleep(self, seconds: float) -> None:
-        pass
-
-    def probe(self, url: str, served_name: str, metric: str | None, smoke: bool, api_key: Any = None,
-              via: str | None = None) -> tuple[bool, str]:
-        return (False, "connection refused") if self.phase == "ready" and self.bad in url else (True, "serving")
-
-    def run_all(self, commands: Any, sudo: Any, timeout_s: float | None, stdin: Any = None) -> dict[str, Any]:
-        self.ran += [(self.phase, n, c) for n, c in commands.items()]
-        return {n: {"ok": True, "exit_code": 0, "stdout": "left:\nports:\n" if "echo \"left:" in c else "alive\n",
-                    "stderr": "", "error": ""} for n, c in commands.items()}
-
-    def put_all(self, files: Any, sudo: Any) -> dict[str, Any]:
-        self.ran += [(self.phase, n, "put") for n in files]
-        return {n: {"ok": True, "exit_code": 0, "stdout": "", "stderr": "", "error": ""} for n in files}
-
-    def write_record(self, node: str, path: str, data: Any, sudo: bool, remove_on_failure: Any) -> dict[str, Any]:
-        self.records.append(dict(data))
-        return {"ok": True, "exit_code": 0, "stdout": "", "stderr": "", "error": ""}
-
-    def leaks(self, results: Any) -> dict[str, float]:
-        return {}
-
-    def check(self, step: Any) -> str:
-        return "laws hold"
-
-    def lock(self, step: Any) -> str:
-        return "acquired"
-
-
 @pytest.mark.parametrize("bad,branch", [("192.168.1.101", "rollback-1"), ("192.168.1.103", "rollback-2")])
 def test_a_new_replica_that_never_becomes_ready_rolls_back_and_the_record_says_so(bad: str, branch: str) -> None:
     plan = plan_case("rolling-switch")
-    backend = _Backend(bad)
+    backend = StubBackend(bad)
     state = planrun.execute(plan, backend)
     assert state.result == "failed" and state.branches == [branch] and state.completed == [branch]
     assert state.failure is not None and state.failure["step"].endswith("-ready")
@@ -171,7 +123,7 @@ def test_a_new_replica_that_never_becomes_ready_rolls_back_and_the_record_says_s
 
 def test_the_rolling_switch_when_every_replica_serves() -> None:
     plan = plan_case("rolling-switch")
-    backend = _Backend("nowhere")
+    backend = StubBackend("nowhere")
     state = planrun.execute(plan, backend)
     assert state.result == "done", state.failure
     notes = [(r["profile"], r["state"], r["note"]) for r in backend.records]

@@ -17,26 +17,13 @@ import pytest
 from sparkctl.errors import ExitStatus, SwitchDegraded
 from sparkctl.remote import planrun
 from tests.test_plan_fixtures import plan_case
-from tests.test_rolling import _Backend
+
+from helpers import FailsAt, StubBackend
 
 A, C = "192.168.1.101", "192.168.1.103"  # spark-a's and spark-c's addresses: the replicas' heads
 
 
-class _Fails(_Backend):
-    """Every probe of ``bad`` (phase, address) pairs fails: the engine there never serves."""
-
-    def __init__(self, bad: set[tuple[str, str]]) -> None:
-        super().__init__("nowhere")
-        self.bad_at = bad
-
-    def probe(self, url: str, served_name: str, metric: str | None, smoke: bool, api_key: Any = None,
-              via: str | None = None) -> tuple[bool, str]:
-        if any(self.phase == ph and ip in url for ph, ip in self.bad_at):
-            return False, "connection refused"
-        return True, "serving"
-
-
-def _stopped_on(backend: _Backend, nodes: tuple[str, ...]) -> list[str]:
+def _stopped_on(backend: StubBackend, nodes: tuple[str, ...]) -> list[str]:
     return [c for ph, n, c in backend.ran if n in nodes and "echo \"left:" in c]
 
 
@@ -57,14 +44,14 @@ def test_the_plan_has_a_degraded_branch_for_each_replica_on_each_way_back() -> N
     rec = d21[-1]["params"]["record"]
     assert rec["replicas"] == {"spark-c": {"profile": "halves", "served_name": rec["replicas"]["spark-c"]
                                            ["served_name"], "port": 8000, "engine": "vllm", "clock_cap_mhz": 2100,
-                                           "nodes": ["spark-c", "spark-d"]}}
+                                           "nodes": ["spark-c", "spark-d"], "sets": ["serve.gateway.enabled=true"]}}
     assert "spark-a" not in rec["listen"]  # a stopped head listens nowhere
     assert "sparkctl switch halves-next" in rec["note"] and "sparkctl down" in rec["note"]
 
 
 def test_the_old_replica_that_does_not_come_back_leaves_the_others_serving() -> None:
     plan = plan_case("rolling-switch")
-    backend = _Fails({("ready", A), ("rollback", A)})  # replica 1 fails, and its old replica too
+    backend = FailsAt({("ready", A), ("rollback", A)})  # replica 1 fails, and its old replica too
     state = planrun.execute(plan, backend)
     assert state.branches == ["rollback-1", "degraded-1-1"] and state.completed == ["degraded-1-1"]
     assert state.branch_failure is not None and state.branch_failure.step["id"] == "rb1-ready"
@@ -76,7 +63,7 @@ def test_the_old_replica_that_does_not_come_back_leaves_the_others_serving() -> 
 
 def test_a_failure_giving_back_an_earlier_replica_keeps_both_others_serving() -> None:
     plan = plan_case("rolling-switch")
-    backend = _Fails({("ready", C), ("rollback", A)})  # replica 2 fails; replica 1's old one does not come back
+    backend = FailsAt({("ready", C), ("rollback", A)})  # replica 2 fails; replica 1's old one does not come back
     state = planrun.execute(plan, backend)
     assert state.branches == ["rollback-2", "degraded-2-1"] and state.completed == ["degraded-2-1"]
     run = [o["id"] for o in state.outcomes]
@@ -148,7 +135,7 @@ def test_status_judges_each_node_of_a_degraded_record_by_the_replica_it_serves_i
         srv.server_close()
 
 
-class _CtrlC(_Backend):
+class _CtrlC(StubBackend):
     """The operator presses Ctrl-C while replica ``k``'s new engine is being waited for."""
 
     def __init__(self, address: str) -> None:

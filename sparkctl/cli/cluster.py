@@ -32,7 +32,7 @@ from sparkctl.cli.base import (
     with_transport_options,
     with_waive_options,
 )
-from sparkctl.errors import CheckFailed, ConfigError, LifecycleError
+from sparkctl.errors import CheckFailed, ConfigError, LifecycleError, SwitchDegraded
 
 
 @cli.command("check")
@@ -370,6 +370,11 @@ def switch_cmd(c: Ctx, profile: str, sets: tuple[str, ...], waive: tuple[str, ..
             out.print(f"[green]switched[/]: {sup.profile} serves now (supervised)")
         else:
             out.print(f"[bold red]switch to {profile} failed[/]: supervisor ended {sup.phase}")
+        if wait and sup.phase == "left-degraded":
+            last = sup.events[-1].get("message", "") if sup.events else ""
+            raise SwitchDegraded(f"supervised switch to {profile} ended degraded: {last}",
+                                 hint=f"`sparkctl status` shows which head serves which profile; `sparkctl switch "
+                                      f"{profile}` again resumes; its log: {sup.log} on {sup.head}")
         if wait and sup.phase != "done":
             raise LifecycleError(f"supervised switch to {profile} ended {sup.phase}", hint=f"its log: {sup.log} on {sup.head}")
         return

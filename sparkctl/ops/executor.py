@@ -32,7 +32,7 @@ from sparkctl.ops import readiness
 from sparkctl.ops.check import fabric_scripts, probe_scripts, run_check
 from sparkctl.ops.localstate import write_json
 from sparkctl.ops.lock import holder_info, local_record_path, now_iso, read_record, read_records, take, write_verdicts
-from sparkctl.plan import gatewayplan, laws, lockplan, planner, switchplan
+from sparkctl.plan import gatewayplan, laws, lockplan, planner, resumeplan
 from sparkctl.plan.render import Rendering, render
 from sparkctl.plan.steps import FINALLY, Plan
 from sparkctl.remote import planrun
@@ -194,10 +194,19 @@ def gather_up_facts(res: Resolved, inv: Inventory, transport: Transport, renderi
 
 def _previous(prev: RunRecord | None, res: Resolved, inv: Inventory, roots: Roots,
               secrets: Mapping[str, str]) -> tuple[Resolved, Rendering] | None:
-    if not prev or prev.state != "serving" or prev.profile == res.name:
+    """The profile a switch's way back gives back: the serving stack's, or in a degraded record the
+    other profile its replicas serve (:func:`sparkctl.plan.resumeplan.other_profile`)."""
+    if prev is not None and prev.state == "degraded":
+        other = resumeplan.other_profile(prev, res.name)
+        if other is None:
+            return None
+        name, sets = other
+    elif not prev or prev.state != "serving" or prev.profile == res.name:
         return None
+    else:
+        name, sets = prev.profile, prev.sets
     try:
-        prev_res = resolve(prev.profile, roots, prev.sets)
+        prev_res = resolve(name, roots, sets)
     except SparkctlError:
         return None  # its profile is gone: nothing to roll back to
     return prev_res, render(prev_res, inv, roots, secrets, reveal_secrets=True)
@@ -325,7 +334,7 @@ def plan_for(op: str, res: Resolved | None, inv: Inventory, transport: Transport
                                skip_check=skip_check, gateway=gateway, probes=probes)
     else:
         previous = _previous(facts.record, res, inv, roots, dict(secrets or {}))
-        plan = switchplan.plan_switch(res, inv, rendering, facts, sets=sets, waivers=w, started_at=started,
+        plan = resumeplan.plan_switch(res, inv, rendering, facts, sets=sets, waivers=w, started_at=started,
                                    skip_check=skip_check, previous=previous, gateway=gateway,
                                    rollback_note=rollback_note, probes=probes)
         extra = (previous[1],) if previous else ()
@@ -390,8 +399,9 @@ def interrupted_hint(state: planrun.RunState | None) -> str:
     """What Ctrl-C left, from the last record the run wrote: the replica being replaced stopped and
     the others serving (a rolling switch's ``degraded-K-K``), or what this run started stopped."""
     if state is not None and (state.record or {}).get("state") == "degraded":
-        return ("the replica being replaced was stopped, the other replicas serve (record: degraded); "
-                "`sparkctl status` shows which head serves which profile")
+        note = str((state.record or {}).get("note") or "").removeprefix("degraded: ")
+        return (f"the other replicas serve (record degraded: {note}); `sparkctl status` shows which head "
+                "serves which profile")
     return "what this run started was stopped; `sparkctl status` shows what runs"
 
 
@@ -549,25 +559,26 @@ def switch(res: Resolved, inv: Inventory, transport: Transport, roots: Roots, *,
         # a rolling switch (branches rollback-K) keeps a replica serving throughout
         unavailable = sum(p.seconds for p in result.phases if p.phase in ("stop-stale", "push", "start", "ready"))
         return SwitchResult(res.name, True, False, unavailable if "rollback" in plan.branches else 0.0, up=result)
+    f = state.failed
+    # a branch that ended with the record written "degraded": a rolling switch's way back that failed
+    # part way (degraded-K-J), or a resumed one's replica that did not come up (resume-K)
+    if f is not None and state.completed and (state.record or {}).get("state") == "degraded":
+        b = state.branch_failure
+        rec = RunRecord.from_dict(state.record or {})
+        serving = "; ".join(f"{'+'.join(r.get('nodes') or [h])} serve{'s' if len(r.get('nodes') or [h]) == 1 else ''} "
+                            f"{r.get('profile')}" for h, r in rec.replicas.items())
+        back = (f"rolling back, {b.step['id']} failed in phase {b.step['phase']}: {b.detail}" if b is not None
+                else "that replica was taken out and the replicas before it kept")
+        raise SwitchDegraded(
+            f"switch to {res.name} failed ({f.detail}); {back}; left degraded, nothing serving was stopped: "
+            f"{serving}", Ref(node=(b or f).node), hint=f"`sparkctl status` shows which replica serves which "
+            f"profile; `sparkctl switch {res.name}` again resumes, or `sparkctl down`")
     rollback = next((b for b in state.branches if b == "rollback" or b.startswith("rollback-")), None)
     if rollback is None:
         _raise_failure(state, op)  # nothing was stopped, or nothing to roll back to
-    f = state.failed
     assert f is not None
     first = f.cause.in_phase(op, f.step["phase"]).one_line() if isinstance(f.cause, SparkctlError) else \
         f"{op} failed in phase {f.step['phase']}: {f.detail}"
-    degraded = next((b for b in state.completed if b.startswith("degraded-")), None)
-    if degraded is not None:
-        b = state.branch_failure
-        assert b is not None
-        rec = RunRecord.from_dict(state.record) if state.record else None
-        serving = "; ".join(f"{'+'.join(r.get('nodes') or [h])} serve{'s' if len(r.get('nodes') or [h]) == 1 else ''} "
-                            f"{r.get('profile')}" for h, r in (rec.replicas if rec else {}).items())
-        raise SwitchDegraded(
-            f"switch to {res.name} failed ({f.detail}); rolling back, {b.step['id']} failed in phase "
-            f"{b.step['phase']}: {b.detail}; left degraded, nothing serving was stopped: {serving}",
-            Ref(node=b.node), hint=f"`sparkctl status` shows which replica serves which profile; `sparkctl switch "
-            f"{res.name}` again, or `sparkctl down`")
     if rollback not in state.completed:
         b = state.branch_failure
         assert b is not None

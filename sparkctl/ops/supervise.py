@@ -49,7 +49,10 @@ from sparkctl.plan.render import Rendering
 from sparkctl.plan.steps import Plan
 from sparkctl.transport import Transport
 
-FINAL_PHASES = ("done", "rolled-back", "failed", "aborted")
+# "left-degraded" (not "degraded": that is a step phase of its branches): a rolling switch's way back
+# failed part way, or a resumed one's replica did not come up; the record says which head serves
+# which profile (planrun.supervise, exit 8 there)
+FINAL_PHASES = ("done", "rolled-back", "left-degraded", "failed", "aborted")
 
 
 @dataclass(frozen=True)

@@ -158,12 +158,12 @@ def _degraded(k: int, j: Group, roll: Sequence[Group], res: Resolved, prev: RunR
         for h in g.new_heads:
             replicas[h] = {"profile": res.name, "served_name": starting.served_name, "port": starting.port,
                            "engine": starting.engine, "clock_cap_mhz": starting.clock_cap_mhz,
-                           "nodes": list(g.nodes)}
+                           "nodes": list(g.nodes), "sets": list(starting.sets)}
     for g in old_groups:
         for h in g.old_heads:
             replicas[h] = {"profile": prev.profile, "served_name": prev.served_name, "port": prev.port,
                            "engine": prev.engine, "clock_cap_mhz": prev.clock_cap_mhz,
-                           "nodes": [n for n in g.old_nodes if n in prev.nodes and h in prev.nodes
+                           "sets": list(prev.sets), "nodes": [n for n in g.old_nodes if n in prev.nodes and h in prev.nodes
                                      and prev.nodes[n].replica == prev.nodes[h].replica] or list(g.old_nodes)}
     # every node either stack may still run on stays in the record: down stops them, locks claim them
     nodes = {**prev.nodes, **{n: starting.nodes[n] for g in new_groups for n in g.nodes if n in starting.nodes}}

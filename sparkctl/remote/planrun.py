@@ -513,7 +513,6 @@ def supervise(plan_path: str, events: str, pid_file: str, lock_dirs: Sequence[st
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, terminated)
     # The plan's branch "finally" releases the lock at the end, if it is still this run's.
-    rc = 2
     backend.emit(doc["head"], "started", f"supervisor pid {os.getpid()}: switching from "
                                          f"{doc.get('previous') or 'nothing'} to {doc['plan']['profile']}")
     try:
@@ -521,18 +520,23 @@ def supervise(plan_path: str, events: str, pid_file: str, lock_dirs: Sequence[st
     except KeyboardInterrupt:
         backend.emit("*", "aborted", "supervisor interrupted")
         return 130
-    failure = state.failure or {}
-    if state.result == "done":
-        backend.emit("*", "done", f"{doc['plan']['profile']} serves {doc['served_name']}")
-        rc = 0
-    elif any(b == "rollback" or b.startswith("rollback-") for b in state.completed):  # rollback-K: a rolling switch
-        backend.emit("*", "rolled-back", f"{doc.get('previous')} serves {doc.get('previous_served_name')} again "
-                                         f"({str(failure.get('detail'))[:200]})")
-        rc = 1
-    else:
-        backend.emit("*", "failed", f"{str(failure.get('detail'))[:300]}; nothing serves")
-        rc = 2
+    phase, message, rc = outcome(state, doc)
+    backend.emit("*", phase, message)
     return rc
+
+
+def outcome(state: RunState, doc: Mapping[str, Any]) -> tuple[str, str, int]:
+    """The supervisor's last event (phase, message) and exit status, from how its plan ended."""
+    failure = state.failure or {}
+    detail = str(failure.get("detail"))
+    if state.result == "done":
+        return "done", f"{doc['plan']['profile']} serves {doc['served_name']}", 0
+    if state.completed and (state.record or {}).get("state") == "degraded":  # some replicas serve: the record says which
+        return "left-degraded", f"{str((state.record or {}).get('note'))[:300]} ({detail[:200]})", 8
+    if any(b == "rollback" or b.startswith("rollback-") for b in state.completed):  # rollback-K: a rolling switch
+        return "rolled-back", (f"{doc.get('previous')} serves {doc.get('previous_served_name')} again "
+                               f"({detail[:200]})"), 1
+    return "failed", f"{detail[:300]}; nothing serves", 2
 
 
 def main(argv: list[str]) -> int:

@@ -10,6 +10,9 @@ through the gateway while:
 * the new replica 2 is killed while it loads (`sparkctl sim fault spark-b kill-engine`): the switch
   rolls back replica by replica while the untouched old replica serves; no request fails and the
   record says the old profile serves, with a note;
+* the same switch with its way back failing too (both engines killed while they load on spark-b): the
+  record says "degraded", spark-a serves; the same switch again resumes (spark-a kept, spark-b started),
+  no request fails;
 * the negative control: the engine of the replica serving the load killed with no drain makes the
   same load count failures, so the zeros above can fail;
 * a switch where no replica can stay up (two replicas to one): the gateway answers 503 with
@@ -228,6 +231,56 @@ def test_simulated_rolling_switch_whose_new_replica_never_gets_ready_rolls_back_
     assert (rec["profile"], rec["state"]) == ("roll-new", "serving") and "did not come up" in rec["note"], rec
     ran = [s["id"] for s in rec["steps"]]
     assert "rb2-ready" in ran and "rb2-r1-gateway-register" in ran, ran
+    assert load.failed() == [], load.failed()[:5]
+    assert wait_until(lambda: sorted(w["status"] for w in httpx.get(f"{gw}/workers", timeout=5).json()["workers"])
+                      == ["ready", "ready"], 30)
+
+
+def test_simulated_degraded_switch_then_the_same_switch_resumes_and_fails_no_request(ring: Sim) -> None:
+    """roll-new serves; the switch to roll-old replaces spark-a, then roll-old's replica on spark-b is killed
+    while it loads, and so is roll-new's given back there: the way back fails, spark-b is left stopped and
+    the record "degraded" (exit 8), spark-a serving roll-old. The same switch again resumes: spark-a is
+    kept (never drained, never stopped), spark-b started. No request through the gateway fails."""
+    inv = str(ring.inventory)
+    gw = _gw(ring)
+    killed: list[str] = []
+    stop = threading.Event()
+
+    def watch() -> None:  # on spark-b: roll-new stopped (r2-stop), roll-old loading (killed), roll-new back (killed)
+        seen_new_gone = False
+        while not stop.is_set() and len(killed) < 2:
+            ps = ring.ssh("spark-b", "ps -eo args | grep -v grep | grep llama_cpp.server || true").stdout
+            seen_new_gone = seen_new_gone or NEW_MARK not in ps
+            want_new = bool(killed)  # the second kill: the way back's roll-new
+            if seen_new_gone and "llama_cpp.server" in ps and (NEW_MARK in ps) == want_new:
+                ring.sparkctl("sim", "fault", "spark-b", "kill-engine", check=True)
+                killed.append(ps)
+            time.sleep(0.1)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    with Load(gw) as load:
+        watcher.start()
+        r = ring.sparkctl("-i", inv, "switch", "roll-old", timeout=500)
+        stop.set()
+        watcher.join()
+        time.sleep(1)
+        degraded = _record(ring)
+        r2 = ring.sparkctl("-i", inv, "plan", "switch", "roll-old", "--json", timeout=120)
+        again = ring.sparkctl("-i", inv, "switch", "roll-old", "--json", timeout=400)
+        time.sleep(2)
+    print(f"degraded, then resumed: {load.summary()}")
+    assert len(killed) == 2, killed
+    assert r.returncode == 8, r.stdout[-2000:] + r.stderr[-2000:]
+    assert "left degraded" in r.stderr + r.stdout
+    assert degraded["state"] == "degraded" and set(degraded["replicas"]) == {"spark-a"}, degraded
+    assert degraded["replicas"]["spark-a"]["profile"] == "roll-old"
+    plan = json.loads(r2.stdout)
+    assert "spark-a: keep" in plan["note"] and "spark-b: start" in plan["note"], plan["note"]
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    rec = _record(ring)
+    assert (rec["profile"], rec["state"]) == ("roll-old", "serving"), rec
+    ran = [s["id"] for s in rec["steps"]]
+    assert "r1-ready" in ran and not [i for i in ran if i.startswith("r2-")], ran  # one replica to start: spark-b
     assert load.failed() == [], load.failed()[:5]
     assert wait_until(lambda: sorted(w["status"] for w in httpx.get(f"{gw}/workers", timeout=5).json()["workers"])
                       == ["ready", "ready"], 30)

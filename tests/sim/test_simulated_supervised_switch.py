@@ -20,7 +20,7 @@ from tests.sim.helpers import ENGINE_PS, WAIVE, served, status
 
 pytestmark = [pytest.mark.e2e, pytest.mark.needs_root]
 
-FINAL = ("done", "rolled-back", "failed", "aborted")
+FINAL = ("done", "rolled-back", "left-degraded", "failed", "aborted")
 
 
 def follow(sim, timeout_s: float = 240) -> tuple[dict, list[str]]:
