@@ -99,8 +99,8 @@ def test_the_supervised_rolling_switch_hands_the_whole_roll_to_the_head() -> Non
     sup = plan_case("supervised-rolling-switch")
     assert [s["id"] for s in sup["operator"]["steps"]][:3] == ["lock", "check", "clock"]
     head = sup["head"]
-    assert {"rollback-1", "rollback-2", "degraded-1-1", "degraded-2-1", "degraded-2-2", "stop", "finally"} \
-        == set(head["branches"])
+    assert {"rollback-1", "rollback-2", "degraded-1-1", "degraded-2-1", "degraded-2-2", "paused-1", "paused-2", "stop",
+            "finally"} == set(head["branches"])
     assert [s["id"] for s in head["steps"]] == [s["id"] for s in plan_case("rolling-switch")["steps"]][3:]
 
 

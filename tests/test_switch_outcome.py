@@ -155,8 +155,12 @@ class _CtrlC(StubBackend):
 def test_ctrl_c_mid_roll_stops_the_replica_being_replaced_and_nothing_that_serves(
         address: str, branch: str, stopped: tuple[str, ...], serving: str) -> None:
     plan = plan_case("rolling-switch")
-    assert {s.get("on_interrupt") for s in plan["steps"] if s["on_fail"] == f"rollback-{branch[-1]}"} == {branch}
     ids = [s["id"] for s in plan["steps"]]
+    k = branch[-1]
+    until = ids.index(f"r{k}-gateway-register") + 1  # once registered, Ctrl-C stops nothing (paused-K)
+    assert {s.get("on_interrupt") for s in plan["steps"][:until] if s["on_fail"] == f"rollback-{k}"} == {branch}
+    assert {s.get("on_interrupt") for s in plan["steps"][until:] if s["on_fail"] == f"rollback-{k}"} <= {
+        f"paused-{k}"}
     # from the first drain on, no step's Ctrl-C takes branch stop (which would stop what serves)
     assert all(s.get("on_interrupt") for s in plan["steps"][ids.index("r1-gateway-drain"):])
     backend = _CtrlC(address)
@@ -178,3 +182,32 @@ def test_ctrl_c_mid_roll_stops_the_replica_being_replaced_and_nothing_that_serve
 def test_a_plain_switch_still_stops_on_ctrl_c() -> None:
     """No replica can stay up in a plain switch: Ctrl-C takes branch stop, as before."""
     assert not [s for s in plan_case("switch-rollback")["steps"] if s.get("on_interrupt")]
+
+
+class _CtrlCOnRecord(StubBackend):
+    """The operator presses Ctrl-C as the run records replica 1 replaced (just after its registration)."""
+
+    def write_record(self, node: str, path: str, data: Any, sudo: bool, remove_on_failure: Any) -> dict[str, Any]:
+        if self.phase == "record" and not getattr(self, "pressed", False):
+            self.pressed = True
+            raise KeyboardInterrupt
+        return super().write_record(node, path, data, sudo, remove_on_failure)
+
+
+def test_ctrl_c_just_after_a_replica_is_registered_stops_nothing() -> None:
+    plan = plan_case("rolling-switch")
+    assert next(s for s in plan["steps"] if s["id"] == "r1-record")["on_interrupt"] == "paused-1"
+    backend = _CtrlCOnRecord("nowhere")
+    with pytest.raises(KeyboardInterrupt) as exc:
+        planrun.execute(plan, backend)
+    state = exc.value.args[0]
+    assert state.completed == ["paused-1"]
+    # spark-a+b were stopped once (their old replica, r1-stop); spark-c+d never
+    assert [ph for ph, n, c in backend.ran if n == "spark-a" and "echo \"left:" in c] == ["stop"]
+    assert not _stopped_on(backend, ("spark-c", "spark-d"))
+    rec = backend.records[-1]
+    assert rec["state"] == "degraded" and "after replica 1" in rec["note"]
+    assert {h: r["profile"] for h, r in rec["replicas"].items()} == {"spark-a": "halves-next", "spark-c": "halves"}
+    # the same switch again resumes from it: spark-a+b kept, spark-c+d rolled
+    again = plan_case("resume-switch", record=rec)
+    assert "spark-a+spark-b: keep" in again["note"] and "spark-c+spark-d: roll" in again["note"]

@@ -141,9 +141,7 @@ def _degraded(k: int, j: Group, roll: Sequence[Group], res: Resolved, prev: RunR
     which profile."""
     new_groups = [g for g in roll if g.index < j.index]
     old_groups = [g for g in roll if g.index > j.index and g.old_heads]
-    new_heads = [h for g in new_groups for h in g.new_heads]
-    old_heads = [h for g in old_groups for h in g.old_heads]
-    if not new_heads and not old_heads:
+    if not new_groups and not any(g.old_heads for g in old_groups):
         return None
     name = DEGRADED.format(k=k, j=j.index)
     pfx = f"dg{k}-{j.index}-"
@@ -153,6 +151,24 @@ def _degraded(k: int, j: Group, roll: Sequence[Group], res: Resolved, prev: RunR
              planner._stop_step(inv, f"{pfx}stop", "degraded", j.nodes, ports, res.profile.serve.stop_timeout_s,
                                 f"stop what did not come back on {_words(j.nodes)} (replica {j.index}); the "
                                 "replicas that serve are left as they are", "continue")]
+    fix = f"`sparkctl switch {res.name}` again resumes, or `sparkctl down`"
+    rec, serving = _mixed(res, prev, starting, gw_entry, new_groups, old_groups, started_at)
+    rec = replace(rec, note=(f"degraded: switch to {res.name} failed at replica {k} and its way back failed at "
+                             f"replica {j.index} ({_words(j.nodes)}: stopped); {serving}; {fix}"))
+    steps.append(planner.record_step(inv, f"{pfx}record", "degraded", inv.nodes[0].name, rec,
+                                     f"record degraded: {serving}", on_fail="abort",
+                                     note_if_interrupted=(f"degraded: switch to {res.name} interrupted (Ctrl-C) at "
+                                                          f"replica {j.index} ({_words(j.nodes)}: stopped); "
+                                                          f"{serving}; {fix}")))
+    return name, tuple(steps)
+
+
+def _mixed(res: Resolved, prev: RunRecord, starting: RunRecord, gw_entry: Mapping[str, Any],
+           new_groups: Sequence[Group], old_groups: Sequence[Group], started_at: str) -> tuple[RunRecord, str]:
+    """The degraded record (and "A+B serve P; ..." for its note) when the new replicas of
+    ``new_groups`` and the old ones of ``old_groups`` serve, and nothing else does."""
+    new_heads = [h for g in new_groups for h in g.new_heads]
+    old_heads = [h for g in old_groups for h in g.old_heads]
     replicas: dict[str, dict[str, Any]] = {}
     for g in new_groups:
         for h in g.new_heads:
@@ -168,8 +184,7 @@ def _degraded(k: int, j: Group, roll: Sequence[Group], res: Resolved, prev: RunR
     # every node either stack may still run on stays in the record: down stops them, locks claim them
     nodes = {**prev.nodes, **{n: starting.nodes[n] for g in new_groups for n in g.nodes if n in starting.nodes}}
     nodes.update({n: starting.nodes[n] for n in starting.nodes if n not in nodes})
-    serving = [f"{_words(r['nodes'])} serve {r['profile']}" for r in replicas.values()]
-    fix = f"`sparkctl switch {res.name}` again, or `sparkctl down`"
+    serving = "; ".join(f"{_words(r['nodes'])} serve {r['profile']}" for r in replicas.values())
     # each head listens where its own profile's serve.bind put it
     binds = {h: starting.listen if h in new_heads else prev.listen for h in replicas}
     listen = {h: binds[h][h] for h in replicas if h in binds[h]}
@@ -177,15 +192,8 @@ def _degraded(k: int, j: Group, roll: Sequence[Group], res: Resolved, prev: RunR
                   listen=listen,
                   gateway={**gw_entry, "backends": [*_only(gw_entry, new_heads).get("backends", []),
                                                     *_only(prev.gateway, old_heads).get("backends", [])]},
-                  replicas=replicas,
-                  note=(f"degraded: switch to {res.name} failed at replica {k} and its way back failed at replica "
-                        f"{j.index} ({_words(j.nodes)}: stopped); {'; '.join(serving)}; {fix}"))
-    steps.append(planner.record_step(inv, f"{pfx}record", "degraded", inv.nodes[0].name, rec,
-                                     f"record degraded: {'; '.join(serving)}", on_fail="abort",
-                                     note_if_interrupted=(f"degraded: switch to {res.name} interrupted (Ctrl-C) at "
-                                                          f"replica {j.index} ({_words(j.nodes)}: stopped); "
-                                                          f"{'; '.join(serving)}; {fix}")))
-    return name, tuple(steps)
+                  replicas=replicas)
+    return rec, serving
 
 
 def _words(nodes: Sequence[str]) -> str:
@@ -277,12 +285,27 @@ def plan_rolling(res: Resolved, inv: Inventory, rendering: Rendering, base: Plan
     serving = replace(starting, state="serving", note="")
     steps.append(planner.record_step(inv, "record", "record", head, serving, f"record {res.name} serving",
                                      on_fail=last))
-    # Ctrl-C from replica K's first step until replica K+1's stops replica K's nodes alone (branch
-    # degraded-K-K), never what serves; after the last replica's, the last one's
-    marked, cur = [], 0
+    # Ctrl-C from replica K's first step until it is registered stops replica K's nodes alone (branch
+    # degraded-K-K), never what serves; after its registration (until replica K+1's first step, or
+    # after the last replica's until the end) it stops nothing: branch paused-K records what serves
+    fix = f"`sparkctl switch {res.name}` again resumes, or `sparkctl down`"
+    for g in roll:
+        mix, what = _mixed(res, prev, starting, gw_entry, roll[:g.index],
+                           [o for o in roll[g.index:] if o.old_heads], started_at)
+        note = (f"degraded: switch to {res.name} interrupted (Ctrl-C) after replica {g.index} "
+                f"({_words(g.nodes)}) was registered; {what}; {fix}")
+        branches[f"paused-{g.index}"] = (planner.record_step(
+            inv, f"ps{g.index}-record", "record", head, replace(mix, note=note), f"record degraded: {what}",
+            on_fail="abort", note_if_interrupted=note),)
+    marked, cur, registered = [], 0, False
     for s in steps:
-        cur = next((k for k in interrupt if s.id.startswith(f"r{k}-")), cur)
-        marked.append(replace(s, on_interrupt=interrupt[cur]) if interrupt.get(cur) else s)
+        at = next((k for k in interrupt if s.id.startswith(f"r{k}-")), None)
+        if at is not None and at != cur:
+            cur, registered = at, False
+        if cur and (registered or interrupt.get(cur)):
+            s = replace(s, on_interrupt=f"paused-{cur}" if registered else interrupt[cur])
+        registered = registered or s.id == f"r{cur}-gateway-register"
+        marked.append(s)
     steps = marked
     return Plan(base.op, res.name, tuple(steps), {**branches, "stop": base.branches["stop"]},
                 reads=(*base.reads, f"the gateway on {setup.node}"),
