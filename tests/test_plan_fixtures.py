@@ -115,13 +115,15 @@ def plan_case(name: str, **override: Any) -> dict[str, Any]:
     gateway = _gateway(res, inv, roots, case.get("gateway"))
     if case["op"] == "up":
         plan = planner.plan_up(res, inv, rendering, facts, started_at=STARTED, gateway=gateway)
-        return (_locked(plan, inv, planner.own_nodes(rendering, record)) if plan.steps else plan).to_dict()
+        return (_locked(plan, inv, [*planner.own_nodes(rendering, record), *lockplan.name_claim(res)]) if plan.steps
+                else plan).to_dict()
     # the way back: the serving stack's profile, or the other profile a degraded record's replicas serve
     other = resumeplan.other_profile(record, res.name) if record.state == "degraded" else \
         (record.profile, tuple(case["record"].get("sets", ())))
     prev_res = resolve(other[0], roots, other[1]) if other else None
     previous = (prev_res, render(prev_res, inv, roots, secrets={})) if prev_res else None
-    scope = planner.own_nodes(rendering, record)  # the stack's nodes, old and new (executor.lock_scope)
+    # the stack's nodes, old and new, and the served name it claims (executor.lock_scope)
+    scope = [*planner.own_nodes(rendering, record), *lockplan.name_claim(res)]
     if case["op"] == "switch":
         return _locked(resumeplan.plan_switch(res, inv, rendering, facts, started_at=STARTED, sets=case.get("sets", ()),
                                               previous=previous, gateway=gateway), inv, scope).to_dict()
@@ -267,11 +269,13 @@ def test_the_stack_fixtures_keep_to_their_own_nodes() -> None:
     recs = [s for s in up["steps"] if s["kind"] == "record"]
     assert {s["params"]["path"] for s in recs} == {"/var/lib/sparkctl/stacks/right.json"}
     assert all(s["params"]["record"]["stack"] == "right" for s in recs)
-    # the lock step takes exactly the stack's node locks, and the release lets go of exactly those
+    # the lock step takes exactly the stack's node locks and the claim of its served name, and the
+    # release lets go of exactly those
     lock = up["steps"][0]
-    assert lock["kind"] == "lock" and lock["params"]["nodes"] == ["spark-c", "spark-d"]
+    assert lock["kind"] == "lock" and lock["params"]["nodes"] == ["spark-c", "spark-d", "name:dsv41-flash-right"]
     unlock = up["branches"]["finally"][0]["commands"]["spark-a"]
     assert "locks/spark-c.d" in unlock and "locks/spark-d.d" in unlock and "spark-a.d" not in unlock
+    assert unlock.count("locks/name-") == 1
     down = plan_case("down-one-stack")
     assert {n for s in down["steps"] for n in s["nodes"] if not _on_state_node(s)} == {"spark-c", "spark-d"}
     assert down["steps"][0]["params"]["nodes"] == ["spark-c", "spark-d"]

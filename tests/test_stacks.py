@@ -188,6 +188,38 @@ def test_locks_on_disjoint_nodes_do_not_block_and_overlapping_ones_do(tmp_path: 
     assert list(locks.iterdir()) == []
 
 
+def test_two_stacks_on_disjoint_nodes_cannot_both_claim_one_served_name(tmp_path: Path) -> None:
+    """The race the records alone cannot see: both read no conflict, then lock disjoint nodes. The
+    served name's claim (locks/name-<sha>.d, in the same all-or-nothing script) lets one through."""
+    inv, t = _local(tmp_path)
+    left = _Lock(inv, t, "up left", ["spark-a", "spark-b", "name:x"], "alice pid 1")
+    right = _Lock(inv, t, "up right", ["spark-c", "spark-d", "name:x"], "bob pid 2")
+    other = _Lock(inv, t, "up other", ["spark-c", "spark-d", "name:y"], "carol pid 3")
+    left.acquire()
+    with pytest.raises(LockHeld) as e:
+        right.acquire()
+    assert e.value.message.startswith("the served name 'x' is being claimed by alice pid 1") and "(up left)" in \
+        e.value.message and "shared_name" in (e.value.hint or "")
+    locks = tmp_path / "a/var/lib/sparkctl/locks"
+    assert sorted(p.name for p in locks.iterdir() if not p.name.startswith("name-")) == ["spark-a.d", "spark-b.d"]
+    other.acquire()  # another name on the same free nodes: not blocked
+    other.release()
+    left.release()
+    assert list(locks.iterdir()) == []
+    right.acquire()
+    assert lock.break_lock(inv, t).count('"holder": "bob pid 2"') == 3  # `sparkctl unlock`: the name's claim too
+    assert list(locks.iterdir()) == []
+
+
+def test_the_served_name_claim_is_in_the_lock_steps_text() -> None:
+    inv = load_inventory(REPO / "inventory.yaml")
+    step = lockplan.lock_step(inv, {"run": "r"}, ["spark-c", "spark-d", "name:x y"])
+    assert "spark-c, spark-d and the served name 'x y'" in step.summary
+    dirs = lockplan.lock_dirs(inv, ["spark-c", "name:x y"])
+    assert list(dirs) == ["spark-c", "name:x y"] and dirs["name:x y"].rsplit("/", 1)[1].startswith("name-")
+    assert " " not in dirs["name:x y"]  # any served name: hashed into a safe file name
+
+
 def test_a_refused_lock_keeps_the_holders_dirs_it_made_none_of(tmp_path: Path) -> None:
     """Negative control for the undo: the dir made before the refusal is gone, the holder's stays."""
     inv, t = _local(tmp_path)
@@ -229,10 +261,13 @@ def test_lock_scope_refuses_before_locking_and_takes_the_stacks_old_nodes_too() 
     inv, roots = load_inventory(REPO / "inventory.yaml"), _roots()
     right = resolve("right", roots)
     assert stack_of(right) == "right"
-    assert lock_scope(right, inv, {"left": LEFT}) == ["spark-c", "spark-d"]
+    name = f"name:{right.profile.model.served_name}"  # the served name it claims for the run
+    assert lock_scope(right, inv, {"left": LEFT}) == ["spark-c", "spark-d", name]
     moved = _rec("right", ("spark-b",), served="z")  # right ran on b before (left not live here)
-    assert lock_scope(right, inv, {"right": moved}) == ["spark-b", "spark-c", "spark-d"]
-    assert lock_scope(right, inv, {"right": replace(moved, state="stopped")}) == ["spark-c", "spark-d"]
+    assert lock_scope(right, inv, {"right": moved}) == ["spark-b", "spark-c", "spark-d", name]
+    assert lock_scope(right, inv, {"right": replace(moved, state="stopped")}) == ["spark-c", "spark-d", name]
+    shared = resolve("right", roots, ("topology.shared_name=true",))  # several stacks serve it on purpose
+    assert lock_scope(shared, inv, {}) == ["spark-c", "spark-d"]
     wide = resolve("right", roots, ("topology.nodes=[spark-b, spark-c]",))
     with pytest.raises(StackConflict, match="spark-b is used by live stack 'left'"):
         lock_scope(wide, inv, {"left": LEFT})

@@ -8,6 +8,7 @@ cluster) is put in front by :func:`under`. Nothing else in the product spells
 
 from __future__ import annotations
 
+import hashlib
 import posixpath
 
 STATE_DIR = "/var/lib/sparkctl"  # systemd's StateDirectory=sparkctl
@@ -108,6 +109,16 @@ def gateway_record_path(stack: str) -> str:
 def node_lock_dir(node: str) -> str:
     """The lock of one node (a node name matches the schema's NAME_RE: a safe file name)."""
     return f"{LOCKS_DIR}/{node}.d"
+
+
+# A lock scope's key for a served name (beside node names): ``up``/``switch`` claim the name they
+# will serve, so two stacks on disjoint nodes cannot both start serving it (sparkctl.ops.executor.lock_scope).
+NAME_KEY = "name:"
+
+
+def name_lock_dir(served_name: str) -> str:
+    """The claim of one served name: ``locks/name-<sha256[:16]>.d`` (a served name is any string: hashed)."""
+    return f"{LOCKS_DIR}/name-{hashlib.sha256(served_name.encode()).hexdigest()[:16]}.d"
 
 
 def under(prefix: str, path: str) -> str:

@@ -226,7 +226,8 @@ def down_scope(inv: Inventory, records: Mapping[str, RunRecord], stack: str | No
 
 
 def lock_scope(res: Resolved, inv: Inventory, records: Mapping[str, RunRecord]) -> list[str]:
-    """The nodes ``up``/``switch`` of ``res`` locks: its layout's and its stack's previous ones.
+    """The nodes ``up``/``switch`` of ``res`` locks: its layout's and its stack's previous ones, then
+    the served name it claims (:func:`sparkctl.plan.lockplan.name_claim`).
 
     Refuses first (nothing locked, nothing changed) a profile whose nodes or served name
     another live stack holds; the planner judges the same again under the lock."""
@@ -241,7 +242,7 @@ def lock_scope(res: Resolved, inv: Inventory, records: Mapping[str, RunRecord]) 
     nodes = list(lay.nodes)
     if prev is not None and prev.live:
         nodes += [n for n in prev.nodes if n not in nodes]
-    return [n for n in inv.names if n in nodes]
+    return [n for n in inv.names if n in nodes] + lockplan.name_claim(res)
 
 
 def gather_gateway(res: Resolved, inv: Inventory, transport: Transport | None, roots: Roots,
@@ -338,7 +339,7 @@ def plan_for(op: str, res: Resolved | None, inv: Inventory, transport: Transport
                                    skip_check=skip_check, previous=previous, gateway=gateway,
                                    rollback_note=rollback_note, probes=probes)
         extra = (previous[1],) if previous else ()
-    scope = list(locked) if locked is not None else own
+    scope = list(locked) if locked is not None else [*own, *lockplan.name_claim(res)]  # as lock_scope
     return (lockplan.with_lock(plan, inv, holder, scope) if holder else plan), rendering, extra
 
 

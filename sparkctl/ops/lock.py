@@ -244,6 +244,7 @@ def take(inv: Inventory, transport: Transport, step: Mapping[str, Any]) -> str:
                 Ref(node=head), hint=f"check the disk and permissions of {parent} on {head}")
         d = lines[1] if len(lines) > 1 else ""
         node = next((n for n, path in dirs.items() if path == d), "?")
+        name = lockplan.claimed_name(node)
         raw = lines[2] if len(lines) > 2 else ""
         try:
             other = json.loads(raw)
@@ -252,7 +253,13 @@ def take(inv: Inventory, transport: Transport, step: Mapping[str, Any]) -> str:
         if raw and _holder_gone(transport, head, sudo, p, other, raw):
             transport.run(head, p["break_stale"][head], sudo=sudo, stdin=raw)
             continue
-        whole = set(dirs) == set(inv.names)
+        if name is not None:
+            raise LockHeld(f"the served name {name!r} is being claimed by {other.get('holder')} since "
+                           f"{other.get('since')} ({other.get('operation', '?')})", Ref(node=head),
+                           hint="another stack is starting to serve that name; when it is done, `sparkctl status` "
+                                "shows it (a second stack may serve the name only as a declared replica: "
+                                "topology.shared_name)")
+        whole = {k for k in dirs if lockplan.claimed_name(k) is None} == set(inv.names)
         what = "the cluster" if whole and len(dirs) > 1 else node
         raise LockHeld(
             f"{what} is locked by {other.get('holder')} since {other.get('since')} "
@@ -295,6 +302,8 @@ def break_lock(inv: Inventory, transport: Transport, nodes: Sequence[str] | None
     head = head_node(inv)
     dirs = list(lockplan.lock_dirs(inv, nodes).values()) + ([node_path(inv, head, LOCK_DIR)] if nodes is None else [])
     q = " ".join(shlex.quote(d) for d in dirs)
-    r = transport.run(head, f"for d in {q}; do cat \"$d/holder\" 2>/dev/null; rm -rf \"$d\"; done; true",
-                      sudo=node_sudo(inv, head))
+    # every node: the served names' claims too (locks/name-*.d: their names are hashed, so a glob)
+    names = f" {shlex.quote(node_path(inv, head, LOCKS_DIR))}/name-*.d" if nodes is None else ""
+    r = transport.run(head, f"for d in {q}{names}; do [ -d \"$d\" ] || continue; cat \"$d/holder\" 2>/dev/null; "
+                            "rm -rf \"$d\"; done; true", sudo=node_sudo(inv, head))
     return r.stdout.strip()

@@ -5,7 +5,11 @@ inventory's first node) with a holder file inside; an operation locks exactly
 the nodes it may change (its scope: ``up``/``switch`` of a stack its layout's
 nodes and its own live stack's; ``down --stack`` that stack's; ``fabric
 apply``, ``image sync``, a plain ``down`` every node), all of them in one
-script, all or nothing. Every command the lock runs is fixed at planning time
+script, all or nothing. ``up``/``switch`` also claim the served name they will
+serve (``locks/name-<sha>.d``, scope key ``name:NAME``): two stacks on disjoint
+nodes cannot both start serving one name: while the first runs, the second is
+refused (``LockHeld``, naming the holder); run again, its planner reads the
+first's record under the lock and refuses the name (``StackConflict``). Every command the lock runs is fixed at planning time
 and listed in its step (the scope's dirs are in the script); what varies from
 run to run (who holds it, since when) travels on the command's stdin and is
 printed beside it, the way a ``put`` step's bytes travel beside its path:
@@ -30,7 +34,8 @@ from dataclasses import replace
 from typing import Any
 
 from sparkctl.model.inventory import Inventory
-from sparkctl.model.paths import LOCKS_DIR, node_lock_dir, under
+from sparkctl.model.paths import LOCKS_DIR, NAME_KEY, name_lock_dir, node_lock_dir, under
+from sparkctl.model.profiles import Resolved
 from sparkctl.plan.steps import FINALLY, Plan, Step
 
 # One mkdir per node, in inventory order, then each holder file. A dir already there
@@ -73,10 +78,28 @@ RELEASE_SCRIPT = ("IFS= read -r run || true; for d in {dirs}; do grep -qF -- \"$
 
 
 def lock_dirs(inv: Inventory, nodes: Sequence[str] | None = None) -> dict[str, str]:
-    """node -> its lock dir on the state node, in inventory order (every node when ``nodes`` is None)."""
+    """key -> its lock dir on the state node: each node in inventory order (every node when ``nodes``
+    is None), then each served name the scope claims (its ``name:NAME`` keys, :data:`NAME_KEY`)."""
     head = inv.nodes[0].name
     want = set(inv.names if nodes is None else nodes)
-    return {n: under(inv.node(head).prefix, node_lock_dir(n)) for n in inv.names if n in want}
+    out = {n: under(inv.node(head).prefix, node_lock_dir(n)) for n in inv.names if n in want}
+    for k in nodes or ():
+        if k.startswith(NAME_KEY):
+            out[k] = under(inv.node(head).prefix, name_lock_dir(k[len(NAME_KEY):]))
+    return out
+
+
+def name_claim(res: Resolved) -> list[str]:
+    """The served name ``up``/``switch`` of ``res`` claims for the run (a scope key ``name:NAME``):
+    another stack's ``up`` on other nodes cannot start serving it meanwhile. None for a declared
+    shared name (topology.shared_name: several stacks serve it on purpose)."""
+    p = res.profile
+    return [] if p.topology.shared_name else [f"{NAME_KEY}{p.model.served_name}"]
+
+
+def claimed_name(key: str) -> str | None:
+    """The served name of a scope key ``name:NAME``; None for a node."""
+    return key[len(NAME_KEY):] if key.startswith(NAME_KEY) else None
 
 
 def _dirs(inv: Inventory, nodes: Sequence[str] | None) -> str:
@@ -89,8 +112,10 @@ def run_marker(token: str) -> str:
 
 
 def _what(inv: Inventory, nodes: Sequence[str] | None) -> str:
-    scope = list(lock_dirs(inv, nodes))
-    return "every node" if scope == list(inv.names) else ", ".join(scope)
+    scope = [k for k in lock_dirs(inv, nodes) if claimed_name(k) is None]
+    names = [repr(claimed_name(k)) for k in lock_dirs(inv, nodes) if claimed_name(k) is not None]
+    what = "every node" if scope == list(inv.names) else ", ".join(scope)
+    return what + (f" and the served name {', '.join(names)}" if names else "")
 
 
 def lock_step(inv: Inventory, holder: Mapping[str, Any], nodes: Sequence[str] | None = None) -> Step:
