@@ -111,7 +111,8 @@ def plan_case(name: str, **override: Any) -> dict[str, Any]:
     res = resolve(case["profile"], roots, case.get("sets", ()))
     rendering = render(res, inv, roots, secrets={})
     f = case.get("facts", {})
-    facts = planner.UpFacts(record, dict(f.get("alive", {})), bool(f.get("healthy", False)), others=others)
+    facts = planner.UpFacts(record, dict(f.get("alive", {})), bool(f.get("healthy", False)), others=others,
+                            serving=tuple(f["serving"]) if "serving" in f else None)
     gateway = _gateway(res, inv, roots, case.get("gateway"))
     if case["op"] == "up":
         plan = planner.plan_up(res, inv, rendering, facts, started_at=STARTED, gateway=gateway)

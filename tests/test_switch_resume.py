@@ -72,6 +72,18 @@ def test_a_replica_already_serving_the_new_profile_is_never_touched() -> None:
     assert "replicas" not in backend.records[-1]
 
 
+def test_a_replica_the_record_says_serves_but_does_not_answer_is_restarted_not_kept() -> None:
+    """The facts read before planning (executor.gather_up_facts probes the degraded record's replicas of
+    the profile): spark-a's engine died since the record was written."""
+    rec = {"from": {"case": "rolling-switch", "branch": "degraded-2-2"}}
+    assert "spark-a+spark-b: keep" in plan_case("resume-switch", record=rec, facts={"serving": ["spark-a"]})["note"]
+    plan = plan_case("resume-switch", record=rec, facts={"serving": []})
+    assert "spark-a+spark-b: roll" in plan["note"]
+    ids = [s["id"] for s in plan["steps"]]
+    assert ids.index("r1-gateway-register") < ids.index("r2-gateway-drain")  # spark-c+d (stopped) come up first
+    assert "resume-2-stopped" not in plan["branches"]  # nothing of another profile to give back there
+
+
 def test_resuming_from_the_first_replicas_failure_rolls_the_rest() -> None:
     plan = _from("degraded-1-1")  # spark-a+b stopped, spark-c+d still halves
     ids = [s["id"] for s in plan["steps"]]

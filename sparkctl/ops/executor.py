@@ -180,16 +180,22 @@ def gather_up_facts(res: Resolved, inv: Inventory, transport: Transport, renderi
     prev = records.get(stack)
     others = tuple(r for s, r in records.items() if s != stack)
     lay = rendering.layout
-    if not (prev and prev.profile == res.name and prev.state == "serving"):
+    if prev and prev.state == "degraded":  # which of its replicas of this profile still serve (the resume keeps those)
+        mine = {h: (int(r.get("port", prev.port)), list(r.get("nodes", ()))) for h, r in prev.replicas.items()
+                if r.get("profile") == res.name}
+    elif prev and prev.profile == res.name and prev.state == "serving":
+        mine = {h.node: (res.profile.serve.port, list(lay.nodes)) for h in lay.heads()}
+    else:
         return planner.UpFacts(prev, others=others)
-    cmds = {n: planner.ALIVE_COMMAND for n in lay.nodes}
-    alive = {n: (r.ok and "alive" in r.stdout) for n, r in transport.run_all(cmds).items()}
+    cmds = {n: planner.ALIVE_COMMAND for _, ns in mine.values() for n in ns}
+    alive = {n: (r.ok and "alive" in r.stdout) for n, r in transport.run_all(cmds).items()} if cmds else {}
     key = readiness.operator_key(res.profile.serve.api_key_env).key  # a served endpoint with a key answers 401 without
-    healthy = all(alive.values()) and all(
-        readiness.probe_route(transport, operator_route(h.node, inv.node(h.node).host, prev.listen.get(h.node),
-                                                        res.profile.serve.port),
-                              res.profile.model.served_name, None, smoke=False, api_key=key)[0] for h in lay.heads())
-    return planner.UpFacts(prev, alive, healthy, others=others)
+    serving = tuple(h for h, (port, ns) in mine.items() if all(alive.get(n) for n in ns) and readiness.probe_route(
+        transport, operator_route(h, inv.node(h).host, prev.listen.get(h), port), res.profile.model.served_name,
+        None, smoke=False, api_key=key)[0])
+    if prev.state == "degraded":
+        return planner.UpFacts(prev, alive, False, others=others, serving=serving)
+    return planner.UpFacts(prev, alive, all(alive.values()) and len(serving) == len(mine), others=others)
 
 
 def _previous(prev: RunRecord | None, res: Resolved, inv: Inventory, roots: Roots,

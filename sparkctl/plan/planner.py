@@ -81,6 +81,9 @@ class UpFacts:
     alive: Mapping[str, bool] = field(default_factory=dict)  # node -> an engine process runs
     healthy: bool = False  # every head's /v1/models lists the served name
     others: tuple[RunRecord, ...] = ()  # the records of every other stack (only live ones count)
+    # a degraded record: the heads of its replicas of this profile found serving it (alive, the name
+    # answered); None: not read (the record is trusted)
+    serving: tuple[str, ...] | None = None
 
 
 # --------------------------------------------------------------------------- commands

@@ -7,8 +7,9 @@ again". Planned as a plain ``up`` that would stop every replica at once, for min
 :func:`plan_switch` reads the record's ``replicas`` and sorts each replica of the profile
 being switched to into one of three:
 
-* **keep**: a head already serves this profile with the files rendered today. Not touched
-  (registered again at the gateway, idempotent).
+* **keep**: a head already serves this profile with the files rendered today (and answers its
+  served name when the facts are read: ``UpFacts.serving``). Not touched (registered again at
+  the gateway, idempotent).
 * **start**: none of its nodes serves anything (stopped on purpose). Started first: nothing
   serves there, so it adds capacity before anything else stops.
 * **roll**: its nodes serve the other profile. Replaced as a rolling switch replaces a replica
@@ -62,8 +63,12 @@ def other_profile(rec: RunRecord, name: str) -> tuple[str, tuple[str, ...]] | No
     return next(iter(others)) if len(others) == 1 else None
 
 
-def parts(res: Resolved, rendering: Rendering, rec: RunRecord, other: str | None) -> tuple[list[Part], str]:
-    """(each replica of ``res`` and what to do with it, "") or ([], why it cannot resume)."""
+def parts(res: Resolved, rendering: Rendering, rec: RunRecord, other: str | None,
+          serving: Sequence[str] | None = None) -> tuple[list[Part], str]:
+    """(each replica of ``res`` and what to do with it, "") or ([], why it cannot resume).
+
+    ``serving``: the heads found serving ``res`` when the facts were read (None: not read, the
+    record is trusted); a replica the record says serves it but that does not is restarted (roll)."""
     lay = rendering.layout
     if len(lay.replicas) < 2:
         return [], "the profile has one replica: no replica can stay up while it is replaced"
@@ -81,8 +86,10 @@ def parts(res: Resolved, rendering: Rendering, rec: RunRecord, other: str | None
             if not set(r.get("nodes", ())) <= set(nodes):
                 return [], f"the replica on {_words(r['nodes'])} spans two of {res.name}'s replicas"
         same = [h for h, r in there if r.get("profile") == res.name]
-        fresh = all(n in rec.nodes and rec.nodes[n].hash == rendering.node_hash(n) for n in nodes)
-        if same and len(there) == 1 and there[0][1].get("nodes") == list(nodes) and same[0] == nodes[0] and fresh:
+        fresh = all(n in rec.nodes and rec.nodes[n].hash == rendering.node_hash(n) for n in nodes) and (
+            serving is None or nodes[0] in serving)
+        if same and len(there) == 1 and set(there[0][1].get("nodes", ())) == set(nodes) and same[0] == nodes[0] \
+                and fresh:
             found.append((2, Group(0, nodes, (nodes[0],), (), ()), KEEP))
             continue
         old_nodes = tuple(n for _, r in there for n in r.get("nodes", ()))
@@ -266,7 +273,7 @@ def plan_switch(res: Resolved, inv: Inventory, rendering: Rendering, facts: plan
     if rec is None or rec.state != "degraded":
         return plain
     other = previous[0].name if previous else None
-    todo, why = parts(res, rendering, rec, other)
+    todo, why = parts(res, rendering, rec, other, facts.serving)
     if not why and gateway is None:
         why = "no gateway (serve.gateway) in front of the replicas"
     elif not why and rec.gateway.get("node") != gateway[0].node:  # type: ignore[index]
