@@ -211,3 +211,28 @@ def test_ctrl_c_just_after_a_replica_is_registered_stops_nothing() -> None:
     # the same switch again resumes from it: spark-a+b kept, spark-c+d rolled
     again = plan_case("resume-switch", record=rec)
     assert "spark-a+spark-b: keep" in again["note"] and "spark-c+spark-d: roll" in again["note"]
+
+
+class _CtrlCInRollback(FailsAt):
+    """Replica 2 never serves; the operator presses Ctrl-C while its way back waits for the old replica."""
+
+    def probe(self, url: str, served_name: str, metric: str | None, smoke: bool, api_key: Any = None,
+              via: str | None = None) -> tuple[bool, str]:
+        if self.phase == "rollback" and C in url:
+            raise KeyboardInterrupt
+        return super().probe(url, served_name, metric, smoke, api_key, via)
+
+
+def test_ctrl_c_inside_a_way_back_ends_it_there_and_says_so() -> None:
+    plan = plan_case("rolling-switch")
+    backend = _CtrlCInRollback({("ready", C)})
+    with pytest.raises(KeyboardInterrupt) as exc:
+        planrun.execute(plan, backend)
+    state = exc.value.args[0]
+    assert isinstance(state, planrun.RunState) and state.interrupted and state.result == "interrupted"
+    assert state.branches == ["rollback-2"] and state.completed == []  # cut short, nothing else run
+    assert state.interrupted_in == "rollback-2 at step rb2-ready"
+    assert [o["id"] for o in state.outcomes][-1] == "unlock"  # branch finally still runs
+    from sparkctl.ops.executor import interrupted_hint
+
+    assert interrupted_hint(state).startswith("interrupted inside branch rollback-2 at step rb2-ready")

@@ -200,11 +200,9 @@ def gather_up_facts(res: Resolved, inv: Inventory, transport: Transport, renderi
 
 def _previous(prev: RunRecord | None, res: Resolved, inv: Inventory, roots: Roots,
               secrets: Mapping[str, str]) -> tuple[Resolved, Rendering] | None:
-    """The profile a switch's way back gives back: the serving stack's, or in a degraded record the
-    other profile its replicas serve (:func:`sparkctl.plan.resumeplan.other_profile`)."""
+    """The way back's profile: the serving stack's, or a degraded record's other (``resumeplan.other_profile``)."""
     if prev is not None and prev.state == "degraded":
-        other = resumeplan.other_profile(prev, res.name)
-        if other is None:
+        if (other := resumeplan.other_profile(prev, res.name)) is None:
             return None
         name, sets = other
     elif not prev or prev.state != "serving" or prev.profile == res.name:
@@ -403,12 +401,15 @@ def run_plan(plan: Plan, backend: TransportBackend, done: Sequence[str] = ()) ->
 
 
 def interrupted_hint(state: planrun.RunState | None) -> str:
-    """What Ctrl-C left, from the last record the run wrote: the replica being replaced stopped and
-    the others serving (a rolling switch's ``degraded-K-K``), or what this run started stopped."""
-    if state is not None and (state.record or {}).get("state") == "degraded":
-        note = str((state.record or {}).get("note") or "").removeprefix("degraded: ")
-        return (f"the other replicas serve (record degraded: {note}); `sparkctl status` shows which head "
-                "serves which profile")
+    """What Ctrl-C left: a branch it cut short; from the last record the run wrote, the others
+    serving (a rolling switch's ``degraded-K-K``, ``paused-K``); or what this run started stopped."""
+    rec = (state.record or {}) if state is not None else {}
+    if state is not None and state.interrupted_in:
+        return (f"interrupted inside branch {state.interrupted_in}: it did not finish, the record may not say "
+                "what runs; `sparkctl status` shows what runs, `sparkctl down` stops it")
+    if rec.get("state") == "degraded":
+        return (f"the other replicas serve (record degraded: {str(rec.get('note') or '').removeprefix('degraded: ')});"
+                " `sparkctl status` shows which head serves which profile")
     return "what this run started was stopped; `sparkctl status` shows what runs"
 
 

@@ -98,6 +98,7 @@ class RunState:
     interrupted: bool = False
     record: dict[str, Any] | None = None  # the last record written
     current: dict[str, Any] | None = None  # the step running
+    interrupted_in: str = ""  # Ctrl-C inside a branch: "BRANCH at step ID" (it did not finish)
 
 
 def _last_line(r: Res) -> str:
@@ -332,18 +333,34 @@ def _main(plan: dict[str, Any], backend: Backend, state: RunState, done: Sequenc
         state.result = "done"
     except StepFailed as f:
         state.failure, state.failed = f.as_dict(), f
-        _branch(plan, f.step.get("on_fail", "abort"), backend, state)
+        try:
+            _branch(plan, f.step.get("on_fail", "abort"), backend, state)
+        except KeyboardInterrupt:
+            _again(state)
         state.result = "failed"
     except KeyboardInterrupt:
         cur = state.current or {"id": "?", "phase": "?"}
         state.interrupted = True
         state.failure = {"step": cur["id"], "phase": cur["phase"], "node": None, "detail": "interrupted"}
-        if cur.get("on_interrupt"):  # the plan names it (a rolling switch: what serves keeps serving)
-            _branch(plan, cur["on_interrupt"], backend, state)
-        elif cur.get("on_fail", "abort") != "abort":
-            _branch(plan, "stop", backend, state)  # Ctrl-C stops what was started; it never rolls back
+        try:
+            if cur.get("on_interrupt"):  # the plan names it (a rolling switch: what serves keeps serving)
+                _branch(plan, cur["on_interrupt"], backend, state)
+            elif cur.get("on_fail", "abort") != "abort":
+                _branch(plan, "stop", backend, state)  # Ctrl-C stops what was started; it never rolls back
+        except KeyboardInterrupt:
+            _again(state)
         state.result = "interrupted"
         raise KeyboardInterrupt(state) from None
+
+
+def _again(state: RunState) -> None:
+    """Ctrl-C inside a branch (a way back, a stop under way): the branch ends where it is, nothing
+    else runs but branch ``finally``; the state names the branch and the step it stopped in."""
+    cur = state.current or {"id": "?", "phase": "?"}
+    state.interrupted = True
+    state.interrupted_in = f"{state.branches[-1] if state.branches else '?'} at step {cur['id']}"
+    state.result = "interrupted"
+    raise KeyboardInterrupt(state) from None
 
 
 # --------------------------------------------------------------------------- on the head: a supervised switch
