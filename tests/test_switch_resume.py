@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from sparkctl.ops.supervise import FINAL_PHASES
+from sparkctl.plan.steps import Plan, describe
 from sparkctl.remote import planrun
 from tests.test_plan_fixtures import plan_case
 
@@ -59,6 +60,11 @@ def test_the_resumed_plan_starts_the_stopped_replica_first_then_replaces_the_old
     assert {"resume-1", "resume-2", "resume-2-stopped", "paused-1", "paused-2", "finally"} == set(plan["branches"])
     assert "stop" not in plan["branches"]  # no step of a resume stops every replica
     assert plan["outage"].startswith("none expected")
+    # `sparkctl plan switch` prints the note and each step's Ctrl-C branch
+    lines = describe(Plan.from_dict(plan))
+    assert "  note: resuming the switch to halves-next from a degraded record: replica 1 on spark-a+spark-b: " \
+        "start, replica 2 on spark-c+spark-d: roll" in lines
+    assert any("[on Ctrl-C: paused-1]" in ln for ln in lines) and any("[on Ctrl-C: resume-1]" in ln for ln in lines)
 
 
 def test_a_replica_already_serving_the_new_profile_is_never_touched() -> None:

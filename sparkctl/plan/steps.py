@@ -169,6 +169,8 @@ def describe(plan: Plan) -> list[str]:
         lines.append(f"  read (changed nothing): {'; '.join(plan.reads)}")
     if plan.noop:
         lines.append(f"  nothing to do: {plan.note}")
+    elif plan.note:  # e.g. which replicas restart, or how a switch from a degraded record resumes
+        lines.append(f"  note: {plan.note}")
     if plan.outage:
         lines.append(f"  outage: {plan.outage}")
 
