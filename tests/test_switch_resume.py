@@ -194,3 +194,29 @@ def test_the_supervisor_ends_left_degraded_when_a_resumed_replica_does_not_come_
     assert "degraded" not in FINAL_PHASES
     done = planrun.execute(plan, StubBackend("nowhere"))
     assert planrun.outcome(done, doc)[::2] == ("done", 0)
+
+
+@pytest.mark.parametrize("branch", ["degraded-1-1", "degraded-2-1", "degraded-2-2", "paused-1", "paused-2"])
+@pytest.mark.parametrize("fails", [None, (A, ()), (C, ()), (A, (A,)), (C, (C,))])
+def test_from_every_degraded_record_a_roll_writes_whose_backends_are_its_replicas(
+        branch: str, fails: tuple[str, tuple[str, ...]] | None) -> None:
+    """Every record the rolling switch can leave degraded, resumed, with each replica failing (and its way
+    back failing too): what the record said serves the profile is never stopped, and the run ends with a
+    record whose gateway backends are exactly its serving heads (degraded) or with the profile serving."""
+    plan = _from(branch)
+    before = plan_case("rolling-switch")["branches"][branch][-1]["params"]["record"]
+    kept = [h for h, r in before["replicas"].items() if r["profile"] == "halves-next"]
+    bad = set() if fails is None else {("ready", fails[0]), *(("rollback", ip) for ip in fails[1])}
+    backend = FailsAt(bad)
+    state = planrun.execute(plan, backend)
+    rec = backend.records[-1]
+    for h in kept:  # its nodes are never sent a stop
+        nodes = tuple(before["replicas"][h]["nodes"])
+        assert not _stops(backend, nodes), (h, _stops(backend, nodes))
+    if state.result == "done":
+        assert rec["state"] == "serving" and "replicas" not in rec
+        return
+    assert rec["state"] == "degraded" and state.completed, (state.branches, state.completed)
+    assert {b["head"] for b in rec["gateway"]["backends"]} == set(rec["replicas"]) == set(rec["heads"])
+    assert set(rec["replicas"]) >= set(kept)  # a resume never ends with less of the profile serving
+    assert "again resumes" in rec["note"]
