@@ -526,7 +526,7 @@ def logs_cmd(c: Ctx, node: str | None, lines: int, follow: bool, connect_timeout
 @click.option("--node", "nodes", multiple=True, metavar="NODE", help="only these nodes' locks (default: every node)")
 @pass_ctx
 def unlock_cmd(c: Ctx, nodes: tuple[str, ...]) -> None:
-    """Remove the locks left by a process that is gone (every node's, or --node NODE's)."""
+    """Remove the locks left by a process that is gone (every node's and served name's, or --node NODE's)."""
     from sparkctl.ops.lock import break_lock
 
     inv = c.inventory()

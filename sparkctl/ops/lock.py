@@ -258,7 +258,7 @@ def take(inv: Inventory, transport: Transport, step: Mapping[str, Any]) -> str:
                            f"{other.get('since')} ({other.get('operation', '?')})", Ref(node=head),
                            hint="another stack is starting to serve that name; when it is done, `sparkctl status` "
                                 "shows it (a second stack may serve the name only as a declared replica: "
-                                "topology.shared_name)")
+                                "topology.shared_name); if that process is gone, `sparkctl unlock` removes the claim")
         whole = {k for k in dirs if lockplan.claimed_name(k) is None} == set(inv.names)
         what = "the cluster" if whole and len(dirs) > 1 else node
         raise LockHeld(
