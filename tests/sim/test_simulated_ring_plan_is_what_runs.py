@@ -216,9 +216,9 @@ def test_simulated_stacks_and_the_gateway_run_only_their_printed_plans(ring: Any
         assert _shape(_main(plans)) == _shape(printed)
         lock = _main(plans)["steps"][0]
         # its own nodes, and the claim of the name it serves (tensorfold-tp2's, or the one it sets)
-        name = next((x.split("=", 1)[1] for x in sets if x.startswith("model.served_name=")), "dsv41-flash")
-        assert lock["kind"] == "lock" and lock["params"]["nodes"] == [*sets[0][16:-1].split(", "), f"name:{name}"], \
-            lock
+        served = next((x.split("=", 1)[1] for x in sets if x.startswith("model.served_name=")), "dsv41-flash")
+        assert lock["kind"] == "lock" and lock["params"]["nodes"] == [*sets[0][16:-1].split(", "),
+                                                                      f"name:{served}"], lock
         assert any(s["params"].get("path", "").endswith(f"stacks/{name}.json")
                    for s in _main(plans)["steps"] if s["kind"] == "record")
     printed = _printed(ring, "down", "--stack", "right")

@@ -24,7 +24,7 @@ PROFILE = "tensorfold-tp2"
 SETS = ("--set", "topology.layout=switch")  # the pair profile's engine and model, one TP2 replica behind a switch
 IMAGE = "ghcr.io/tensorfold/tensorfold-spark:zig-2026.10"  # profiles/tensorfold-tp2.yaml engine.image
 NODES = ("spark-a", "spark-b")
-TWINS = ("enp1s0f0np0", "enp1s0f1np1")  # the cage each node cables to the switch (sparkctl_sim.switch)
+TWINS = ("enp1s0f0np0", "enP2p1s0f0np0")  # the cage each node cables to the switch: its two twins
 FILES = "cd /etc/netplan 2>/dev/null && for f in *.yaml; do [ -e \"$f\" ] && sha256sum \"$f\"; done; true"
 
 
@@ -38,8 +38,13 @@ def fresh_switch(tmp_path_factory: pytest.TempPathFactory, host_lock: None) -> I
         yield sim
 
 
-def _addrs(sim: Sim, node: str) -> str:
-    return sim.ssh(node, "ip -4 -br addr show").stdout
+def _addrs(sim: Sim, node: str) -> dict[str, list[str]]:
+    """ifname -> its IPv4 addresses (``ip -br`` names a veth ``enp1s0f0np0@if4``)."""
+    out = {}
+    for ln in sim.ssh(node, "ip -4 -br addr show").stdout.splitlines():
+        f = ln.split()
+        out[f[0].split("@")[0]] = f[2:]
+    return out
 
 
 def test_simulated_fresh_switched_nodes_fabric_apply_check_up_restore(fresh_switch: Sim) -> None:
@@ -47,16 +52,17 @@ def test_simulated_fresh_switched_nodes_fabric_apply_check_up_restore(fresh_swit
     before = {n: sim.ssh(n, FILES).stdout for n in NODES}
     for n in NODES:  # as the box comes: the switch ports up, no address on them
         out = _addrs(sim, n)
-        assert not [ln for ln in out.splitlines() if ln.split()[0] in TWINS and len(ln.split()) > 2], out
+        assert not [t for t in TWINS if out.get(t)], out
     # before fabric apply the laws name what is missing, and nothing starts
     r = sim.sparkctl("-i", inv, "check", PROFILE, *SETS, "--json", "--bandwidth", "0", *WAIVE, timeout=300)
     assert r.returncode == 4, r.stdout[-2000:] + r.stderr[-2000:]
 
     r = sim.sparkctl("-i", inv, "fabric", "apply", PROFILE, *SETS, timeout=900)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    for n in NODES:
+    for n in NODES:  # one address per twin, each on its port group's subnet
         out = _addrs(sim, n)
-        assert all(any(ln.split()[0] == t and len(ln.split()) > 2 for ln in out.splitlines()) for t in TWINS), out
+        assert all(len(out.get(t, [])) == 1 for t in TWINS), out
+        assert out[TWINS[0]][0].startswith("10.40.0.") and out[TWINS[1]][0].startswith("10.40.1."), out
 
     # the clock cap is not locked on a fresh boot: --fix locks it (clock_cap's safe remedy)
     sim.sparkctl("-i", inv, "check", PROFILE, *SETS, "--fix", "--bandwidth", "0", *WAIVE, timeout=300)
