@@ -10,6 +10,8 @@ import pytest
 from sparkctl.ops.executor import TransportBackend
 from sparkctl.remote import planrun
 
+from helpers import StubBackend
+
 METHODS = sorted(n for n, v in vars(planrun.Backend).items() if callable(v) and not n.startswith("_"))
 
 
@@ -30,25 +32,15 @@ def test_each_backend_has_every_method_of_the_protocol_with_its_parameters(backe
         assert _params(got) == want, (backend.__name__, name)
 
 
-class _Fake:
-    """A backend that runs nothing: every command succeeds, every probe says serving."""
+class _Fake(StubBackend):
+    """A backend that runs nothing: every command succeeds (save ``false``), every probe says serving."""
 
     def __init__(self) -> None:
-        self.records: list[dict[str, Any]] = []
-        self.t = 0.0
-
-    def emit(self, node: str, phase: str, message: str) -> None:
-        pass
-
-    def now(self) -> str:
-        return "2026-01-01T00:00:00+00:00"
+        super().__init__("nowhere")
 
     def monotonic(self) -> float:
         self.t += 0.1
         return self.t
-
-    def sleep(self, seconds: float) -> None:
-        pass
 
     def probe(self, url: str, served_name: str, metric: str | None, smoke: bool,
               api_key: Any = None, via: str | None = None) -> tuple[bool, str]:
@@ -58,22 +50,6 @@ class _Fake:
         fail = {n for n, c in commands.items() if c == "false"}
         return {n: {"ok": n not in fail, "exit_code": 1 if n in fail else 0, "stdout": "", "stderr": "boom",
                     "error": ""} for n in commands}
-
-    def put_all(self, files: Any, sudo: Any) -> dict[str, Any]:
-        return {n: {"ok": True, "exit_code": 0, "stdout": "", "stderr": "", "error": ""} for n in files}
-
-    def write_record(self, node: str, path: str, data: Any, sudo: bool, remove_on_failure: Any) -> dict[str, Any]:
-        self.records.append(dict(data))
-        return {"ok": True, "exit_code": 0, "stdout": "", "stderr": "", "error": ""}
-
-    def leaks(self, results: Any) -> dict[str, float]:
-        return {}
-
-    def check(self, step: Any) -> str:
-        return "laws hold"
-
-    def lock(self, step: Any) -> str:
-        return "acquired"
 
 
 def _step(sid: str, command: str, on_fail: str = "stop") -> dict[str, Any]:

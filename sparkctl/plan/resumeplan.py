@@ -41,7 +41,7 @@ from sparkctl.model.record import RunRecord
 from sparkctl.plan import gatewayplan, planner, switchplan
 from sparkctl.plan.render import Rendering
 from sparkctl.plan.steps import Plan, Step
-from sparkctl.plan.switchplan import Group, _only, _prefixed, _restore, _words
+from sparkctl.plan.switchplan import Group, _mixed, _only, _prefixed, _restore, _words
 
 KEEP, START, ROLL = "keep", "start", "roll"
 
@@ -105,30 +105,13 @@ def parts(res: Resolved, rendering: Rendering, rec: RunRecord, other: str | None
 
 
 def _mix(res: Resolved, rec: RunRecord, starting: RunRecord, gw_entry: Mapping[str, Any], all_parts: Sequence[Part],
-         new: set[int], stopped: set[int], started_at: str, note: str) -> RunRecord:
+         new: set[int], stopped: set[int], started_at: str) -> RunRecord:
     """The degraded record when the parts in ``new`` serve ``res``, those in ``stopped`` nothing,
-    and the others what they served before (the keeps serve ``res``)."""
-    replicas: dict[str, dict[str, Any]] = {}
-    nodes = dict(rec.nodes)
-    backends: list[dict[str, Any]] = []
-    listen: dict[str, str] = {}
-    for part in all_parts:
-        g = part.group
-        if part.kind == KEEP or g.index in new:
-            h = g.new_heads[0]
-            replicas[h] = {"profile": res.name, "served_name": starting.served_name, "port": starting.port,
-                           "engine": starting.engine, "clock_cap_mhz": starting.clock_cap_mhz,
-                           "nodes": list(g.nodes), "sets": list(starting.sets)}
-            nodes.update({n: starting.nodes[n] for n in g.nodes if n in starting.nodes})
-            backends += _only(gw_entry, [h]).get("backends", [])
-            listen.update({h: starting.listen[h]} if h in starting.listen else {})
-        elif g.index not in stopped:
-            for h in g.old_heads:
-                replicas[h] = dict(rec.replicas[h])
-                backends += _only(rec.gateway, [h]).get("backends", [])
-                listen.update({h: rec.listen[h]} if h in rec.listen else {})
-    return replace(starting, state="degraded", updated_at=started_at, heads=tuple(replicas), nodes=nodes,
-                   listen=listen, gateway={**gw_entry, "backends": backends}, replicas=replicas, note=note)
+    and the others what they served before (the keeps serve ``res``): ``switchplan._mixed``."""
+    serve_new = [t.group for t in all_parts if t.kind == KEEP or t.group.index in new]
+    old = {h: rec.replicas[h] for t in all_parts if t.kind != KEEP and t.group.index not in new | stopped
+           for h in t.group.old_heads}
+    return _mixed(res, starting, gw_entry, serve_new, old, rec, started_at)[0]
 
 
 def _serving(rec: RunRecord) -> str:
@@ -153,7 +136,7 @@ def plan_resume(res: Resolved, inv: Inventory, rendering: Rendering, base: Plan,
     work = [t for t in todo if t.kind != KEEP]
 
     def mix(new: set[int], stopped: set[int], what: str) -> RunRecord:
-        r = _mix(res, rec, starting, gw_entry, todo, new, stopped, started_at, "")
+        r = _mix(res, rec, starting, gw_entry, todo, new, stopped, started_at)
         return replace(r, note=f"degraded: {what}; {_serving(r)}; {fix}")
 
     steps: list[Step] = [s for s in base.steps if s.phase in ("check", "clock")]

@@ -152,7 +152,7 @@ def _degraded(k: int, j: Group, roll: Sequence[Group], res: Resolved, prev: RunR
                                 f"stop what did not come back on {_words(j.nodes)} (replica {j.index}); the "
                                 "replicas that serve are left as they are", "continue")]
     fix = f"`sparkctl switch {res.name}` again resumes, or `sparkctl down`"
-    rec, serving = _mixed(res, prev, starting, gw_entry, new_groups, old_groups, started_at)
+    rec, serving = _mixed(res, starting, gw_entry, new_groups, _old_entries(prev, old_groups), prev, started_at)
     rec = replace(rec, note=(f"degraded: switch to {res.name} failed at replica {k} and its way back failed at "
                              f"replica {j.index} ({_words(j.nodes)}: stopped); {serving}; {fix}"))
     steps.append(planner.record_step(inv, f"{pfx}record", "degraded", inv.nodes[0].name, rec,
@@ -163,37 +163,41 @@ def _degraded(k: int, j: Group, roll: Sequence[Group], res: Resolved, prev: RunR
     return name, tuple(steps)
 
 
-def _mixed(res: Resolved, prev: RunRecord, starting: RunRecord, gw_entry: Mapping[str, Any],
-           new_groups: Sequence[Group], old_groups: Sequence[Group], started_at: str) -> tuple[RunRecord, str]:
+def _mixed(res: Resolved, starting: RunRecord, gw_entry: Mapping[str, Any], new_groups: Sequence[Group],
+           old: Mapping[str, Mapping[str, Any]], was: RunRecord, started_at: str) -> tuple[RunRecord, str]:
     """The degraded record (and "A+B serve P; ..." for its note) when the new replicas of
-    ``new_groups`` and the old ones of ``old_groups`` serve, and nothing else does."""
+    ``new_groups`` and the heads of ``old`` (head -> its replica entry, as ``was`` recorded it:
+    its gateway backend and bind) serve, and nothing else does."""
     new_heads = [h for g in new_groups for h in g.new_heads]
-    old_heads = [h for g in old_groups for h in g.old_heads]
     replicas: dict[str, dict[str, Any]] = {}
     for g in new_groups:
         for h in g.new_heads:
             replicas[h] = {"profile": res.name, "served_name": starting.served_name, "port": starting.port,
                            "engine": starting.engine, "clock_cap_mhz": starting.clock_cap_mhz,
                            "nodes": list(g.nodes), "sets": list(starting.sets)}
-    for g in old_groups:
-        for h in g.old_heads:
-            replicas[h] = {"profile": prev.profile, "served_name": prev.served_name, "port": prev.port,
-                           "engine": prev.engine, "clock_cap_mhz": prev.clock_cap_mhz,
-                           "sets": list(prev.sets), "nodes": [n for n in g.old_nodes if n in prev.nodes and h in prev.nodes
-                                     and prev.nodes[n].replica == prev.nodes[h].replica] or list(g.old_nodes)}
+    replicas.update({h: dict(e) for h, e in old.items()})
     # every node either stack may still run on stays in the record: down stops them, locks claim them
-    nodes = {**prev.nodes, **{n: starting.nodes[n] for g in new_groups for n in g.nodes if n in starting.nodes}}
+    nodes = {**was.nodes, **{n: starting.nodes[n] for g in new_groups for n in g.nodes if n in starting.nodes}}
     nodes.update({n: starting.nodes[n] for n in starting.nodes if n not in nodes})
     serving = "; ".join(f"{_words(r['nodes'])} serve {r['profile']}" for r in replicas.values())
     # each head listens where its own profile's serve.bind put it
-    binds = {h: starting.listen if h in new_heads else prev.listen for h in replicas}
+    binds = {h: starting.listen if h in new_heads else was.listen for h in replicas}
     listen = {h: binds[h][h] for h in replicas if h in binds[h]}
     rec = replace(starting, state="degraded", updated_at=started_at, heads=tuple(replicas), nodes=nodes,
                   listen=listen,
                   gateway={**gw_entry, "backends": [*_only(gw_entry, new_heads).get("backends", []),
-                                                    *_only(prev.gateway, old_heads).get("backends", [])]},
+                                                    *_only(was.gateway, list(old)).get("backends", [])]},
                   replicas=replicas)
     return rec, serving
+
+
+def _old_entries(prev: RunRecord, old_groups: Sequence[Group]) -> dict[str, dict[str, Any]]:
+    """Per old head of ``old_groups``: its replica entry, from the serving record ``prev``."""
+    return {h: {"profile": prev.profile, "served_name": prev.served_name, "port": prev.port, "engine": prev.engine,
+                "clock_cap_mhz": prev.clock_cap_mhz, "sets": list(prev.sets),
+                "nodes": [n for n in g.old_nodes if n in prev.nodes and h in prev.nodes
+                          and prev.nodes[n].replica == prev.nodes[h].replica] or list(g.old_nodes)}
+            for g in old_groups for h in g.old_heads}
 
 
 def _words(nodes: Sequence[str]) -> str:
@@ -290,8 +294,8 @@ def plan_rolling(res: Resolved, inv: Inventory, rendering: Rendering, base: Plan
     # after the last replica's until the end) it stops nothing: branch paused-K records what serves
     fix = f"`sparkctl switch {res.name}` again resumes, or `sparkctl down`"
     for g in roll:
-        mix, what = _mixed(res, prev, starting, gw_entry, roll[:g.index],
-                           [o for o in roll[g.index:] if o.old_heads], started_at)
+        mix, what = _mixed(res, starting, gw_entry, roll[:g.index],
+                           _old_entries(prev, [o for o in roll[g.index:] if o.old_heads]), prev, started_at)
         note = (f"degraded: switch to {res.name} interrupted (Ctrl-C) after replica {g.index} "
                 f"({_words(g.nodes)}) was registered; {what}; {fix}")
         branches[f"paused-{g.index}"] = (planner.record_step(

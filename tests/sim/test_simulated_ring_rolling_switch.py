@@ -23,6 +23,7 @@ Simulated: the GB10 tools, systemd. Real: smg, llama-cpp-python, OpenSSH, HTTP, 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
@@ -158,6 +159,33 @@ def _chats(sim: Sim, node: str, log: str) -> int:
     return int(out) if out.isdigit() else 0
 
 
+@contextlib.contextmanager
+def _killing_on_spark_b(ring: Sim, new: list[bool]) -> Iterator[list[str]]:
+    """Once roll-new's engine on spark-b is gone (its replica's stop), kill spark-b's engines as they load,
+    one per entry of ``new``: roll-new's (it has NEW_MARK) where True, roll-old's where False. Yields the
+    ``ps`` lines of the engines killed; the watching ends with the block."""
+    killed: list[str] = []
+    stop = threading.Event()
+
+    def watch() -> None:
+        seen_new_gone = False
+        while not stop.is_set() and len(killed) < len(new):
+            ps = ring.ssh("spark-b", "ps -eo args | grep -v grep | grep llama_cpp.server || true").stdout
+            seen_new_gone = seen_new_gone or NEW_MARK not in ps
+            if seen_new_gone and "llama_cpp.server" in ps and (NEW_MARK in ps) == new[len(killed)]:
+                ring.sparkctl("sim", "fault", "spark-b", "kill-engine", check=True)
+                killed.append(ps)
+            time.sleep(0.1)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        yield killed
+    finally:
+        stop.set()
+        watcher.join()
+
+
 def test_simulated_rolling_switch_fails_no_request(ring: Sim) -> None:
     inv = str(ring.inventory)
     gw = _gw(ring)
@@ -202,26 +230,9 @@ def test_simulated_rolling_switch_whose_new_replica_never_gets_ready_rolls_back_
     killed while it loads: both nodes get roll-new back, spark-b's first, while the other replica serves."""
     inv = str(ring.inventory)
     gw = _gw(ring)
-    killed: list[str] = []
-    stop = threading.Event()
-
-    def watch() -> None:  # the new replica on spark-b (no NEW_MARK: roll-old's args) is killed while it loads
-        seen_new_gone = False
-        while not stop.is_set() and not killed:
-            ps = ring.ssh("spark-b", "ps -eo args | grep -v grep | grep llama_cpp.server || true").stdout
-            if NEW_MARK not in ps:
-                seen_new_gone = True  # roll-new's engine on spark-b was stopped (r2-stop)
-            if seen_new_gone and "llama_cpp.server" in ps and NEW_MARK not in ps:
-                ring.sparkctl("sim", "fault", "spark-b", "kill-engine", check=True)
-                killed.append(ps)
-            time.sleep(0.1)
-
-    watcher = threading.Thread(target=watch, daemon=True)
     with Load(gw) as load:
-        watcher.start()
-        r = ring.sparkctl("-i", inv, "switch", "roll-old", "--json", timeout=500)
-        stop.set()
-        watcher.join()
+        with _killing_on_spark_b(ring, [False]) as killed:  # roll-old's replica, while it loads
+            r = ring.sparkctl("-i", inv, "switch", "roll-old", "--json", timeout=500)
         time.sleep(2)
     print(f"rolled back: {load.summary()}")
     assert killed, "the new replica was never seen loading"
@@ -243,26 +254,9 @@ def test_simulated_degraded_switch_then_the_same_switch_resumes_and_fails_no_req
     kept (never drained, never stopped), spark-b started. No request through the gateway fails."""
     inv = str(ring.inventory)
     gw = _gw(ring)
-    killed: list[str] = []
-    stop = threading.Event()
-
-    def watch() -> None:  # on spark-b: roll-new stopped (r2-stop), roll-old loading (killed), roll-new back (killed)
-        seen_new_gone = False
-        while not stop.is_set() and len(killed) < 2:
-            ps = ring.ssh("spark-b", "ps -eo args | grep -v grep | grep llama_cpp.server || true").stdout
-            seen_new_gone = seen_new_gone or NEW_MARK not in ps
-            want_new = bool(killed)  # the second kill: the way back's roll-new
-            if seen_new_gone and "llama_cpp.server" in ps and (NEW_MARK in ps) == want_new:
-                ring.sparkctl("sim", "fault", "spark-b", "kill-engine", check=True)
-                killed.append(ps)
-            time.sleep(0.1)
-
-    watcher = threading.Thread(target=watch, daemon=True)
     with Load(gw) as load:
-        watcher.start()
-        r = ring.sparkctl("-i", inv, "switch", "roll-old", timeout=500)
-        stop.set()
-        watcher.join()
+        with _killing_on_spark_b(ring, [False, True]) as killed:  # roll-old loading, then roll-new given back
+            r = ring.sparkctl("-i", inv, "switch", "roll-old", timeout=500)
         time.sleep(1)
         degraded = _record(ring)
         r2 = ring.sparkctl("-i", inv, "plan", "switch", "roll-old", "--json", timeout=120)
