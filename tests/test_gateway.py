@@ -8,7 +8,9 @@ engine's gauges, in-process on loopback; the real smg and the real engine are th
 from __future__ import annotations
 
 import json
+import socket
 import threading
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -226,6 +228,35 @@ def test_register_is_idempotent_and_refuses_a_backend_serving_another_name(stub:
     assert [w["url"] for w in s.workers.values()] == ["http://10.0.0.1:8000"]
 
 
+def test_register_waits_for_a_restarting_gateway_within_its_timeout() -> None:
+    """A gateway killed mid-switch is back within seconds (its unit's Restart=): the register step waits for
+    it rather than fail (which would roll the switch back); one that never comes back fails in time."""
+    s = _Stub()
+    with socket.socket() as sock:  # a port nothing listens on yet
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    srv = ThreadingHTTPServer(("127.0.0.1", port), s.handler(), bind_and_activate=False)
+    srv.allow_reuse_address = True
+    serving = threading.Event()
+
+    def restart() -> None:
+        time.sleep(1.0)
+        srv.server_bind()
+        srv.server_activate()
+        serving.set()
+        srv.serve_forever()
+
+    threading.Thread(target=restart, daemon=True).start()
+    try:
+        assert "registered" in gateway_ctl.register(f"http://127.0.0.1:{port}", None, "http://10.0.0.1:8000", "m", 10)
+    finally:
+        if serving.is_set():
+            srv.shutdown()
+        srv.server_close()
+    with pytest.raises(gateway_ctl.Failed, match="did not answer within 1 s"):
+        gateway_ctl.register(f"http://127.0.0.1:{port}", None, "http://10.0.0.1:8000", "m", 1)
+
+
 def test_drain_waits_for_two_idle_reads_of_the_engines_own_gauge(stub: tuple[_Stub, str], monkeypatch) -> None:
     s, url = stub
     monkeypatch.setattr(gateway_ctl, "POLL_S", 0.01)
@@ -258,6 +289,14 @@ def test_rebuild_registers_only_stacks_recorded_serving_or_degraded(stub: tuple[
     # a degraded record's backends are the replicas left serving: a restarted gateway routes to them
     assert gateway_ctl.rebuild(cfg, None, 5) == "rebuilt 2 backend(s) from the record"
     assert sorted(w["url"] for w in s.workers.values()) == ["http://10.0.0.1:8000", "http://10.0.0.4:8000"]
+    # a rolling switch under way: its record is "starting" and names what serves meanwhile
+    (tmp_path / "c.json").write_text(json.dumps({
+        "state": "starting", "served_name": "m", "gateway": {
+            "backends": [{"url": "http://10.0.0.3:8000", "model": "m"}, {"url": "http://10.0.0.5:8000", "model": "m"}],
+            "serving": [{"url": "http://10.0.0.5:8000", "model": "m"}]}}))
+    assert gateway_ctl.rebuild(cfg, None, 5) == "rebuilt 3 backend(s) from the record"
+    assert sorted(w["url"] for w in s.workers.values()) == ["http://10.0.0.1:8000", "http://10.0.0.4:8000",
+                                                           "http://10.0.0.5:8000"]
 
 
 def test_the_gateway_and_the_head_agree_on_which_records_serve() -> None:

@@ -132,6 +132,22 @@ def test_the_rolling_switch_when_every_replica_serves() -> None:
     assert notes[-1][:2] == ("halves-next", "serving")
 
 
+def test_each_record_of_the_roll_names_what_serves_for_a_gateway_rebuilt_meanwhile() -> None:
+    """A gateway restarted mid-roll rebuilds from the last record written (gateway_ctl.live_backends):
+    before the first drain the old replica 2 (replica 1 is drained next); once replica 1 is registered
+    the new replica 1 (replica 2 is drained next); the serving record, every new replica."""
+    from sparkctl.remote import gateway_ctl
+
+    backend = StubBackend("nowhere")
+    assert planrun.execute(plan_case("rolling-switch"), backend).result == "done"
+    live = [gateway_ctl.live_backends([r]) for r in backend.records]
+    assert live == [[("http://192.168.1.103:8000", "deepseek-v4-flash")],  # record-start: old spark-c
+                    [("http://127.0.0.1:8000", "deepseek-v4-flash")],  # r1-record: new spark-a
+                    [("http://127.0.0.1:8000", "deepseek-v4-flash"), ("http://192.168.1.103:8000",
+                                                                     "deepseek-v4-flash")]], live
+    assert "serving" not in backend.records[-1]["gateway"]  # the serving record's backends say it
+
+
 # --------------------------------------------------------------------------- the hold (gateway_ctl)
 
 

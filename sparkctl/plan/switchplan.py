@@ -100,6 +100,15 @@ def groups(new: Layout, old: Layout) -> tuple[list[Group], str]:
     return out, ""
 
 
+def _serving_after(k: int, roll: Sequence[Group], gw_entry: Mapping[str, Any], prev: RunRecord
+                   ) -> list[dict[str, Any]]:
+    """The backends that serve once replica ``k`` is registered (0: before the first drain), as the
+    roll goes on: the new replicas 1 .. k and the old ones of k+2 .. n. Replica k+1, drained next,
+    is left out: a gateway rebuilt meanwhile never sends it a request while it stops."""
+    return [*_only(gw_entry, [h for g in roll[:k] for h in g.new_heads]).get("backends", []),
+            *_only(prev.gateway, [h for g in roll[k + 1:] for h in g.old_heads]).get("backends", [])]
+
+
 def _only(gw: Mapping[str, Any], heads: Sequence[str]) -> dict[str, Any]:
     """The record's gateway entry with only these heads' backends."""
     return {**gw, "backends": [b for b in gw.get("backends", []) if b["head"] in heads]} if gw else {}
@@ -226,9 +235,12 @@ def plan_rolling(res: Resolved, inv: Inventory, rendering: Rendering, base: Plan
     steps += [replace(s, summary=s.summary.replace("(they are ready)", f"(still {prev.profile}'s, serving: "
                                                    "idempotent)"))
               for s in gatewayplan.register_step(prev.gateway, inv, "gateway-keep", "gateway", "abort")]
+    # gateway.serving: what serves while the roll is under way, the backends a restarted gateway's
+    # rebuild registers (gateway_ctl.live_backends); the final record drops it
     starting = planner.record_for(res, rendering, sets, "starting", waivers, started_at,
                                   f"rolling switch from {prev.profile}, one replica at a time",
-                                  listen=planner.head_listen(res, rendering, inv), gateway=gw_entry)
+                                  listen=planner.head_listen(res, rendering, inv),
+                                  gateway={**gw_entry, "serving": _serving_after(0, roll, gw_entry, prev)})
     steps.append(planner.record_step(inv, "record-start", "record-start", head, starting,
                                      "record that the rolling switch starts"))
     branches: dict[str, tuple[Step, ...]] = {}
@@ -249,7 +261,8 @@ def plan_rolling(res: Resolved, inv: Inventory, rendering: Rendering, base: Plan
             done = [x for h in roll[:k] for x in h.nodes]
             left = [x for h in roll[k:] for x in h.old_nodes]
             mid = replace(starting, note=f"rolling switch from {prev.profile}: {_words(done)} serve {res.name}"
-                          + (f", {_words(left)} still serve {prev.profile}" if left else ""))
+                          + (f", {_words(left)} still serve {prev.profile}" if left else ""),
+                          gateway={**gw_entry, "serving": _serving_after(k, roll, gw_entry, prev)})
             steps.append(planner.record_step(inv, f"{pfx}record", "record", head, mid,
                                              f"record replica {k} of {n} replaced", on_fail="continue"))
         # The way back from a failure of replica k: its nodes get the old replica(s) back, then
@@ -286,7 +299,7 @@ def plan_rolling(res: Resolved, inv: Inventory, rendering: Rendering, base: Plan
         branches[rb] = tuple(back)
     last = BRANCH.format(k=n)
     steps += planner._persist_step(res, inv, list(rendering.layout.nodes), "", last)
-    serving = replace(starting, state="serving", note="")
+    serving = replace(starting, state="serving", note="", gateway=gw_entry)
     steps.append(planner.record_step(inv, "record", "record", head, serving, f"record {res.name} serving",
                                      on_fail=last))
     # Ctrl-C from replica K's first step until it is registered stops replica K's nodes alone (branch

@@ -21,7 +21,8 @@ a settle time, 5 s by default, without waiting for streams in flight,
   (exit 3). An engine that does not answer at all has nothing in flight.
 * ``rebuild``: when the gateway (re)starts: wait for it to answer, read the
   run record(s) (:func:`read_records`, the one reader) and register the
-  backends of every stack recorded ``serving``.
+  backends of every stack recorded ``serving`` (or ``degraded``), and those a
+  rolling switch under way records as serving (:func:`live_backends`).
 * ``hold`` / ``release``: a switch where no replica can stay up keeps the served
   name(s) registered-but-draining at smg (a stand-in worker on loopback, removed
   with a long settle time) so clients get 503 + Retry-After, never 404, until
@@ -113,6 +114,9 @@ def _same(a: str, b: str) -> bool:
 def register(gw: str, key: str | None, backend: str, model: str, timeout_s: float,
              labels: dict[str, str] | None = None) -> str:
     deadline = time.monotonic() + timeout_s
+    # A gateway restarting (its unit's Restart=, a kill mid-switch) answers again within seconds:
+    # wait for it inside this timeout rather than fail the switch's step
+    wait_gateway(gw, key, timeout_s)
     # A worker still draining at this URL (removed moments ago) would refuse the URL with 409
     # until smg drops it after its settle time: wait for that first.
     while True:
@@ -357,13 +361,20 @@ SERVING_STATES = ("serving", "degraded")
 
 def live_backends(records: list[dict[str, Any]], node: str | None = None) -> list[tuple[str, str]]:
     """(url, served name) of every backend of every stack recorded serving or degraded (through the gateway
-    on ``node``)."""
+    on ``node``), and of a rolling switch under way its gateway entry's ``serving`` (the replicas that
+    serve between two of its steps: sparkctl.plan.switchplan._serving_after)."""
     out = []
     for rec in records:
         gw = rec.get("gateway") or {}
-        if rec.get("state") not in SERVING_STATES or (node and gw.get("node") and gw.get("node") != node):
+        if node and gw.get("node") and gw.get("node") != node:
             continue
-        for b in gw.get("backends", []):
+        if rec.get("state") in SERVING_STATES:
+            live = gw.get("backends", [])
+        elif rec.get("state") == "starting":
+            live = gw.get("serving", [])  # absent from any other starting record: nothing serves yet
+        else:
+            continue
+        for b in live:
             out.append((str(b["url"]), str(b.get("model") or rec.get("served_name"))))
     return out
 

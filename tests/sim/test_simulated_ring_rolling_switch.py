@@ -13,6 +13,10 @@ through the gateway while:
 * the same switch with its way back failing too (both engines killed while they load on spark-b): the
   record says "degraded", spark-a serves; the same switch again resumes (spark-a kept, spark-b started),
   no request fails;
+* the gateway killed once replica 1 is recorded replaced: the rebuild registers what that record says
+  serves (never the replica drained next), the switch goes on;
+* Ctrl-C while replica 2 stops: one stable "degraded" state that `status` describes, resumed by the same
+  switch again, no request failing;
 * the negative control: the engine of the replica serving the load killed with no drain makes the
   same load count failures, so the zeros above can fail;
 * a switch where no replica can stay up (two replicas to one): the gateway answers 503 with
@@ -25,6 +29,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -278,6 +285,100 @@ def test_simulated_degraded_switch_then_the_same_switch_resumes_and_fails_no_req
     assert load.failed() == [], load.failed()[:5]
     assert wait_until(lambda: sorted(w["status"] for w in httpx.get(f"{gw}/workers", timeout=5).json()["workers"])
                       == ["ready", "ready"], 30)
+
+
+def _ready_urls(gw: str) -> list[str] | None:
+    """The URLs of the workers smg lists ready; None while it does not answer."""
+    try:
+        return sorted(w["url"] for w in httpx.get(f"{gw}/workers", timeout=2).json()["workers"]
+                      if w.get("status") == "ready")
+    except (httpx.HTTPError, ValueError, KeyError):
+        return None
+
+
+def test_simulated_gateway_killed_mid_roll_rebuilds_what_serves(ring: Sim) -> None:
+    """roll-old serves; during the switch to roll-new the gateway is killed once replica 1 (spark-a) is recorded
+    replaced. Its unit restarts it and the rebuild registers what that record says serves: the new replica on
+    spark-a, never the old one on spark-b, drained next. The switch goes on (its register waits for the gateway)
+    and ends with both new replicas registered; every request sent once the gateway routes again succeeds."""
+    inv, gw = str(ring.inventory), _gw(ring)
+    urls = {b["head"]: b["url"] for b in _record(ring)["gateway"]["backends"]}
+    log_before = len(ring.ssh("spark-a", "cat /var/log/sparkctl/gateway.log").stdout)
+    seen: dict[str, Any] = {}
+    stop = threading.Event()
+
+    def kill_after_replica_1() -> None:
+        while not stop.is_set():
+            with contextlib.suppress(ValueError):
+                if "spark-a serve roll-new" in _record(ring).get("note", ""):
+                    break
+            time.sleep(0.1)
+        else:
+            return
+        pid = ring.ssh("spark-a", "systemctl show -p MainPID --value sparkctl-gateway").stdout.strip()
+        ring.ssh("spark-a", f"pkill -KILL -P {pid}; kill -KILL {pid}")
+        seen["killed"] = time.monotonic()
+        while not stop.is_set() and not _ready_urls(gw):  # smg back, and the rebuild registered something
+            time.sleep(0.05)
+        seen["routing"], seen["workers"] = time.monotonic(), _ready_urls(gw)
+
+    killer = threading.Thread(target=kill_after_replica_1, daemon=True)
+    with Load(gw) as load:
+        killer.start()
+        r = ring.sparkctl("-i", inv, "switch", "roll-new", "--json", timeout=500)
+        time.sleep(2)
+    stop.set()
+    killer.join(10)
+    print(f"gateway killed mid-roll: {load.summary()}; down for {seen.get('routing', 0) - seen.get('killed', 0):.1f} s")
+    assert "killed" in seen and "routing" in seen, seen
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    rec = _record(ring)
+    assert (rec["profile"], rec["state"]) == ("roll-new", "serving") and "serving" not in rec["gateway"], rec
+    log = ring.ssh("spark-a", "cat /var/log/sparkctl/gateway.log").stdout[log_before:]
+    rebuilt = [ln for ln in log.splitlines() if "backend(s) from the record" in ln]
+    assert rebuilt, log[-2000:]
+    # rebuilt from replica 1's record (1: spark-a's new replica) or from the serving one (2); before the
+    # records named what serves mid-roll, a starting record rebuilt nothing (0) and clients got 503s
+    assert rebuilt[0].split()[:2] in (["rebuilt", "1"], ["rebuilt", "2"]), rebuilt
+    assert urls["spark-a"] in (seen["workers"] or []), seen
+    after = [x for x in load.results if x["t"] > seen["routing"]]
+    assert after and [x for x in after if x["status"] != 200 or not x["done"]] == [], after[:5]
+    assert wait_until(lambda: _ready_urls(gw) == sorted(urls.values()), 30), _ready_urls(gw)
+
+
+def test_simulated_ctrl_c_mid_roll_leaves_one_stable_state_then_the_switch_resumes(ring: Sim) -> None:
+    """roll-new serves; the switch to roll-old is interrupted (SIGINT, as Ctrl-C) while replica 2 (spark-b)
+    stops, after replica 1 (spark-a) was registered: spark-b is stopped, spark-a serves roll-old, the record
+    says "degraded" and `status --json` describes it; the same switch again resumes. No request fails."""
+    inv, gw = str(ring.inventory), _gw(ring)
+    events = ring.inventory.parent / "ctrl-c-events.jsonl"
+    events.unlink(missing_ok=True)
+    env = {**ring.env, "SPARKCTL_PROGRESS_JSONL": str(events)}
+    with Load(gw) as load:
+        p = subprocess.Popen([sys.executable, "-m", "sparkctl.cli", "-i", inv, "switch", "roll-old"], env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+        def replica_2_stops() -> bool:
+            lines = events.read_text().splitlines() if events.exists() else []
+            return any((e := json.loads(ln))["phase"] == "stop" and e["node"] == "spark-b" for ln in lines)
+        assert wait_until(replica_2_stops, 300), events.read_text() if events.exists() else "no events"
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=300)
+        time.sleep(1)
+        st = json.loads(ring.sparkctl("-i", inv, "status", "--json", timeout=120).stdout)
+        again = ring.sparkctl("-i", inv, "switch", "roll-old", "--json", timeout=400)
+        time.sleep(2)
+    print(f"Ctrl-C mid-roll, then resumed: {load.summary()}")
+    assert p.returncode == 130, out[-2000:] + err[-2000:]
+    assert "interrupted" in err and "the other replicas serve" in err, err[-2000:]
+    rec = st["record"]
+    assert rec["state"] == "degraded" and set(rec["replicas"]) == {"spark-a"}, rec
+    assert rec["replicas"]["spark-a"]["profile"] == "roll-old" and "interrupted (Ctrl-C)" in rec["note"], rec
+    assert ring.ssh("spark-b", "ps -eo args | grep -v grep | grep -c llama_cpp.server").stdout.strip() == "0"
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert (_record(ring)["profile"], _record(ring)["state"]) == ("roll-old", "serving")
+    assert load.failed() == [], load.failed()[:5]
+    assert wait_until(lambda: len(_ready_urls(gw) or []) == 2, 30), _ready_urls(gw)
 
 
 def test_simulated_negative_control_a_replica_stopped_without_draining_fails_requests(ring: Sim) -> None:
