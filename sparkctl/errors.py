@@ -48,8 +48,8 @@ class Ref:
             parts.append(_printable(self.key))  # a key is user text: a newline must not forge a line
         if self.node:
             parts.append(f"node {_printable(self.node)}")
-        if self.command:
-            parts.append(f"command {self.command!r}")
+        if self.command:  # a command is a label here: a long script (a batched probe) is cut to one short line
+            parts.append(f"command {_printable(self.command, 100)!r}")
         return ": ".join(parts)
 
 

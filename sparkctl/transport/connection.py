@@ -398,7 +398,7 @@ class SSHTransport(BaseTransport):
             except ConnectFailed as exc:
                 return CommandResult(node, label, -1, "", "", time.monotonic() - start, str(exc))
             except HostKeyError as exc:
-                exc.ref = Ref(node=node, command=label)
+                exc.ref = Ref(node=node)  # the node's key, whatever the command
                 raise
             try:
                 chan = conn.open_session()
