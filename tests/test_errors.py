@@ -198,3 +198,11 @@ def test_an_unverified_weights_sync_exits_5(sparkctl, monkeypatch: pytest.Monkey
 def test_usage_errors_and_help_keep_clicks_codes(sparkctl) -> None:
     assert sparkctl("--help").code == ExitStatus.SUCCESS
     assert sparkctl("no-such-command").code == ExitStatus.CONFIG == 2
+
+
+def test_a_long_command_in_a_ref_is_cut_to_one_short_line() -> None:
+    """A batched probe script is the command of its step: an error naming it stays one readable line."""
+    from sparkctl.errors import Ref
+
+    text = str(Ref(node="spark-a", command="sh -c 'echo one\n" + "sec x; ( cat /sys/class/net/y ); end x $?\n" * 50))
+    assert text.startswith("node spark-a: command ") and "\n" not in text and len(text) < 160, text
