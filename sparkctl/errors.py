@@ -49,7 +49,7 @@ class Ref:
         if self.node:
             parts.append(f"node {_printable(self.node)}")
         if self.command:  # a command is a label here: a long script (a batched probe) is cut to one short line
-            parts.append(f"command {_printable(self.command, 100)!r}")
+            parts.append(f"command '{_printable(self.command, 100)}'")
         return ": ".join(parts)
 
 

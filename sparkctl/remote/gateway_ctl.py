@@ -116,16 +116,17 @@ def register(gw: str, key: str | None, backend: str, model: str, timeout_s: floa
     deadline = time.monotonic() + timeout_s
     # A gateway restarting (its unit's Restart=, a kill mid-switch) answers again within seconds:
     # wait for it inside this timeout rather than fail the switch's step
-    wait_gateway(gw, key, timeout_s)
+    listed = wait_gateway(gw, key, timeout_s)
     # A worker still draining at this URL (removed moments ago) would refuse the URL with 409
     # until smg drops it after its settle time: wait for that first.
     while True:
-        mine = [w for w in workers(gw, key) if _same(str(w.get("url", "")), backend)]
+        mine = [w for w in listed if _same(str(w.get("url", "")), backend)]
         if not mine or any(w.get("status") != "draining" for w in mine):
             break
         if time.monotonic() > deadline:
             raise Failed(f"{backend} still draining at the gateway after {timeout_s:.0f} s")
         time.sleep(0.2)
+        listed = workers(gw, key)
     if not mine:
         spec: dict[str, Any] = {"url": backend, **({"labels": labels} if labels else {})}
         if key:
@@ -379,12 +380,12 @@ def live_backends(records: list[dict[str, Any]], node: str | None = None) -> lis
     return out
 
 
-def wait_gateway(gw: str, key: str | None, timeout_s: float) -> None:
+def wait_gateway(gw: str, key: str | None, timeout_s: float) -> list[dict[str, Any]]:
+    """The gateway's workers, once it answers (within ``timeout_s``)."""
     deadline = time.monotonic() + timeout_s
     while True:
         try:
-            workers(gw, key)
-            return
+            return workers(gw, key)
         except (OSError, http.client.HTTPException, Failed):
             if time.monotonic() > deadline:
                 raise Failed(f"the gateway at {gw} did not answer within {timeout_s:.0f} s") from None
