@@ -6,6 +6,7 @@ import ast
 import os
 import re
 import shlex
+import signal
 import socket
 import stat
 import subprocess
@@ -13,6 +14,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import fabric
 import pytest
@@ -20,6 +22,7 @@ import pytest
 from sparkctl.errors import LifecycleError, TransportError
 from sparkctl.transport import (
     Call,
+    Cancel,
     CommandResult,
     FakeTransport,
     FanOut,
@@ -313,6 +316,57 @@ def test_local_run_all_deadline_reports_stragglers_and_cancels_them(tmp_path: Pa
     assert res["a"].ok and res["a"].stdout == "fast\n"
     assert res["b"].exit_code == -1 and res["b"].error and res["b"].error.startswith("deadline")
     assert _wait_dead(int(pidfile.read_text()), 2.0)
+
+
+def _ctrl_c_after(seconds: float) -> threading.Timer:
+    """SIGINT to the main thread (where Ctrl-C's KeyboardInterrupt is raised) after ``seconds``."""
+    main = threading.main_thread().ident
+    assert main is not None
+    timer = threading.Timer(seconds, signal.pthread_kill, (main, signal.SIGINT))
+    timer.start()
+    return timer
+
+
+def test_ctrl_c_in_a_fan_out_sends_nothing_more_and_lets_what_was_sent_end(tmp_path: Path) -> None:
+    """Ctrl-C while a fan-out waits: the command node a already runs goes on to its end before
+    KeyboardInterrupt leaves the fan-out, and node b, whose connection was still opening, never
+    sends its command. Before, the fan-out cut its commands at once and returned: a command on an
+    SSH host runs on when its channel closes, so the run's Ctrl-C branch (a stop on the same node)
+    ran beside a start that landed after it, and an engine was left running."""
+
+    class SlowToSend(LocalTransport):
+        def _run(self, node: str, cmd: str, *, cancel: Cancel | None, **kw: Any) -> CommandResult:
+            if node == "b":  # b's session opens only after the Ctrl-C
+                end = time.monotonic() + 10
+                while cancel is not None and not cancel.held() and time.monotonic() < end:
+                    time.sleep(0.01)
+            return super()._run(node, cmd, cancel=cancel, **kw)
+
+    t = SlowToSend(nodes=("a", "b"), settings=TransportSettings(command_timeout_s=30, deadline_s=30))
+    a, b = tmp_path / "a-ended", tmp_path / "b-ran"
+    timer = _ctrl_c_after(0.3)
+    t0 = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        t.run_all({"a": f"sleep 1.5; touch {a}", "b": f"touch {b}"})
+    took = time.monotonic() - t0
+    timer.join()
+    assert a.exists(), "the command already sent was cut, not waited for"
+    assert took >= 1.4, took
+    assert not b.exists(), "a command not yet sent was sent after Ctrl-C"
+
+
+def test_a_second_ctrl_c_cuts_the_commands_a_fan_out_waits_for(tmp_path: Path) -> None:
+    t = LocalTransport(nodes=("a",), settings=TransportSettings(command_timeout_s=60, deadline_s=60))
+    pidfile = tmp_path / "pid"
+    timers = [_ctrl_c_after(0.5), _ctrl_c_after(1.0)]
+    t0 = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        t.run_all({"a": f"echo $$ > {pidfile}; exec sleep 30"})
+    assert time.monotonic() - t0 < 15
+    for timer in timers:
+        timer.cancel()  # a fan-out that gave up at the first Ctrl-C must not leave a SIGINT for pytest
+        timer.join()
+    assert _wait_dead(int(pidfile.read_text()), 3.0), "the second Ctrl-C did not cut the command"
 
 
 def test_local_unknown_node_is_an_error() -> None:

@@ -15,6 +15,7 @@ every other module's imports). Its modules:
 """
 
 from sparkctl.transport.base import (
+    Cancel,
     Transport,
     TransportSettings,
     put_command,
@@ -38,7 +39,7 @@ from sparkctl.transport.results import (
 )
 
 __all__ = [
-    "Call", "Command", "CommandResult", "FakeTransport", "FanOut", "HostKeyError", "LocalTransport", "SSHTransport",
+    "Call", "Cancel", "Command", "CommandResult", "FakeTransport", "FanOut", "HostKeyError", "LocalTransport", "SSHTransport",
     "Transport", "TransportSettings", "command_line", "default_known_hosts", "fetch_host_key", "fingerprint_sha256",
     "known_hosts_name", "put_command", "put_label", "reply", "trust", "wire_command",
 ]

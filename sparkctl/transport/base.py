@@ -13,7 +13,8 @@ This module owns:
 * :class:`BaseTransport.run_all`, the fan-out: every node at once, wait for
   all, each node's outcome kept (a :class:`~sparkctl.transport.results.FanOut`),
   stragglers cut at the deadline and cancelled; :meth:`BaseTransport.put_all`,
-  the same fan-out for files (each node's puts in order).
+  the same fan-out for files (each node's puts in order); Ctrl-C during a
+  fan-out sends nothing more and lets what was sent end (:class:`Cancel`).
 
 What it must not do: decide what to run, parse output, print, or exit. The
 stdin of :meth:`Transport.put` (file contents, possibly secrets) is never logged.
@@ -21,6 +22,7 @@ stdin of :meth:`Transport.put` (file contents, possibly secrets) is never logged
 
 from __future__ import annotations
 
+import logging
 import re
 import shlex
 import threading
@@ -34,6 +36,32 @@ from typing import Protocol, Self, runtime_checkable
 from sparkctl.errors import Ref, SparkctlError, TransportError
 from sparkctl.transport.hostkeys import HostKeyError
 from sparkctl.transport.results import Command, CommandResult, FanOut, command_line
+
+log = logging.getLogger("sparkctl.transport")
+
+NOT_SENT = "interrupted: not sent (Ctrl-C came before this node's command was sent)"
+
+
+class Cancel(threading.Event):
+    """One fan-out's stop, as its calls see it.
+
+    ``set()`` (the deadline passed, or a second Ctrl-C): each call cuts its command (closes its
+    channel, kills its process group). ``hold()`` (Ctrl-C): a call that has not sent its command
+    yet never sends it (:data:`NOT_SENT`), and a command already sent runs to its end: a command
+    on a host does not stop because the operator's client stopped waiting (an SSH channel closed
+    without a pty leaves it running), so what the run does next (its Ctrl-C branch: a stop on the
+    same node) must start after it, never beside it.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._held = threading.Event()
+
+    def hold(self) -> None:
+        self._held.set()
+
+    def held(self) -> bool:
+        return self._held.is_set() or self.is_set()
 
 # Extra time the remote `timeout` wrapper allows beyond our own command
 # timeout: we close the channel first; the wrapper makes sure the remote
@@ -164,10 +192,11 @@ class BaseTransport:
     def nodes(self) -> tuple[str, ...]:
         raise NotImplementedError
 
-    # Subclasses implement this; `cancel` is set when a fan-out's deadline passed.
+    # Subclasses implement this; `cancel` is the fan-out's (None for one command): a call checks
+    # `cancel.held()` just before it sends its command, and `cancel.is_set()` while it waits.
     def _run(
         self, node: str, cmd: str, *, label: str, sudo: bool, timeout_s: float, stdin: bytes | None,
-        cancel: threading.Event | None,
+        cancel: Cancel | None,
     ) -> CommandResult:
         raise NotImplementedError
 
@@ -218,7 +247,7 @@ class BaseTransport:
         timeout = self._timeout(timeout_s)
         cmds = {node: command_line(c) for node, c in commands.items()}
 
-        def one(node: str, cancel: threading.Event) -> CommandResult:
+        def one(node: str, cancel: Cancel) -> CommandResult:
             use_sudo = bool(sudo.get(node, False)) if isinstance(sudo, Mapping) else sudo
             return self._run(node, cmds[node], label=cmds[node], sudo=use_sudo, timeout_s=timeout, stdin=None,
                              cancel=cancel)
@@ -243,29 +272,43 @@ class BaseTransport:
             self._check_node(node)
         labels = {n: put_label(fs[0][0]) if len(fs) == 1 else f"put {len(fs)} files" for n, fs in files.items()}
 
-        def one(node: str, cancel: threading.Event) -> CommandResult:
+        def one(node: str, cancel: Cancel) -> CommandResult:
             use_sudo = bool(sudo.get(node, False)) if isinstance(sudo, Mapping) else sudo
             start = time.monotonic()
             for path, data, mode in files[node]:
+                if cancel.held():  # Ctrl-C or the deadline: no further file is sent
+                    return CommandResult(node, labels[node], -1, "", "", time.monotonic() - start, NOT_SENT)
                 res = self.put(node, path, data, mode, sudo=use_sudo)
-                if not res.ok or cancel.is_set():
+                if not res.ok:
                     return res
             return CommandResult(node, labels[node], 0, "", "", time.monotonic() - start, None)
 
         return self._fan_out({n: one for n in files}, labels, deadline_s)
 
     def _fan_out(
-        self, calls: Mapping[str, Callable[[str, threading.Event], CommandResult]], labels: Mapping[str, str],
+        self, calls: Mapping[str, Callable[[str, Cancel], CommandResult]], labels: Mapping[str, str],
         deadline_s: float | None,
     ) -> FanOut:
-        """Every node's call at once, each on its own thread; wait for all, up to the deadline."""
+        """Every node's call at once, each on its own thread; wait for all, up to the deadline.
+
+        Ctrl-C while waiting: nothing more is sent, the commands already sent are waited for (up to
+        the deadline), then KeyboardInterrupt goes on; a second Ctrl-C cuts them (:class:`Cancel`)."""
         deadline = self.settings.deadline_s if deadline_s is None else deadline_s
-        cancel = threading.Event()
+        cancel = Cancel()
         start = time.monotonic()
         pool = ThreadPoolExecutor(max_workers=len(calls), thread_name_prefix="sparkctl-run")
         try:
             futures = {node: pool.submit(call, node, cancel) for node, call in calls.items()}
-            done, _ = wait_futures(futures.values(), timeout=deadline)
+            try:
+                done, _ = wait_futures(futures.values(), timeout=deadline)
+            except KeyboardInterrupt:
+                cancel.hold()
+                running = sorted(n for n, f in futures.items() if not f.done())
+                if running:
+                    log.warning("Ctrl-C: waiting for the command already sent to %s to end (Ctrl-C again cuts it)",
+                                ", ".join(running))
+                wait_futures(futures.values(), timeout=max(0.0, deadline - (time.monotonic() - start)))
+                raise
         finally:
             cancel.set()  # stragglers close their channels / kill their processes
             pool.shutdown(wait=False, cancel_futures=True)
@@ -302,8 +345,10 @@ class BaseTransport:
 
 
 __all__ = [
+    "NOT_SENT",
     "PUT_SCRIPT",
     "BaseTransport",
+    "Cancel",
     "Transport",
     "TransportSettings",
     "put_command",

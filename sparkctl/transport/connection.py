@@ -47,6 +47,7 @@ from sparkctl.errors import Ref, TransportError
 from sparkctl.model.inventory import Node
 from sparkctl.transport.base import (
     BaseTransport,
+    Cancel,
     TransportSettings,
     sudo_error,
     sudo_needs_password,
@@ -380,7 +381,7 @@ class SSHTransport(BaseTransport):
 
     def _run(
         self, node: str, cmd: str, *, label: str, sudo: bool, timeout_s: float, stdin: bytes | None,
-        cancel: threading.Event | None,
+        cancel: Cancel | None,
     ) -> CommandResult:
         n = self.node(node)
         start = time.monotonic()

@@ -27,7 +27,9 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 
 from sparkctl.transport.base import (
+    NOT_SENT,
     BaseTransport,
+    Cancel,
     TransportSettings,
     put_command,
     put_label,
@@ -64,9 +66,11 @@ class LocalTransport(BaseTransport):
 
     def _run(
         self, node: str, cmd: str, *, label: str, sudo: bool, timeout_s: float, stdin: bytes | None,
-        cancel: threading.Event | None,
+        cancel: Cancel | None,
     ) -> CommandResult:
         self._check_node(node)
+        if cancel is not None and cancel.held():
+            return CommandResult(node, label, -1, "", "", 0.0, NOT_SENT)
         argv = ["sh", "-c", cmd]
         use_sudo = sudo and self._sudo and os.geteuid() != 0
         if use_sudo:
@@ -217,8 +221,10 @@ class FakeTransport(BaseTransport):
 
     def _run(
         self, node: str, cmd: str, *, label: str, sudo: bool, timeout_s: float, stdin: bytes | None,
-        cancel: threading.Event | None,
+        cancel: Cancel | None,
     ) -> CommandResult:
+        if cancel is not None and cancel.held():
+            return CommandResult(node, label, -1, "", "", 0.0, NOT_SENT)
         call = self._record(node, cmd, sudo, timeout_s, stdin)
         answer = self._match(node, cmd)
         result = self._answer(call, answer) if answer is not None else None

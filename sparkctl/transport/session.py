@@ -28,11 +28,12 @@ The stdin (file contents, possibly secrets) is never logged.
 
 from __future__ import annotations
 
-import threading
 import time
 
 from paramiko.channel import Channel
 from paramiko.ssh_exception import SSHException
+
+from sparkctl.transport.base import NOT_SENT, Cancel
 
 # How long we keep reading output after the exit status arrived, for when a
 # background child keeps the remote stdout open.
@@ -44,7 +45,7 @@ def _text(chunks: list[bytes]) -> str:
 
 
 def run_on_channel(
-    chan: Channel, wire: str, stdin: bytes | None, timeout_s: float, cancel: threading.Event | None
+    chan: Channel, wire: str, stdin: bytes | None, timeout_s: float, cancel: Cancel | None
 ) -> tuple[int, str, str, str | None]:
     """Run ``wire`` on an open session channel: (exit code, stdout, stderr, error)."""
     start = time.monotonic()
@@ -58,6 +59,9 @@ def run_on_channel(
         while chan.recv_stderr_ready():
             err.append(chan.recv_stderr(65536))
 
+    if cancel is not None and cancel.held():  # Ctrl-C while this channel opened: never sent
+        chan.close()
+        return -1, "", "", NOT_SENT
     try:
         chan.exec_command(wire)
         if stdin:
