@@ -104,6 +104,40 @@ def test_ps_keeps_the_rows_of_its_own_network_namespace_without_python(node: tup
     assert os.getpid() not in _ps_pids(fast)  # the test's own process is in another namespace
 
 
+@pytest.mark.needs_root
+def test_ps_in_a_format_without_a_pid_column_still_lists_only_its_own_nodes_processes(
+    node: tuple[Path, dict[str, str]],
+) -> None:
+    """``ps -eo args`` (no PID column to filter by) listed every simulated node's processes: on
+    spark-b it showed spark-a's engine, and a test took it for an engine left on spark-b. The
+    wrapper puts a pid column first and cuts it off again: the caller's columns, its header only
+    if it asked for one, this namespace's rows only; a default format with no PID column is an error."""
+    bin_dir, env = node
+    if os.geteuid() != 0:
+        pytest.skip("unshare -n needs root")
+    inside, outside_args = "sleep 3071", "sleep 3072"  # told apart by their arguments
+    outside = subprocess.Popen(outside_args.split())
+    try:
+        (bin_dir.parent / "probe.sh").write_text(
+            f"{inside} & s=$!\n"
+            f"{bin_dir}/ps -eo args; echo \"rc=$?\"\n"
+            f"echo @; {bin_dir}/ps -eo args=; echo @; {bin_dir}/ps axo comm,args\n"
+            f"echo @; {bin_dir}/ps -e --no-headers; echo \"rc=$?\"; kill $s\n")
+        state = bin_dir.parent / "node" / "state.json"
+        r = subprocess.run(["unshare", "-n", "sh", str(bin_dir.parent / "probe.sh")], capture_output=True, text=True,
+                           env={**env, shims.STATE_ENV: str(state)}, timeout=60)
+    finally:
+        outside.kill()
+        outside.wait()
+    args, bare, bsd, none = r.stdout.split("@\n")
+    assert args.splitlines()[0] == "COMMAND" and "rc=0" in args, args
+    assert inside in args and outside_args not in args, args
+    assert not any(line.lstrip()[:1].isdigit() for line in args.splitlines()[1:]), args  # no pid column left
+    assert "COMMAND" not in bare and inside in bare and outside_args not in bare, bare
+    assert bsd.split()[:2] == ["COMMAND", "COMMAND"] and inside in bsd and outside_args not in bsd, bsd
+    assert "rc=1" in none and "sleep" not in none and "no PID column" in r.stderr, (none, r.stderr)
+
+
 def test_ps_settles_a_dead_engines_memory(node: tuple[Path, dict[str, str]]) -> None:
     """An engine gone without giving its memory back: the wrapper has Python settle the node's
     memory (nodestate.settle) before it lists; with every engine alive, nothing is settled."""
