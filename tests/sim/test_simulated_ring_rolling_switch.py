@@ -5,9 +5,10 @@ An open-loop load (a new streaming request every LOAD_PERIOD_S, whatever the ear
 through the gateway while:
 
 * `switch` replaces the two replicas one at a time (drain, idle twice, stop, start, ready, register):
-  no request fails, every stream ends with [DONE], each answered by the served name, and both the old
+  no request fails, every stream ends whole (a finish_reason, [DONE], no error frame: smg ends a stream
+  its backend cut with an error frame and [DONE]), each answered by the served name, and both the old
   and the new engines answered some of them;
-* the new replica 2 is killed while it loads (`sparkctl sim fault spark-b kill-engine`): the switch
+* the new replica 2 is killed while it loads (SIGKILL, by a watch loop on spark-b): the switch
   rolls back replica by replica while the untouched old replica serves; no request fails and the
   record says the old profile serves, with a note;
 * the same switch with its way back failing too (both engines killed while they load on spark-b): the
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import shlex
 import signal
 import subprocess
 import sys
@@ -66,6 +68,7 @@ PROFILES = {
     "roll-one": BASE.replace("nodes: [spark-a, spark-b]\n  replicas: 2", "nodes: [spark-a]\n  replicas: 1"),
 }
 NEW_MARK = "--n_threads 1"
+WATCHER = "sparkctl-test-load-watcher"  # the name ($0) of the watch loop on spark-b
 GW_PORT = 30000
 LOAD_PERIOD_S = 0.25
 BODY = {"model": "tiny-llama", "messages": [{"role": "user", "content": "count to ten"}], "max_tokens": 24,
@@ -98,8 +101,8 @@ class Load:
         self._lock = threading.Lock()
 
     def _one(self) -> None:
-        r: dict[str, Any] = {"t": time.monotonic(), "status": None, "done": False, "model": None, "error": "",
-                             "retry_after": None, "ttft": None}
+        r: dict[str, Any] = {"t": time.monotonic(), "status": None, "done": False, "finished": False, "model": None,
+                             "error": "", "retry_after": None, "ttft": None}
         try:
             with httpx.stream("POST", f"{self.url}/v1/chat/completions", json=self.body, timeout=60) as s:
                 r["status"] = s.status_code
@@ -108,9 +111,15 @@ class Load:
                     for line in s.iter_lines():
                         if line == "data: [DONE]":
                             r["done"] = True
-                        elif line.startswith("data:") and r["model"] is None:
-                            r["ttft"] = time.monotonic() - r["t"]
-                            r["model"] = json.loads(line[5:]).get("model")
+                        elif line.startswith("data:"):
+                            frame = json.loads(line[5:])
+                            if "error" in frame:  # smg ends a stream its backend cut with an error frame, then [DONE]
+                                r["error"] = f"error frame: {json.dumps(frame['error'])}"[:200]
+                            if (frame.get("choices") or [{}])[0].get("finish_reason"):
+                                r["finished"] = True
+                            if r["model"] is None:
+                                r["ttft"] = time.monotonic() - r["t"]
+                                r["model"] = frame.get("model")
                 else:
                     s.read()
                     r["error"] = s.text[:200]
@@ -154,7 +163,11 @@ class Load:
                 f"p50 {q(0.5):.0f} ms p99 {q(0.99):.0f} ms; longest gap between first tokens {gap:.2f} s")
 
     def failed(self) -> list[dict[str, Any]]:
-        return [r for r in self.results if r["status"] != 200 or not r["done"]]
+        """Every request that did not end whole: not 200, or a stream without a finish_reason and [DONE], or
+        one with an error frame. A backend cut mid-stream reaches the client through smg as 200, the frames
+        sent so far, an error frame ("Stream error: ... unexpected EOF") and [DONE]: [DONE] alone says
+        nothing of truncation."""
+        return [r for r in self.results if r["status"] != 200 or not (r["done"] and r["finished"]) or r["error"]]
 
 
 def _record(sim: Sim) -> dict[str, Any]:
@@ -168,29 +181,33 @@ def _chats(sim: Sim, node: str, log: str) -> int:
 
 @contextlib.contextmanager
 def _killing_on_spark_b(ring: Sim, new: list[bool]) -> Iterator[list[str]]:
-    """Once roll-new's engine on spark-b is gone (its replica's stop), kill spark-b's engines as they load,
-    one per entry of ``new``: roll-new's (it has NEW_MARK) where True, roll-old's where False. Yields the
-    ``ps`` lines of the engines killed; the watching ends with the block."""
+    """Once roll-new's engine on spark-b is gone (its replica's stop), SIGKILL spark-b's engines as they load
+    (a crash while loading), one per entry of ``new``: roll-new's (it has NEW_MARK) where True, roll-old's where
+    False. The watch runs on spark-b itself, one sh loop over the node's own ``ps`` every 20 ms: a watch that
+    opened a new SSH session per look (0.2 s or more on a loaded machine) could miss an engine that loads in
+    0.7 s. Yields the ``ps`` lines of the engines killed, filled in when the block ends, which ends the watch."""
+    from sparkctl_sim import cluster
+
     killed: list[str] = []
-    stop = threading.Event()
-
-    def watch() -> None:
-        seen_new_gone = False
-        while not stop.is_set() and len(killed) < len(new):
-            ps = ring.ssh("spark-b", "ps -eo args | grep -v grep | grep llama_cpp.server || true").stdout
-            seen_new_gone = seen_new_gone or NEW_MARK not in ps
-            if seen_new_gone and "llama_cpp.server" in ps and (NEW_MARK in ps) == new[len(killed)]:
-                ring.sparkctl("sim", "fault", "spark-b", "kill-engine", check=True)
-                killed.append(ps)
-            time.sleep(0.1)
-
-    watcher = threading.Thread(target=watch, daemon=True)
-    watcher.start()
+    script = f"""MARK={shlex.quote(NEW_MARK)}; gone=
+for w in {" ".join("T" if x else "F" for x in new)}; do
+  while :; do
+    line=$(ps -eo pid,args | grep 'llama_cpp[.]server' | head -n 1)
+    case "$line" in "") is= ;; *"$MARK"*) is=T ;; *) is=F ;; esac
+    [ "$is" = T ] || gone=1
+    if [ -n "$gone" ] && [ "$is" = "$w" ]; then set -- $line; kill -KILL "$1"; echo "$line"; break; fi
+    sleep 0.02
+  done
+done"""
+    watch = subprocess.Popen([*cluster.ssh_argv(ring.root, "spark-b"),
+                              f"exec timeout 900 sh -c {shlex.quote(script)} {WATCHER}"],
+                             stdout=subprocess.PIPE, text=True)
     try:
         yield killed
     finally:
-        stop.set()
-        watcher.join()
+        ring.ssh("spark-b", f"pkill -KILL -f '{WATCHER[:-1]}[{WATCHER[-1]}]' || true")  # not this shell itself
+        out, _ = watch.communicate(timeout=30)
+        killed.extend(line for line in out.splitlines() if line.strip())
 
 
 def test_simulated_rolling_switch_fails_no_request(ring: Sim) -> None:
@@ -342,7 +359,7 @@ def test_simulated_gateway_killed_mid_roll_rebuilds_what_serves(ring: Sim) -> No
     assert rebuilt[0].split()[:2] in (["rebuilt", "1"], ["rebuilt", "2"]), rebuilt
     assert urls["spark-a"] in (seen["workers"] or []), seen
     after = [x for x in load.results if x["t"] > seen["routing"]]
-    assert after and [x for x in after if x["status"] != 200 or not x["done"]] == [], after[:5]
+    assert after and [x for x in after if x in load.failed()] == [], after[:5]
     assert wait_until(lambda: _ready_urls(gw) == sorted(urls.values()), 30), _ready_urls(gw)
 
 
@@ -394,8 +411,12 @@ def test_simulated_negative_control_a_replica_stopped_without_draining_fails_req
     with Load(gw, period=0.1, max_tokens=200) as load:  # longer streams: some are in flight at the kill
         time.sleep(2)
         busy = max(before, key=lambda n: _chats(ring, n, "engine.log") - before[n])
-        # the engine alone (spark-a also runs the gateway): SIGKILL, as a crash or a stop without drain
-        assert ring.ssh(busy, "pkill -KILL -f 'llama_cpp[.]server'").returncode == 0
+        # the engine alone (spark-a also runs the gateway): SIGKILL, as a crash or a stop without drain. Its
+        # pids from the node's own `ps` (pkill reads the machine's /proc, so on the simulated nodes, which share
+        # one PID namespace, it killed the other replica's engine too, and the gateway answered 503 for want of
+        # any backend instead of cutting the busy replica's streams)
+        pids = ring.ssh(busy, "ps -eo pid,args | awk '/llama_cpp[.]server/ {print $1}'").stdout.split()
+        assert pids and ring.ssh(busy, f"kill -KILL {' '.join(pids)}").returncode == 0, pids
         time.sleep(4)
     print(f"negative control ({busy} killed, no drain): {load.summary()}")
     assert len(load.failed()) > 0, f"{len(load.results)} requests, none failed: the load test cannot fail"
@@ -417,9 +438,9 @@ def test_simulated_switch_where_no_replica_stays_up_answers_503_with_retry_after
     print(f"outage (2 replicas to 1): {load.summary()}")
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     bad = [x for x in load.results if x["status"] not in (200, 503)
-           or (x["status"] == 503 and x["retry_after"] is None) or (x["status"] == 200 and not x["done"])]
+           or (x["status"] == 503 and x["retry_after"] is None) or (x["status"] == 200 and x in load.failed())]
     # the killed replica of the negative control may still be listed for a moment: only refused
     # connections and 404s during the outage count here
     assert not [x for x in bad if x["status"] in (None, 404)], bad[:5]
     assert any(x["status"] == 503 for x in load.results), "no outage seen"
-    assert load.results[-1]["status"] == 200 and load.results[-1]["done"], load.results[-3:]
+    assert load.results[-1]["status"] == 200 and load.results[-1] not in load.failed(), load.results[-3:]
