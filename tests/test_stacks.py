@@ -19,7 +19,7 @@ from sparkctl.model.profiles import resolve
 from sparkctl.model.record import NodeRecord, RunRecord
 from sparkctl.model.resources import Roots
 from sparkctl.model.stacks import StackConflict, live_from_records, refusal, stack_of
-from sparkctl.ops import executor, lock
+from sparkctl.ops import executor, lock, unlock
 from sparkctl.ops.executor import down_scope, lock_scope
 from sparkctl.ops.localstate import write_json
 from sparkctl.plan import lockplan, planner
@@ -160,6 +160,34 @@ class _Lock:
         executor.release_lock(self.inv, self.t, self.op, self.holder, lambda *_: None, self.nodes)  # type: ignore[arg-type]
 
 
+def _unlock(inv: object, t: LocalTransport, nodes: list[str] | None = None) -> str:
+    """`sparkctl unlock`: its plan run by the plan interpreter; every command it ran is its plan's one step."""
+    seen: list[str] = []
+    run = t._run
+
+    def recording(node: str, cmd: str, **kw: object) -> object:
+        seen.append(cmd)
+        return run(node, cmd, **kw)  # type: ignore[arg-type]
+
+    t._run = recording  # type: ignore[method-assign]
+    try:
+        holders = unlock.break_locks(inv, t, lambda *_: None, nodes)  # type: ignore[arg-type]
+    finally:
+        del t._run
+    assert seen == list(lockplan.unlock_plan(inv, nodes).steps[0].commands.values()), seen  # type: ignore[arg-type]
+    return holders
+
+
+def test_plan_unlock_prints_the_one_step_unlock_runs() -> None:
+    inv = load_inventory(REPO / "inventory.yaml")
+    every, one = lockplan.unlock_plan(inv), lockplan.unlock_plan(inv, ["spark-d"])
+    assert [s.id for s in every.steps] == ["break-locks"] and every.steps[0].nodes == ("spark-a",)
+    assert "/var/lib/sparkctl/locks/name-*.d" in every.steps[0].commands["spark-a"]
+    assert "/var/lib/sparkctl/lock.d" in every.steps[0].commands["spark-a"]  # the lock of a sparkctl before stacks
+    assert "name-*" not in one.steps[0].commands["spark-a"] and "spark-d.d" in one.steps[0].commands["spark-a"]
+    assert "spark-a.d" not in one.steps[0].commands["spark-a"]
+
+
 def test_locks_on_disjoint_nodes_do_not_block_and_overlapping_ones_do(tmp_path: Path) -> None:
     inv, t = _local(tmp_path)
     left = _Lock(inv, t, "up left", ["spark-a", "spark-b"], "alice pid 1")
@@ -207,7 +235,7 @@ def test_two_stacks_on_disjoint_nodes_cannot_both_claim_one_served_name(tmp_path
     left.release()
     assert list(locks.iterdir()) == []
     right.acquire()
-    assert lock.break_lock(inv, t).count('"holder": "bob pid 2"') == 3  # `sparkctl unlock`: the name's claim too
+    assert _unlock(inv, t).count('"holder": "bob pid 2"') == 3  # `sparkctl unlock`: the name's claim too
     assert list(locks.iterdir()) == []
 
 
@@ -231,7 +259,7 @@ def test_a_refused_lock_keeps_the_holders_dirs_it_made_none_of(tmp_path: Path) -
     locks = tmp_path / "a/var/lib/sparkctl/locks"
     assert [p.name for p in locks.iterdir()] == ["spark-d.d"]
     assert "erin pid 5" in (locks / "spark-d.d/holder").read_text()
-    assert "erin" in lock.break_lock(inv, t, ["spark-d"])  # type: ignore[arg-type]
+    assert "erin" in _unlock(inv, t, ["spark-d"])
     assert list(locks.iterdir()) == []
 
 

@@ -162,7 +162,7 @@ def _up_summary(result: Any) -> None:
 
 
 @cli.command("plan")
-@click.argument("action", type=click.Choice(["up", "down", "switch", "fabric", "gateway-down"]))
+@click.argument("action", type=click.Choice(["up", "down", "switch", "fabric", "gateway-down", "unlock"]))
 @click.argument("profile", required=False)
 @inventory_option
 @set_option
@@ -175,15 +175,16 @@ def _up_summary(result: Any) -> None:
 @click.option("--persist", is_flag=True, help="up: as `up --persist` (--set serve.persist=true)")
 @click.option("--gateway-node", default=None, help="gateway-down: the gateway's node (default: the records')")
 @click.option("--force", is_flag=True, help="gateway-down: even while a live stack serves through it")
+@click.option("--node", "nodes", multiple=True, metavar="NODE", help="unlock: only these nodes' locks")
 @with_transport_options
 @json_option
 @pass_ctx
 def plan_cmd(c: Ctx, action: str, profile: str | None, sets: tuple[str, ...], waive: tuple[str, ...],
              reason: str | None, supervise: bool, reset_clocks: bool, stack: str | None, assume_fresh: bool,
-             persist: bool, gateway_node: str | None, force: bool,
+             persist: bool, gateway_node: str | None, force: bool, nodes: tuple[str, ...],
              connect_timeout_s: float, command_timeout_s: float, deadline_s: float, as_json: bool) -> None:
-    """The exact steps `up|down|switch PROFILE` (or `fabric apply [PROFILE]`, `gateway down`) would run now, every
-    command and file.
+    """The exact steps `up|down|switch PROFILE` (or `fabric apply [PROFILE]`, `gateway down`, `unlock`) would run
+    now, every command and file.
 
     It reads the run record on the head, which engines run and whether the
     endpoint serves (to know what changed), and changes nothing on any host.
@@ -193,6 +194,17 @@ def plan_cmd(c: Ctx, action: str, profile: str | None, sets: tuple[str, ...], wa
     from sparkctl.ops.supervise import plan_supervised
     from sparkctl.plan.steps import describe
 
+    if nodes and action != "unlock":
+        raise click.UsageError("--node goes with `plan unlock`")
+    if action == "unlock":  # reads nothing: the same step whatever holds the locks
+        from sparkctl.plan.lockplan import unlock_plan
+
+        inv = c.inventory()
+        for n in nodes:
+            if n not in inv.names:
+                raise ConfigError(f"--node {n}: not in the inventory", hint=f"nodes: {', '.join(inv.names)}")
+        print_plan(unlock_plan(inv, list(nodes) or None), as_json)
+        return
     if action == "gateway-down":  # reads the records only
         from sparkctl.ops.gatewayops import plan_gateway_down
         from sparkctl.ops.lock import read_records
@@ -526,13 +538,15 @@ def logs_cmd(c: Ctx, node: str | None, lines: int, follow: bool, connect_timeout
 @click.option("--node", "nodes", multiple=True, metavar="NODE", help="only these nodes' locks (default: every node)")
 @pass_ctx
 def unlock_cmd(c: Ctx, nodes: tuple[str, ...]) -> None:
-    """Remove the locks left by a process that is gone (every node's and served name's, or --node NODE's)."""
-    from sparkctl.ops.lock import break_lock
+    """Remove the locks left by a process that is gone (every node's and served name's, or --node NODE's).
+
+    One plan step on the head, which `sparkctl plan unlock` prints."""
+    from sparkctl.ops.unlock import break_locks
 
     inv = c.inventory()
     for n in nodes:
         if n not in inv.names:
             raise ConfigError(f"--node {n}: not in the inventory", hint=f"nodes: {', '.join(inv.names)}")
     with make_transport(inv, 5.0, 30.0, 60.0) as tr:
-        holder = break_lock(inv, tr, list(nodes) or None)
+        holder = break_locks(inv, tr, NodeProgress(), list(nodes) or None)
     out.print(f"lock removed (was: {escape(holder) or 'none'})")

@@ -379,7 +379,7 @@ def check_step(inv: Inventory, transport: Transport, roots: Roots, say: Progress
     return check
 
 
-def _raise_failure(state: planrun.RunState, op: str) -> NoReturn:
+def raise_failure(state: planrun.RunState, op: str) -> NoReturn:
     f = state.failed
     assert f is not None
     phase = f.step["phase"]
@@ -437,7 +437,7 @@ def take_lock(inv: Inventory, transport: Transport, op: str, say: Progress, node
     holder = holder_info(operation or op)
     state = run_plan(Plan(op, None, (lockplan.lock_step(inv, holder, nodes),)), TransportBackend(inv, transport, say))
     if state.failed is not None:
-        _raise_failure(state, op)
+        raise_failure(state, op)
     return holder
 
 
@@ -491,7 +491,7 @@ def up(res: Resolved, inv: Inventory, transport: Transport, roots: Roots, *,
     if plan.noop:
         return UpResult(res.name, "noop", read_record(inv, transport, stack_of(res)), (), None)
     if state.result != "done":
-        _raise_failure(state, op)
+        raise_failure(state, op)
     return _up_result(res, plan, state, backend)
 
 
@@ -583,7 +583,7 @@ def switch(res: Resolved, inv: Inventory, transport: Transport, roots: Roots, *,
             f"profile; `sparkctl switch {res.name}` again resumes, or `sparkctl down`")
     rollback = next((b for b in state.branches if b == "rollback" or b.startswith("rollback-")), None)
     if rollback is None:
-        _raise_failure(state, op)  # nothing was stopped, or nothing to roll back to
+        raise_failure(state, op)  # nothing was stopped, or nothing to roll back to
     assert f is not None
     first = f.cause.in_phase(op, f.step["phase"]).one_line() if isinstance(f.cause, SparkctlError) else \
         f"{op} failed in phase {f.step['phase']}: {f.detail}"

@@ -22,7 +22,7 @@ from sparkctl.model.netplanfile import NetplanFile
 from sparkctl.model.profiles import Resolved
 from sparkctl.model.resources import Roots
 from sparkctl.model.wheels import PROMETHEUS_CLIENT
-from sparkctl.ops.executor import Progress, TransportBackend, _raise_failure, release_lock, run_plan, take_lock
+from sparkctl.ops.executor import Progress, TransportBackend, raise_failure, release_lock, run_plan, take_lock
 from sparkctl.ops.wheelhouse import default_cache, fetch_wheel
 from sparkctl.plan import exporterplan, fabricplan, lockplan
 from sparkctl.plan.render import render
@@ -83,7 +83,7 @@ def _run(op: str, inv: Inventory, transport: Transport, progress: Progress | Non
     backend.blobs.update(blobs)
     state = run_plan(plan, backend, done=("lock",))
     if state.failed is not None:
-        _raise_failure(state, plan.op)
+        raise_failure(state, plan.op)
     nodes = tuple(dict.fromkeys(n for s in plan.steps if s.kind != "lock" for n in s.nodes))
     return FabricResult(plan.op, nodes, tuple(state.outcomes))
 

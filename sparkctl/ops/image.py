@@ -31,7 +31,7 @@ from sparkctl.model.inventory import Inventory
 from sparkctl.model.paths import IMAGE_SYNC_GATE, NODE_AUTHORIZED_KEYS
 from sparkctl.model.profiles import Resolved
 from sparkctl.ops import nodessh
-from sparkctl.ops.executor import Progress, TransportBackend, _raise_failure, run_plan, take_lock
+from sparkctl.ops.executor import Progress, TransportBackend, raise_failure, run_plan, take_lock
 from sparkctl.ops.lock import node_path, node_sudo
 from sparkctl.plan import lockplan
 from sparkctl.plan.imageplan import KeyGrant, gate_script, key_comment, plan_image_revoke, plan_image_sync
@@ -186,7 +186,7 @@ def sync(res: Resolved, inv: Inventory, transport: Transport, from_node: str | N
     state = run_plan(lockplan.with_lock(the_plan, inv, holder), backend, done=("lock",))
     if state.failed is not None:
         nodessh.forget(inv, source, nodessh.IMAGE_SYNC)  # whatever went wrong, the next run provisions afresh
-        _raise_failure(state, the_plan.op)
+        raise_failure(state, the_plan.op)
     if known is not None:
         nodessh.remember(inv, source, targets, known, nodessh.IMAGE_SYNC)
     return ImageSyncResult(res.name, image, source, image_id, targets, tuple(state.outcomes))
@@ -199,6 +199,6 @@ def revoke(inv: Inventory, transport: Transport, *, progress: Progress | None = 
     holder = take_lock(inv, transport, the_plan.op, say)
     state = run_plan(lockplan.with_lock(the_plan, inv, holder), TransportBackend(inv, transport, say), done=("lock",))
     if state.failed is not None:
-        _raise_failure(state, the_plan.op)
+        raise_failure(state, the_plan.op)
     nodessh.forget_all(inv, nodessh.IMAGE_SYNC)
     return tuple(inv.names)

@@ -30,7 +30,6 @@ from sparkctl.model.paths import (
     DEFAULT_STACK,
     LAWS_DIR,
     LAWS_VERDICTS,
-    LOCK_DIR,
     LOCKS_DIR,
     RECORD,
     STACKS_DIR,
@@ -294,16 +293,3 @@ def held_command(inv: Inventory, nodes: Sequence[str]) -> str:
     """Prints ``held`` when any of ``nodes`` is locked, else ``free`` (run on the state node)."""
     dirs = " ".join(shlex.quote(d) for d in lockplan.lock_dirs(inv, nodes).values()) or "/nonexistent"
     return f"for d in {dirs}; do [ -d \"$d\" ] && {{ echo held; exit 0; }}; done; echo free"
-
-
-def break_lock(inv: Inventory, transport: Transport, nodes: Sequence[str] | None = None) -> str:
-    """Remove the locks of ``nodes`` (every node, and the one lock of a sparkctl before stacks,
-    when None); returns the holders that were there."""
-    head = head_node(inv)
-    dirs = list(lockplan.lock_dirs(inv, nodes).values()) + ([node_path(inv, head, LOCK_DIR)] if nodes is None else [])
-    q = " ".join(shlex.quote(d) for d in dirs)
-    # every node: the served names' claims too (locks/name-*.d: their names are hashed, so a glob)
-    names = f" {shlex.quote(node_path(inv, head, LOCKS_DIR))}/name-*.d" if nodes is None else ""
-    r = transport.run(head, f"for d in {q}{names}; do [ -d \"$d\" ] || continue; cat \"$d/holder\" 2>/dev/null; "
-                            "rm -rf \"$d\"; done; true", sudo=node_sudo(inv, head))
-    return r.stdout.strip()

@@ -34,12 +34,12 @@ from sparkctl.ops import nodessh
 from sparkctl.ops.executor import (
     Progress,
     TransportBackend,
-    _raise_failure,
     add_wheel_blobs,
     check_step,
     plan_for,
     plan_under_lock,
     planned_scope,
+    raise_failure,
     run_plan,
     take_lock,
 )
@@ -148,7 +148,7 @@ def switch_supervised(res: Resolved, inv: Inventory, transport: Transport, roots
     nodessh.forget(inv, head)  # until the files are all written, nothing is vouched for
     state = run_plan(sp.operator, backend, done=("lock",))
     if state.result != "done":
-        _raise_failure(state, op)
+        raise_failure(state, op)
     nodessh.remember(inv, head, list(sp.addrs), sp.handover.known_hosts or b"", nodessh.SUPERVISOR,
                      sp.handover.grant_line)
     say("*", "supervisor-ssh", f"supervisor key authorized on {', '.join(sp.addrs.values()) or 'no peers'}; "

@@ -22,7 +22,10 @@ printed beside it, the way a ``put`` step's bytes travel beside its path:
   line judged, so only that holder's dirs go);
 * ``unlock``: :data:`RELEASE_SCRIPT` (stdin: this run's ``"run": TOKEN``):
   exactly the scope's dirs this run still holds, a no-op for a dir that is
-  someone else's (a supervisor it was handed to).
+  someone else's (a supervisor it was handed to);
+* ``sparkctl unlock`` (:func:`unlock_plan`, printed by ``sparkctl plan unlock``):
+  :data:`UNLOCK_SCRIPT` removes the scope's dirs whoever holds them, each
+  holder printed first: the recovery from a holder that is gone.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from dataclasses import replace
 from typing import Any
 
 from sparkctl.model.inventory import Inventory
-from sparkctl.model.paths import LOCKS_DIR, NAME_KEY, name_lock_dir, node_lock_dir, under
+from sparkctl.model.paths import LOCK_DIR, LOCKS_DIR, NAME_KEY, name_lock_dir, node_lock_dir, under
 from sparkctl.model.profiles import Resolved
 from sparkctl.plan.steps import FINALLY, Plan, Step
 
@@ -75,6 +78,9 @@ BREAK_SCRIPT = ("IFS= read -r want || true; for d in {dirs}; do grep -qxF -- \"$
 # Release only this run's locks (stdin: '"run": "TOKEN"', a part of the holder line).
 RELEASE_SCRIPT = ("IFS= read -r run || true; for d in {dirs}; do grep -qF -- \"$run\" \"$d/holder\" 2>/dev/null "
                   "&& rm -rf \"$d\"; done; true")
+
+# `sparkctl unlock`: whoever holds them (a process that is gone), each dir's holder printed, then the dir removed.
+UNLOCK_SCRIPT = 'for d in {dirs}; do [ -d "$d" ] || continue; cat "$d/holder" 2>/dev/null; rm -rf "$d"; done; true'
 
 
 def lock_dirs(inv: Inventory, nodes: Sequence[str] | None = None) -> dict[str, str]:
@@ -150,3 +156,21 @@ def with_lock(plan: Plan, inv: Inventory, holder: Mapping[str, Any], nodes: Sequ
     """``plan`` between locking ``nodes`` (its first step) and releasing them (branch ``finally``)."""
     return replace(plan, steps=(lock_step(inv, holder, nodes), *plan.steps),
                    branches={**plan.branches, FINALLY: (unlock_step(inv, str(holder["run"]), nodes),)})
+
+
+def unlock_plan(inv: Inventory, nodes: Sequence[str] | None = None) -> Plan:
+    """``sparkctl unlock``: remove the locks of ``nodes`` whoever holds them; with None every node's,
+    every served name's claim (``locks/name-*.d``: the names are hashed, so a glob) and the one
+    cluster lock of a sparkctl before stacks. The step's output is the holders it removed."""
+    head = inv.nodes[0].name
+    prefix = inv.node(head).prefix
+    dirs = [shlex.quote(d) for d in lock_dirs(inv, nodes).values()]
+    what = _what(inv, nodes)
+    if nodes is None:
+        dirs += [shlex.quote(under(prefix, LOCK_DIR)), shlex.quote(under(prefix, LOCKS_DIR)) + "/name-*.d"]
+        what += " and every served name's claim"
+    step = Step("break-locks", "unlock", "run", (head,), f"remove the locks of {what} on {head}, whoever holds them "
+                "(each holder printed)", changes=f"the locks of {what} on {head} removed",
+                commands={head: UNLOCK_SCRIPT.format(dirs=" ".join(dirs))}, sudo={head: inv.node(head).sudo},
+                timeout_s=30)
+    return Plan("unlock", None, (step,))
