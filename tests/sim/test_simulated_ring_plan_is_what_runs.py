@@ -1,6 +1,6 @@
 """End-to-end on the SIMULATED 4-node ring: nothing runs that the printed plan does not list.
 
-Each operation (fabric apply, up, switch, switch --supervise, down) runs in this
+Each operation (fabric apply, up, switch, switch --supervise, down, unlock) runs in this
 process over real SSH with a :class:`plancheck.Recorder` on its transport: every
 command and every write, with its node and its sudo. The plans the operation
 executed are caught at the interpreter (``planrun.execute``), and the check is
@@ -27,7 +27,7 @@ from sparkctl.cli.base import secrets_from_env
 from sparkctl.model.inventory import load_inventory
 from sparkctl.model.profiles import resolve
 from sparkctl.model.resources import Roots
-from sparkctl.ops import executor, fabric, supervise
+from sparkctl.ops import executor, fabric, supervise, unlock
 from sparkctl.plan.laws import Waiver
 from sparkctl.remote import planrun
 from sparkctl.transport import SSHTransport, TransportSettings
@@ -108,6 +108,8 @@ def _operation(sim: Any, op: str, profile: str | None = None, plant: Callable[[A
             from sparkctl.ops.gatewayops import gateway_down
 
             out = gateway_down(inv, tr)
+        elif op == "unlock":
+            out = unlock.break_locks(inv, tr, lambda *_: None)
         else:
             out = executor.down(inv, tr, stack=stack)
     return plans, rec.log, out
@@ -172,7 +174,12 @@ def test_simulated_every_command_of_fabric_up_switch_supervise_down_is_in_the_pr
     plans, log, _ = _operation(ring, "down")
     _strict(plans, log, writes=1)
     assert _shape(_main(plans)) == _shape(printed)
-    print(f"fabric apply, up, switch, switch --supervise, down: {time.monotonic() - t0:.0f} s")
+
+    printed = _printed(ring, "unlock")  # the recovery from a holder that is gone: one step, no lock of its own
+    plans, log, _ = _operation(ring, "unlock")
+    _strict(plans, log, writes=0)
+    assert len(plans) == 1 and _shape(plans[0]) == _shape(printed)
+    print(f"fabric apply, up, switch, switch --supervise, down, unlock: {time.monotonic() - t0:.0f} s")
 
 
 def test_simulated_checker_reports_a_planted_command(ring: Any) -> None:
