@@ -14,7 +14,7 @@ Each round: the load runs --before s with one profile serving (the steady state)
 to the other profile, then --after s. Rounds alternate roll-old -> roll-new and back. Windows are by the time a
 request was sent. Prints figures; asserts nothing.
 
-Usage: python3 tools/rolling_switch.py [--rounds 2] [--period 0.25] [--tokens 200] [--before 20] [--after 5]
+Usage: python3 tools/rolling_switch.py [--rounds 2] [--period 0.25] [--tokens 64] [--before 20] [--after 5]
 """
 
 from __future__ import annotations
@@ -70,7 +70,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--period", type=float, default=0.25, help="seconds between two requests (open loop)")
-    ap.add_argument("--tokens", type=int, default=200, help="max_tokens of each streamed request")
+    ap.add_argument("--tokens", type=int, default=64,
+                    help="max_tokens of each streamed request (the tiny engine serves one at a time: 200 tokens "
+                         "every 0.25 s overload it, and the load then measures its queue)")
     ap.add_argument("--before", type=float, default=20.0, help="seconds of steady state before each switch")
     ap.add_argument("--after", type=float, default=5.0)
     a = ap.parse_args()
