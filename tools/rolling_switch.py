@@ -51,11 +51,11 @@ def _gap(results: list[dict[str, Any]]) -> float:
 
 
 def report(load: Load, t0: float, t1: float, switch: subprocess.CompletedProcess[str], frm: str, to: str) -> dict[str, Any]:
-    bad = load.failed()
     windows = {"before": [r for r in load.results if r["t"] < t0],
                "during": [r for r in load.results if t0 <= r["t"] <= t1],
                "after": [r for r in load.results if r["t"] > t1]}
-    ok = {k: [r["ttft"] for r in v if r not in bad and r["ttft"] is not None] for k, v in windows.items()}
+    ok = {k: [r["ttft"] for r in v if load.whole(r) and r["ttft"] is not None] for k, v in windows.items()}
+    bad = load.failed()
     row = {"switch": f"{frm} -> {to}", "exit": switch.returncode, "seconds": round(t1 - t0, 1),
            "requests": len(load.results), "failed": sum(r["status"] != 200 for r in bad),
            "truncated": sum(r["status"] == 200 for r in bad),
