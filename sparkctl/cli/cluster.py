@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from typing import Any, TypeVar
 
@@ -94,9 +94,7 @@ def hw_change_cmd(c: Ctx, note: str, nodes: tuple[str, ...], connect_timeout_s: 
     from sparkctl.ops.check import record_hw_change
 
     inv = c.inventory()
-    for n in nodes:
-        if n not in inv.names:
-            raise ConfigError(f"--node {n}: not in the inventory", hint=f"nodes: {', '.join(inv.names)}")
+    _known_nodes(inv, nodes)
     with make_transport(inv, connect_timeout_s, command_timeout_s, deadline_s) as tr:
         rec = record_hw_change(inv, tr, note, list(nodes) or None)
     out.print(f"recorded hardware change '{escape(rec.note)}' at {rec.at} for {', '.join(rec.nodes)}.")
@@ -150,6 +148,13 @@ def _stack_option(what: str) -> Callable[[_F], _F]:
                         help=f"{what} (a profile's topology.stack; `default` when unset)")
 
 
+def _known_nodes(inv: Any, nodes: Sequence[str]) -> None:
+    """Every ``--node`` names a node of the inventory, or a ConfigError naming the one that does not."""
+    for n in nodes:
+        if n not in inv.names:
+            raise ConfigError(f"--node {n}: not in the inventory", hint=f"nodes: {', '.join(inv.names)}")
+
+
 def _up_summary(result: Any) -> None:
     if result.action == "noop":
         out.print(f"{result.profile}: already serving with the same rendered files; nothing to do")
@@ -200,9 +205,7 @@ def plan_cmd(c: Ctx, action: str, profile: str | None, sets: tuple[str, ...], wa
         from sparkctl.plan.lockplan import unlock_plan
 
         inv = c.inventory()
-        for n in nodes:
-            if n not in inv.names:
-                raise ConfigError(f"--node {n}: not in the inventory", hint=f"nodes: {', '.join(inv.names)}")
+        _known_nodes(inv, nodes)
         print_plan(unlock_plan(inv, list(nodes) or None), as_json)
         return
     if action == "gateway-down":  # reads the records only
@@ -544,9 +547,7 @@ def unlock_cmd(c: Ctx, nodes: tuple[str, ...]) -> None:
     from sparkctl.ops.unlock import break_locks
 
     inv = c.inventory()
-    for n in nodes:
-        if n not in inv.names:
-            raise ConfigError(f"--node {n}: not in the inventory", hint=f"nodes: {', '.join(inv.names)}")
+    _known_nodes(inv, nodes)
     with make_transport(inv, 5.0, 30.0, 60.0) as tr:
         holder = break_locks(inv, tr, NodeProgress(), list(nodes) or None)
     out.print(f"lock removed (was: {escape(holder) or 'none'})")
