@@ -449,9 +449,15 @@ def _apply_node_net(p: SimPaths, spec: ClusterSpec, node: SimNode) -> None:
 def has_carrier(node: str, ifname: str) -> bool:
     """The carrier of one of the node's veth ends: only while both ends are up (a neighbour
     that is off or still booting leaves NO-CARRIER, as an unlit QSFP cable does)."""
-    info = nx.link_info(ifname, netns_name(node)) or {}
-    flags = info.get("flags") or []
-    return "UP" in flags and "NO-CARRIER" not in flags
+    return carrier_of(nx.link_info(ifname, netns_name(node)) or {})
+
+
+def carrier_of(link: dict[str, Any]) -> bool:
+    """Carrier from one ``ip -j link`` entry: ``LOWER_UP``, the carrier bit itself, which the
+    kernel sets at once. ``NO-CARRIER`` is iproute2's name for UP without RUNNING, and RUNNING,
+    like ``operstate``, follows later from linkwatch (net/core/dev.c ``dev_get_flags``)."""
+    flags = link.get("flags") or []
+    return "UP" in flags and "LOWER_UP" in flags
 
 
 def spec_carrier_sync(spec: ClusterSpec, node: str) -> None:

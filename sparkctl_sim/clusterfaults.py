@@ -28,6 +28,7 @@ from sparkctl_sim.clusterboot import (
     _wait_reachable,
     _write_sysfs,
     boot_init,
+    carrier_of,
 )
 from sparkctl_sim.clusterroot import (
     MGMT_IFNAME,
@@ -64,6 +65,7 @@ def link_down(root: Path, node: str, ifname: str) -> None:
     _node_ifname(spec, node, ifname)
     with _root_lock(p):
         nx.ip(netns_name(node), "link", "set", ifname, "down")
+        _settle_operstate(spec, [node])
         for n in _with_peers(spec, [node]):
             _write_sysfs(p, n)
 
@@ -80,6 +82,7 @@ def link_up(root: Path, node: str, ifname: str) -> None:
         for r in spec.routes:
             if r.node == node and r.dev == ifname:
                 nx.ip(netns_name(node), "route", "replace", r.dst_cidr, "via", r.via, "dev", r.dev)
+        _settle_operstate(spec, [node])
         for n in _with_peers(spec, [node]):
             _write_sysfs(p, n)
 
@@ -122,6 +125,32 @@ def _with_peers(spec: ClusterSpec, nodes: list[str]) -> list[str]:
             if peer in names:  # a switch port's peer is the switch: no node's carrier follows it
                 out.setdefault(peer)
     return list(out)
+
+
+def _settle_operstate(spec: ClusterSpec, nodes: list[str], timeout_s: float = 5.0) -> None:
+    """Wait until every port of the nodes and their peers shows, in ``operstate``, the carrier it has.
+
+    The carrier bit (``LOWER_UP`` in ``ip link``) changes at once, but the kernel moves
+    ``operstate`` later, from its linkwatch work (net/core/link_watch.c): an event it does
+    not deem urgent (a veth whose peer, in another namespace, has the same ifindex) waits up
+    to a second, more on a loaded machine. A real port's carrier follows its far end after a
+    delay of its own. A fault returns once the link has settled, so that what is probed next
+    is the fault and not the moment after it (CI saw a peer still ``up`` at the next probe).
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        pending = []
+        for n in _with_peers(spec, nodes):
+            by_name = {e["ifname"]: e for e in nx.links(netns_name(n))}
+            for ifname, *_ in _node_links(spec, n):
+                e = by_name.get(ifname) or {}
+                if (str(e.get("operstate", "")).lower() == "up") != carrier_of(e):
+                    pending.append(f"{n}:{ifname}")
+        if not pending or time.monotonic() > deadline:
+            if pending:
+                log.warning("operstate still unsettled after %.0f s: %s", timeout_s, ", ".join(pending))
+            return
+        time.sleep(0.05)
 
 
 def _find_link(spec: ClusterSpec, node: str, ifname: str) -> SimLink:
