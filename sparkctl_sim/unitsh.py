@@ -10,7 +10,8 @@ reference: tests/sim/test_shim_views.py runs both on the same records and compar
 * ``systemctl show -p P1,P2 UNIT`` (the one ``-p`` form sparkctl uses) for the properties
   that follow from the unit's runtime record and the unit files alone (Id, Names,
   LoadState, ActiveState, SubState, MainPID, ExecMainPID, Result, NRestarts, and
-  UnitFileState when it is "enabled" or "not-found"), and ``systemctl is-active [-q] UNIT``.
+  UnitFileState: "enabled" and "not-found" from the files, "disabled" and "static" from the
+  [Install] lines of the daemon-reload's copy), and ``systemctl is-active [-q] UNIT``.
   The record is the JSON ``Units.save_state`` writes (shimbase._write_json_atomic: indent 1,
   sorted keys, so each top-level key is a line of its own); a value that is not a plain word
   or number sends the call to Python. The supervisor check is ``Units.state``'s: an active
@@ -21,8 +22,8 @@ reference: tests/sim/test_shim_views.py runs both on the same records and compar
   ``-o cat`` dropping the ``TS systemd[1]: NAME: `` prefix of systemd's own lines
   (journalshim's ``_SYSTEMD_LINE``).
 
-Anything else (another verb or option, several units, a property outside that list, a
-UnitFileState that needs the unit's [Install] section) goes to Python.
+Anything else (another verb or option, several units, a property outside that list, an
+[Install] section sh does not read plainly) goes to Python.
 """
 
 from __future__ import annotations
@@ -39,6 +40,26 @@ SYSTEMCTL_SH = r'''sc_alive() {
   [ "$1" = Z ] && return 1
   case "$sc_w" in ''|null) return 0 ;; esac
   [ "${20}" = "$sc_w" ]
+}
+sc_install() {
+  # Not enabled: "disabled" if the loaded unit's [Install] names a target, else "static"
+  # (systemctlshim._is_enabled). Only for the daemon-reload's copy equal to the file on disk
+  # and [Install] lines of the plain shapes; anything else (no copy yet, a changed file, a
+  # continuation, spaces around "=", another key) is Python's.
+  [ -f "$1" ] && cmp -s "$1" "$2" || return 1
+  UnitFileState=static; sc_sec=
+  while IFS= read -r sc_l || [ -n "$sc_l" ]; do
+    case "$sc_l" in
+      *\\) return 1 ;;
+      '['*']') sc_sec=$sc_l; continue ;;
+    esac
+    [ "$sc_sec" = '[Install]' ] || continue
+    case "$sc_l" in
+      ''|'#'*|';'*) ;;
+      WantedBy=[A-Za-z0-9@_.-]*|RequiredBy=[A-Za-z0-9@_.-]*) UnitFileState=disabled ;;
+      *) return 1 ;;
+    esac
+  done <"$1"
 }
 sc_fast() {
   [ -n "$SPARKCTL_SIM_RUN_DIR" ] && [ -n "$SPARKCTL_SIM_UNIT_DIR" ] || return 0
@@ -115,7 +136,7 @@ sc_fast() {
       if [ "$LoadState" = loaded ]; then
         if [ -f "$SPARKCTL_SIM_UNIT_DIR/$sc_u" ]; then
           for sc_f in "$SPARKCTL_SIM_UNIT_DIR"/*.*/"$sc_u"; do [ -L "$sc_f" ] && UnitFileState=enabled; done
-          [ -n "$UnitFileState" ] || return 0
+          [ -n "$UnitFileState" ] || sc_install "$sc_d/loaded/$sc_u" "$SPARKCTL_SIM_UNIT_DIR/$sc_u" || return 0
         else
           UnitFileState=not-found
         fi

@@ -315,7 +315,7 @@ QUERIES = [("show", "-p", "UnitFileState,ActiveState", "u"), ("show", "-p", "Loa
 
 
 @pytest.mark.parametrize("record", list(_records()))
-@pytest.mark.parametrize("unit_file", ["enabled", "loaded-only", "absent"])
+@pytest.mark.parametrize("unit_file", ["enabled", "disabled", "static", "loaded-only", "absent"])
 def test_systemctls_read_only_lines_are_the_python_shims_answer_without_python(
         units: tuple[Path, Path, dict[str, str]], record: str, unit_file: str) -> None:
     from sparkctl_sim.systemdunits import Units
@@ -326,6 +326,12 @@ def test_systemctls_read_only_lines_are_the_python_shims_answer_without_python(
     if unit_file == "enabled":
         (root / "u.service").write_text("[Service]\nExecStart=/bin/true\n[Install]\nWantedBy=multi-user.target\n")
         (root / "multi-user.target.wants" / "u.service").symlink_to(root / "u.service")
+    elif unit_file in ("disabled", "static"):  # on disk and loaded by a daemon-reload, not enabled
+        text = "[Service]\nExecStart=/bin/true\n" + (
+            "\n[Install]\n# the engine's own\nWantedBy=multi-user.target\n" if unit_file == "disabled" else "")
+        (root / "u.service").write_text(text)
+        (run / "loaded").mkdir()
+        (run / "loaded" / "u.service").write_text(text)
     elif unit_file == "loaded-only":
         (run / "loaded").mkdir()
         (run / "loaded" / "u.service").write_text("[Service]\nExecStart=/bin/true\n")
@@ -345,11 +351,19 @@ def test_systemctl_lines_sh_cannot_answer_go_to_python(units: tuple[Path, Path, 
     py, sh, env = units
     root = Path(env["SPARKCTL_SIM_UNIT_DIR"])
     (root / "u.service").write_text("[Service]\nExecStart=/bin/true\n[Install]\nWantedBy=multi-user.target\n")
-    for q in [("show", "-p", "UnitFileState", "u"),  # not enabled: "disabled" or "static" needs [Install]
+    for q in [("show", "-p", "UnitFileState", "u"),  # not enabled, and no daemon-reload's copy to read [Install] from
               ("show", "u"), ("show", "-p", "ActiveState", "-p", "SubState", "u"), ("show", "-p", "Description", "u"),
               ("is-active", "u", "v"), ("status", "u"), ("start", "u"), ("show", "-p", "ActiveState", "--value", "u")]:
         assert _run(sh, env, "systemctl", *q)[2] == 127, q  # the wrapper's exec of the missing Python
     assert _run(py, env, "systemctl", "show", "-p", "UnitFileState", "u") == ("UnitFileState=disabled\n", "", 0)
+    # a copy that differs from the disk (no daemon-reload since: Python warns), an [Install] line
+    # sh does not read plainly: Python's
+    loaded = Path(env["SPARKCTL_SIM_RUN_DIR"]) / "systemd" / "loaded" / "u.service"
+    for text in ("[Service]\nExecStart=/bin/false\n", "[Service]\nExecStart=/bin/true\n[Install]\nWantedBy = a.target\n",
+                 "[Service]\nExecStart=/bin/true\n[Install]\nWantedBy=a.target \\\n  b.target\n"):
+        (root / "u.service").write_text(text if "Install" in text else "[Service]\nExecStart=/bin/true\n")
+        loaded.write_text(text)
+        assert _run(sh, env, "systemctl", "show", "-p", "UnitFileState", "u")[2] == 127, text
     # a record whose value is no plain word (a string with a space) is Python's to read
     from sparkctl_sim.shimbase import _write_json_atomic
 
