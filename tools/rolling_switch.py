@@ -8,13 +8,16 @@ in `flock`), and removes it at the end. The REAL gateway (smg) in front of the R
 GGUF), two single-node replicas on spark-a and spark-b: the profiles and the open-loop load of
 tests/sim/test_simulated_ring_rolling_switch.py (one streamed request every --period s, whatever the earlier ones
 do; a stream counts whole only with a finish_reason, [DONE] and no error frame, since smg ends a stream its
-backend cut with an error frame and [DONE]).
+backend cut with an error frame and [DONE]). The profiles pace the engine's stream at one token a second (a
+SIMULATED decode speed, sparkctl_sim/llamacpp_routes): short answers stream for about 5 s and every
+--long-every-th request for over a minute, so each drain waits out the streams in flight on its replica.
 
 Each round: the load runs --before s with one profile serving (the steady state), then during `sparkctl switch`
 to the other profile, then --after s. Rounds alternate roll-old -> roll-new and back. Windows are by the time a
 request was sent. Prints figures; asserts nothing.
 
-Usage: python3 tools/rolling_switch.py [--rounds 2] [--period 0.25] [--tokens 64] [--before 20] [--after 5]
+Usage: python3 tools/rolling_switch.py [--rounds 2] [--period 0.25] [--tokens 3] [--long-every 20] [--before 20]
+       [--after 5]
 """
 
 from __future__ import annotations
@@ -36,7 +39,13 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from sparkctl.model.inventory import load_inventory  # noqa: E402 - after the repository is on the path
-from tests.sim.test_simulated_ring_rolling_switch import GW_PORT, PROFILES, Load  # noqa: E402 - the e2e's own
+from tests.sim.test_simulated_ring_rolling_switch import (  # noqa: E402 - the e2e's own
+    GW_PORT,
+    LONG_TOKENS,
+    PROFILES,
+    SHORT_TOKENS,
+    Load,
+)
 
 
 def _pct(xs: list[float], q: float) -> float:
@@ -70,9 +79,11 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--period", type=float, default=0.25, help="seconds between two requests (open loop)")
-    ap.add_argument("--tokens", type=int, default=64,
-                    help="max_tokens of each streamed request (the tiny engine serves one at a time: 200 tokens "
-                         "every 0.25 s overload it, and the load then measures its queue)")
+    ap.add_argument("--tokens", type=int, default=SHORT_TOKENS,
+                    help="max_tokens of each streamed request (the profiles pace the engine at one token a "
+                         "second, a SIMULATED decode speed: 3 tokens stream for about 5 s)")
+    ap.add_argument("--long-every", type=int, default=20,
+                    help=f"every Nth request asks for {LONG_TOKENS} tokens, a stream of over a minute (0: none)")
     ap.add_argument("--before", type=float, default=20.0, help="seconds of steady state before each switch")
     ap.add_argument("--after", type=float, default=5.0)
     a = ap.parse_args()
@@ -105,7 +116,8 @@ def main() -> int:
             now = "roll-old"
             for i in range(a.rounds):
                 to = "roll-new" if now == "roll-old" else "roll-old"
-                with Load(gw, period=a.period, max_tokens=a.tokens) as load:
+                long = frozenset(range(a.long_every // 2, 2000, a.long_every)) if a.long_every else frozenset()
+                with Load(gw, period=a.period, max_tokens=a.tokens, long=long) as load:
                     time.sleep(a.before)
                     t0 = time.monotonic()
                     sw = run("-i", str(inv), "switch", to, "--json")
@@ -123,7 +135,7 @@ def main() -> int:
     if not rows:
         return 1
     print(f"\nrolling switch of two replicas through smg on the SIMULATED ring ({len(rows)} rounds, one request "
-          f"every {a.period} s, max_tokens {a.tokens}):")
+          f"every {a.period} s, max_tokens {a.tokens}, every {a.long_every}th {LONG_TOKENS}):")
     print(f"{'switch':24s} {'s':>5s} {'req':>5s} {'failed':>6s} {'trunc':>5s} {'p50 before':>10s} {'p99 before':>10s}"
           f" {'p50 during':>10s} {'p99 during':>10s} {'p99 x':>6s} {'gap s':>6s}")
     for w in rows:

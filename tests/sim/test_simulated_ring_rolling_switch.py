@@ -4,10 +4,11 @@ the REAL llama.cpp engine (llama-cpp-python, the tiny GGUF), two single-node rep
 An open-loop load (a new streaming request every LOAD_PERIOD_S, whatever the earlier ones do) runs
 through the gateway while:
 
-* `switch` replaces the two replicas one at a time (drain, idle twice, stop, start, ready, register):
-  no request fails, every stream ends whole (a finish_reason, [DONE], no error frame: smg ends a stream
-  its backend cut with an error frame and [DONE]), each answered by the served name, and both the old
-  and the new engines answered some of them;
+* `switch` replaces the two replicas one at a time (drain, idle twice, stop, start, ready, register),
+  the streams lasting about 5 s and five of them over a minute (the engine's decode is paced, a
+  SIMULATED speed): no request fails, every stream ends whole (a finish_reason, [DONE], no error frame:
+  smg ends a stream its backend cut with an error frame and [DONE]; one completion id: one backend start
+  to end), each answered by the served name, and both the old and the new engines answered some of them;
 * the new replica 2 is killed while it loads (SIGKILL, by a watch loop on spark-b): the switch
   rolls back replica by replica while the untouched old replica serves; no request fails and the
   record says the old profile serves, with a note;
@@ -18,8 +19,8 @@ through the gateway while:
   serves (never the replica drained next), the switch goes on;
 * Ctrl-C while replica 2 stops: one stable "degraded" state that `status` describes, resumed by the same
   switch again, no request failing;
-* the negative control: the engine of the replica serving the load killed with no drain makes the
-  same load count failures, so the zeros above can fail;
+* the negative control: the same switch stopping each replica a second after the gateway removed it
+  (drain_timeout_s: 1, stop_timeout_s: 1) makes the same load count failures, so the zeros above can fail;
 * a switch where no replica can stay up (two replicas to one): the gateway answers 503 with
   Retry-After during the stated outage, never 404 and never a refused connection, then serves again.
 
@@ -43,6 +44,7 @@ import httpx
 import pytest
 
 from sparkctl.model.inventory import load_inventory
+from sparkctl_sim.tinymodel import exact_length_logit_bias
 from tests.sim.helpers import Sim, make_sim, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.needs_root]
@@ -52,6 +54,8 @@ description: the tiny real engine, two replicas behind the gateway (a SIMULATED-
 extends: tiny-llamacpp
 engine:
   binary: python3 -m sparkctl_sim.llamacpp_routes.llama_cpp.server
+  env:
+    SPARKCTL_SIM_DECODE_MS: "1000"
 topology:
   nodes: [spark-a, spark-b]
   replicas: 2
@@ -67,12 +71,28 @@ PROFILES = {
                              "  args: [\"--interrupt_requests\", \"False\", \"--n_threads\", \"1\"]\n", 1),
     "roll-one": BASE.replace("nodes: [spark-a, spark-b]\n  replicas: 2", "nodes: [spark-a]\n  replicas: 1"),
 }
+# the negative control: roll-new whose replicas a switch stops as soon as the gateway has removed them: no wait
+# for its streams, and a second's grace for the engine's own (uvicorn lets the requests in flight end on
+# SIGTERM, for up to the unit's TimeoutStopSec=)
+PROFILES["roll-nodrain"] = PROFILES["roll-new"].replace("  ready_timeout_s: 90\n", "  ready_timeout_s: 90\n"
+                                                        "  stop_timeout_s: 1\n", 1).replace(
+    "    enabled: true\n", "    enabled: true\n    drain_timeout_s: 1\n", 1)
 NEW_MARK = "--n_threads 1"
 WATCHER = "sparkctl-test-load-watcher"  # the name ($0) of the watch loop on spark-b
 GW_PORT = 30000
 LOAD_PERIOD_S = 0.25
-BODY = {"model": "tiny-llama", "messages": [{"role": "user", "content": "count to ten"}], "max_tokens": 24,
-        "stream": True, "temperature": 0}
+SHORT_TOKENS = 3
+BODY = {"model": "tiny-llama", "messages": [{"role": "user", "content": "count to ten"}],
+        "max_tokens": SHORT_TOKENS, "stream": True, "temperature": 0}
+# SIMULATED decode speed: the engine paces its stream at one event a second (SPARKCTL_SIM_DECODE_MS in the
+# profiles: sparkctl_sim/llamacpp_routes), so a 3-token answer streams for about 5 s and a long one of 62
+# tokens (EOS biased away: exactly 62) for over a minute. Slow per token on purpose: a long stream needs few
+# tokens, and llama-cpp-python's streaming costs more per token the longer the answer (measured on this
+# engine, 16 paced streams in flight: 24 tokens in 0.01 s, 62 in 0.06 s, 470 in 16 s), time in which its
+# one slot serves nobody else (a real engine batches).
+LONG_TOKENS = 62
+LONG_S = 60.0
+LONG = frozenset({2, 6, 10, 14, 18})  # the long requests among the load's: 0.5 s to 4.5 s after it starts
 
 
 @pytest.fixture(scope="module")
@@ -92,19 +112,24 @@ def _gw(sim: Sim) -> str:
 class Load:
     """Open loop: a streaming request every ``period`` s in its own thread, up to ``limit``."""
 
-    def __init__(self, url: str, period: float = LOAD_PERIOD_S, limit: int = 2000, max_tokens: int = 24) -> None:
-        self.url, self.period, self.limit = url, period, limit
+    def __init__(self, url: str, period: float = LOAD_PERIOD_S, limit: int = 2000, max_tokens: int = SHORT_TOKENS,
+                 long: frozenset[int] = frozenset()) -> None:
+        """``long``: the indices of the requests that ask for a LONG_TOKENS answer (a stream of over a minute)."""
+        self.url, self.period, self.limit, self.long = url, period, limit, long
         self.body = {**BODY, "max_tokens": max_tokens}
+        self.long_body = {**BODY, "max_tokens": LONG_TOKENS, "logit_bias": exact_length_logit_bias()}
         self.results: list[dict[str, Any]] = []
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()
 
-    def _one(self) -> None:
+    def _one(self, long: bool) -> None:
         r: dict[str, Any] = {"t": time.monotonic(), "status": None, "done": False, "finished": False, "model": None,
-                             "error": "", "retry_after": None, "ttft": None}
+                             "error": "", "retry_after": None, "ttft": None, "long": long, "seconds": None,
+                             "ids": set()}
         try:
-            with httpx.stream("POST", f"{self.url}/v1/chat/completions", json=self.body, timeout=60) as s:
+            with httpx.stream("POST", f"{self.url}/v1/chat/completions", json=self.long_body if long else self.body,
+                              timeout=60) as s:
                 r["status"] = s.status_code
                 r["retry_after"] = s.headers.get("retry-after")
                 if s.status_code == 200:
@@ -113,6 +138,8 @@ class Load:
                             r["done"] = True
                         elif line.startswith("data:"):
                             frame = json.loads(line[5:])
+                            if frame.get("id"):  # one completion id a stream: one backend start to end
+                                r["ids"].add(frame["id"])
                             if "error" in frame:  # smg ends a stream its backend cut with an error frame, then [DONE]
                                 r["error"] = f"error frame: {json.dumps(frame['error'])}"[:200]
                             if (frame.get("choices") or [{}])[0].get("finish_reason"):
@@ -125,13 +152,14 @@ class Load:
                     r["error"] = s.text[:200]
         except (httpx.HTTPError, ValueError) as exc:
             r["error"] = f"{type(exc).__name__}: {exc}"[:200]
+        r["seconds"] = time.monotonic() - r["t"]
         with self._lock:
             self.results.append(r)
 
     def _loop(self) -> None:
         n = 0
         while not self._stop.is_set() and n < self.limit:
-            t = threading.Thread(target=self._one, daemon=True)
+            t = threading.Thread(target=self._one, args=(n in self.long,), daemon=True)
             t.start()
             self._threads.append(t)
             n += 1
@@ -146,7 +174,7 @@ class Load:
         self._stop.set()
         self._main.join()
         for t in self._threads:
-            t.join(70)
+            t.join(LONG_S + 30 if self.long else 70)
 
     def summary(self) -> str:
         """Figures for the run's output: counts by status, time to first token, the longest gap."""
@@ -164,10 +192,10 @@ class Load:
 
     @staticmethod
     def whole(r: dict[str, Any]) -> bool:
-        """200, a stream with a finish_reason and [DONE], no error frame. A backend cut mid-stream reaches the
-        client through smg as 200, the frames sent so far, an error frame ("Stream error: ... unexpected EOF")
-        and [DONE]: [DONE] alone says nothing of truncation."""
-        return r["status"] == 200 and r["done"] and r["finished"] and not r["error"]
+        """200, a stream with a finish_reason and [DONE], no error frame, one completion id throughout. A
+        backend cut mid-stream reaches the client through smg as 200, the frames sent so far, an error frame
+        ("Stream error: ... unexpected EOF") and [DONE]: [DONE] alone says nothing of truncation."""
+        return r["status"] == 200 and r["done"] and r["finished"] and not r["error"] and len(r["ids"]) == 1
 
     def failed(self) -> list[dict[str, Any]]:
         """Every request that did not end whole."""
@@ -232,9 +260,11 @@ def test_simulated_rolling_switch_fails_no_request(ring: Sim) -> None:
                 ("gateway-drain", "stop", "start-1", "ready", "gateway-register")], ids
     assert plan["outage"].startswith("none expected")
 
-    with Load(gw) as load:
+    # streams of about 5 s, and five of over a minute started around the switch's start: a drain must wait
+    # for the ones on its replica (smg's default policy keeps one prompt on one worker: all on one replica)
+    with Load(gw, long=LONG) as load:
         time.sleep(2)
-        r = ring.sparkctl("-i", inv, "switch", "roll-new", "--json", timeout=400)
+        r = ring.sparkctl("-i", inv, "switch", "roll-new", "--json", timeout=600)
         time.sleep(2)
     print(f"rolling switch: {load.summary()}")
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
@@ -245,6 +275,13 @@ def test_simulated_rolling_switch_fails_no_request(ring: Sim) -> None:
     assert ran.index("r1-gateway-register") < ran.index("r2-gateway-drain"), ran
     assert len(load.results) > 20
     assert load.failed() == [], load.failed()[:5]
+    longs = [x for x in load.results if x["long"]]
+    assert len(longs) == len(LONG) and all(x["seconds"] >= LONG_S for x in longs), longs
+    drains = {x["id"]: x.get("seconds") for x in rec["steps"] if x["id"].endswith("-gateway-drain")}
+    print(f"rolling switch: {len(longs)} streams of {min(x['seconds'] for x in longs):.0f} s or more, whole; "
+          f"drain steps {drains}")
+    # a drain waited out the minute-long streams in flight on its replica (the streams above are whole)
+    assert max(v or 0 for v in drains.values()) >= LONG_S / 2, drains
     assert {x["model"] for x in load.results} == {"tiny-llama"}
     # both stacks answered: the old engine's log (kept as engine.log.1) and the new one's
     old = sum(_chats(ring, n, "engine.log.1") for n in ("spark-a", "spark-b"))
@@ -407,22 +444,20 @@ def test_simulated_ctrl_c_mid_roll_leaves_one_stable_state_then_the_switch_resum
     assert wait_until(lambda: len(_ready_urls(gw) or []) == 2, 30), _ready_urls(gw)
 
 
-def test_simulated_negative_control_a_replica_stopped_without_draining_fails_requests(ring: Sim) -> None:
-    """The same load, and the replica that serves it (smg's default policy keeps a prompt on one
-    worker) killed with no drain: its streams in flight are cut, so the load counts failures."""
-    gw = _gw(ring)
-    before = {n: _chats(ring, n, "engine.log") for n in ("spark-a", "spark-b")}
-    with Load(gw, period=0.1, max_tokens=200) as load:  # longer streams: some are in flight at the kill
+def test_simulated_negative_control_a_switch_that_stops_a_replica_once_removed_fails_requests(ring: Sim) -> None:
+    """The same rolling switch under the same load, long streams included, away from a stack with
+    drain_timeout_s: 1 and stop_timeout_s: 1: each replica is stopped a second after the gateway removed it
+    and killed a second later, its streams in flight cut. The load counts failures, so the zeros above can fail."""
+    inv, gw = str(ring.inventory), _gw(ring)
+    # the serving stack's own settings drain and stop it (the record's gateway entry, its unit's TimeoutStopSec=)
+    r = ring.sparkctl("-i", inv, "switch", "roll-nodrain", "--json", timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    with Load(gw, long=LONG) as load:
         time.sleep(2)
-        busy = max(before, key=lambda n: _chats(ring, n, "engine.log") - before[n])
-        # the engine alone (spark-a also runs the gateway): SIGKILL, as a crash or a stop without drain. Its
-        # pids from the node's own `ps` (pkill reads the machine's /proc, so on the simulated nodes, which share
-        # one PID namespace, it killed the other replica's engine too, and the gateway answered 503 for want of
-        # any backend instead of cutting the busy replica's streams)
-        pids = ring.ssh(busy, "ps -eo pid,args | awk '/llama_cpp[.]server/ {print $1}'").stdout.split()
-        assert pids and ring.ssh(busy, f"kill -KILL {' '.join(pids)}").returncode == 0, pids
-        time.sleep(4)
-    print(f"negative control ({busy} killed, no drain): {load.summary()}")
+        r = ring.sparkctl("-i", inv, "switch", "roll-new", "--json", timeout=600)
+        time.sleep(2)
+    print(f"negative control (drain_timeout_s: 1, stop_timeout_s: 1): {load.summary()}")
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert len(load.failed()) > 0, f"{len(load.results)} requests, none failed: the load test cannot fail"
 
 
@@ -443,8 +478,7 @@ def test_simulated_switch_where_no_replica_stays_up_answers_503_with_retry_after
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     bad = [x for x in load.results if x["status"] not in (200, 503)
            or (x["status"] == 503 and x["retry_after"] is None) or (x["status"] == 200 and not load.whole(x))]
-    # the killed replica of the negative control may still be listed for a moment: only refused
-    # connections and 404s during the outage count here
+    # only refused connections and 404s during the outage count here
     assert not [x for x in bad if x["status"] in (None, 404)], bad[:5]
     assert any(x["status"] == 503 for x in load.results), "no outage seen"
     assert load.whole(load.results[-1]), load.results[-3:]

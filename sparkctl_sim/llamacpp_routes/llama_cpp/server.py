@@ -22,18 +22,61 @@ llama-cpp-python has one slot: it is reported processing while any
 generation request is in flight, queued ones included (stricter than
 llama-server, whose queued requests are in no slot). Both llama.cpp files
 are the copies llama-cpp-python 0.3.36 vendors (its sdist, ``vendor/llama.cpp``).
+
+``SPARKCTL_SIM_DECODE_MS`` (the profile's ``engine.env``), when set, paces a streamed answer at one
+event every that many milliseconds, as a big model decodes on GB10 (sparkctl/bench/published-numbers.yaml:
+33 to 92 tokens a second for one stream, fewer per stream under load), where the tiny model writes
+hundreds of tokens in milliseconds.
+The engine generates at its own speed into a queue (so its one slot is free for the next request,
+as a batching engine's would be) and the client gets the events paced: the first at once, so time
+to first token is the engine's. The request counts in flight, for ``/slots``, until its last event
+is sent: a drain that waits on it waits for the whole stream, as on a real engine. Unset, nothing
+is paced. It is time only: the bytes are llama-cpp-python's, in its order. Its streaming costs more
+per token the longer the answer (24 tokens in 0.01 s, 470 in 16 s with 16 paced streams in flight):
+a long stream wants a slow pace and few tokens, not many.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
 from typing import Any
 
 _IDLE_PATHS = ("/v1/models",)
+DECODE_MS_ENV = "SPARKCTL_SIM_DECODE_MS"
+
+
+def _paced(send: Any, interval_s: float) -> tuple[Any, Any]:
+    """A ``send`` that never waits (the app runs at its speed) and the task that replays it paced."""
+    queue: asyncio.Queue[Any] = asyncio.Queue()
+
+    async def replay() -> None:
+        streaming, last = False, None
+        while (msg := await queue.get()) is not None:
+            if msg["type"] == "http.response.start":
+                streaming = any(k.lower() == b"content-type" and v.startswith(b"text/event-stream")
+                                for k, v in msg.get("headers", []))
+            elif msg["type"] == "http.response.body" and streaming and last is not None:
+                await asyncio.sleep(max(0.0, last + interval_s - asyncio.get_running_loop().time()))
+            if msg["type"] == "http.response.body":
+                last = asyncio.get_running_loop().time()
+            await send(msg)
+
+    async def enqueue(msg: Any) -> None:
+        queue.put_nowait(msg)
+
+    task = asyncio.ensure_future(replay())
+
+    async def close() -> None:
+        queue.put_nowait(None)
+        await task
+    return enqueue, close
 
 
 def _asgi(app: Any) -> Any:
     in_flight = 0
+    pace_s = float(os.environ.get(DECODE_MS_ENV) or 0) / 1000.0
 
     async def reply(send: Any, body: Any) -> None:
         raw = json.dumps(body).encode()
@@ -53,7 +96,14 @@ def _asgi(app: Any) -> Any:
         if counted:
             in_flight += 1
         try:
-            await app(scope, receive, send)  # returns once a streamed response has ended
+            if counted and pace_s > 0:
+                paced_send, close = _paced(send, pace_s)
+                try:
+                    await app(scope, receive, paced_send)
+                finally:
+                    await close()  # the last event sent: only now is the stream over
+            else:
+                await app(scope, receive, send)  # returns once a streamed response has ended
         finally:
             if counted:
                 in_flight -= 1
