@@ -39,13 +39,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from sparkctl.model.inventory import load_inventory  # noqa: E402 - after the repository is on the path
-from tests.sim.test_simulated_ring_rolling_switch import (  # noqa: E402 - the e2e's own
-    GW_PORT,
-    LONG_TOKENS,
-    PROFILES,
-    SHORT_TOKENS,
-    Load,
-)
+from tests.sim.helpers import LONG_TOKENS, SHORT_TOKENS, Load  # noqa: E402 - the e2e's own load
+from tests.sim.test_simulated_ring_rolling_switch import GW_PORT, PROFILES  # noqa: E402 - and profiles
 
 
 def _pct(xs: list[float], q: float) -> float:

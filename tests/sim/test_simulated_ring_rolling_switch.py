@@ -44,8 +44,7 @@ import httpx
 import pytest
 
 from sparkctl.model.inventory import load_inventory
-from sparkctl_sim.tinymodel import exact_length_logit_bias
-from tests.sim.helpers import Sim, make_sim, wait_until
+from tests.sim.helpers import LONG_S, Load, Sim, make_sim, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.needs_root]
 
@@ -80,18 +79,6 @@ PROFILES["roll-nodrain"] = PROFILES["roll-new"].replace("  ready_timeout_s: 90\n
 NEW_MARK = "--n_threads 1"
 WATCHER = "sparkctl-test-load-watcher"  # the name ($0) of the watch loop on spark-b
 GW_PORT = 30000
-LOAD_PERIOD_S = 0.25
-SHORT_TOKENS = 3
-BODY = {"model": "tiny-llama", "messages": [{"role": "user", "content": "count to ten"}],
-        "max_tokens": SHORT_TOKENS, "stream": True, "temperature": 0}
-# SIMULATED decode speed: the engine paces its stream at one event a second (SPARKCTL_SIM_DECODE_MS in the
-# profiles: sparkctl_sim/llamacpp_routes), so a 3-token answer streams for about 5 s and a long one of 62
-# tokens (EOS biased away: exactly 62) for over a minute. Slow per token on purpose: a long stream needs few
-# tokens, and llama-cpp-python's streaming costs more per token the longer the answer (measured on this
-# engine, 16 paced streams in flight: 24 tokens in 0.01 s, 62 in 0.06 s, 470 in 16 s), time in which its
-# one slot serves nobody else (a real engine batches).
-LONG_TOKENS = 62
-LONG_S = 60.0
 LONG = frozenset({2, 6, 10, 14, 18})  # the long requests among the load's: 0.5 s to 4.5 s after it starts
 
 
@@ -107,99 +94,6 @@ def ring(tmp_path_factory: pytest.TempPathFactory, host_lock: None) -> Iterator[
 
 def _gw(sim: Sim) -> str:
     return f"http://{load_inventory(sim.inventory).node('spark-a').host}:{GW_PORT}"
-
-
-class Load:
-    """Open loop: a streaming request every ``period`` s in its own thread, up to ``limit``."""
-
-    def __init__(self, url: str, period: float = LOAD_PERIOD_S, limit: int = 2000, max_tokens: int = SHORT_TOKENS,
-                 long: frozenset[int] = frozenset()) -> None:
-        """``long``: the indices of the requests that ask for a LONG_TOKENS answer (a stream of over a minute)."""
-        self.url, self.period, self.limit, self.long = url, period, limit, long
-        self.body = {**BODY, "max_tokens": max_tokens}
-        self.long_body = {**BODY, "max_tokens": LONG_TOKENS, "logit_bias": exact_length_logit_bias()}
-        self.results: list[dict[str, Any]] = []
-        self._stop = threading.Event()
-        self._threads: list[threading.Thread] = []
-        self._lock = threading.Lock()
-
-    def _one(self, long: bool) -> None:
-        r: dict[str, Any] = {"t": time.monotonic(), "status": None, "done": False, "finished": False, "model": None,
-                             "error": "", "retry_after": None, "ttft": None, "long": long, "seconds": None,
-                             "ids": set()}
-        try:
-            with httpx.stream("POST", f"{self.url}/v1/chat/completions", json=self.long_body if long else self.body,
-                              timeout=60) as s:
-                r["status"] = s.status_code
-                r["retry_after"] = s.headers.get("retry-after")
-                if s.status_code == 200:
-                    for line in s.iter_lines():
-                        if line == "data: [DONE]":
-                            r["done"] = True
-                        elif line.startswith("data:"):
-                            frame = json.loads(line[5:])
-                            if frame.get("id"):  # one completion id a stream: one backend start to end
-                                r["ids"].add(frame["id"])
-                            if "error" in frame:  # smg ends a stream its backend cut with an error frame, then [DONE]
-                                r["error"] = f"error frame: {json.dumps(frame['error'])}"[:200]
-                            if (frame.get("choices") or [{}])[0].get("finish_reason"):
-                                r["finished"] = True
-                            if r["model"] is None:
-                                r["ttft"] = time.monotonic() - r["t"]
-                                r["model"] = frame.get("model")
-                else:
-                    s.read()
-                    r["error"] = s.text[:200]
-        except (httpx.HTTPError, ValueError) as exc:
-            r["error"] = f"{type(exc).__name__}: {exc}"[:200]
-        r["seconds"] = time.monotonic() - r["t"]
-        with self._lock:
-            self.results.append(r)
-
-    def _loop(self) -> None:
-        n = 0
-        while not self._stop.is_set() and n < self.limit:
-            t = threading.Thread(target=self._one, args=(n in self.long,), daemon=True)
-            t.start()
-            self._threads.append(t)
-            n += 1
-            self._stop.wait(self.period)
-
-    def __enter__(self) -> Load:
-        self._main = threading.Thread(target=self._loop, daemon=True)
-        self._main.start()
-        return self
-
-    def __exit__(self, *_: Any) -> None:
-        self._stop.set()
-        self._main.join()
-        for t in self._threads:
-            t.join(LONG_S + 30 if self.long else 70)
-
-    def summary(self) -> str:
-        """Figures for the run's output: counts by status, time to first token, the longest gap."""
-        by: dict[Any, int] = {}
-        for r in self.results:
-            by[r["status"]] = by.get(r["status"], 0) + 1
-        ttft = sorted(r["ttft"] for r in self.results if r["ttft"] is not None)
-        firsts = sorted(r["t"] + r["ttft"] for r in self.results if r["ttft"] is not None)
-        gap = max((b - a for a, b in zip(firsts, firsts[1:])), default=0.0)
-
-        def q(f: float) -> float:
-            return ttft[min(len(ttft) - 1, int(f * len(ttft)))] * 1000 if ttft else float("nan")
-        return (f"{len(self.results)} requests, {len(self.failed())} failed, by status {by}; time to first token "
-                f"p50 {q(0.5):.0f} ms p99 {q(0.99):.0f} ms; longest gap between first tokens {gap:.2f} s")
-
-    @staticmethod
-    def whole(r: dict[str, Any]) -> bool:
-        """200, a stream with a finish_reason and [DONE], no error frame, one completion id throughout. A
-        backend cut mid-stream reaches the client through smg as 200, the frames sent so far, an error frame
-        ("Stream error: ... unexpected EOF") and [DONE]: [DONE] alone says nothing of truncation."""
-        return r["status"] == 200 and r["done"] and r["finished"] and not r["error"] and len(r["ids"]) == 1
-
-    def failed(self) -> list[dict[str, Any]]:
-        """Every request that did not end whole."""
-        return [r for r in self.results if not self.whole(r)]
 
 
 def _record(sim: Sim) -> dict[str, Any]:
