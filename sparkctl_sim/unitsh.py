@@ -18,6 +18,9 @@ reference: tests/sim/test_shim_views.py runs both on the same records and compar
   unit whose supervisor and main process are both gone (SIGKILL, a power cut) is failed
   (Result=signal), a process being alive judged as shimbase._proc_start_ticks does it
   (``/proc/PID/stat``: not a zombie, the start time recorded).
+* ``systemctl enable UNIT`` whose links all exist, ``systemctl disable UNIT`` with none, and
+  ``systemctl stop UNIT`` of a loaded unit recorded inactive or failed: the Python shim does
+  nothing then, and neither does sh (``up`` asks these of every node on every run).
 * ``journalctl [-b] -u UNIT [-o cat|short] [--no-pager] [-q]``: the unit's journal file,
   ``-o cat`` dropping the ``TS systemd[1]: NAME: `` prefix of systemd's own lines
   (journalshim's ``_SYSTEMD_LINE``).
@@ -43,11 +46,12 @@ SYSTEMCTL_SH = r'''sc_alive() {
 }
 sc_install() {
   # Not enabled: "disabled" if the loaded unit's [Install] names a target, else "static"
-  # (systemctlshim._is_enabled). Only for the daemon-reload's copy equal to the file on disk
-  # and [Install] lines of the plain shapes; anything else (no copy yet, a changed file, a
-  # continuation, spaces around "=", another key) is Python's.
+  # (systemctlshim._is_enabled); sc_ts: the link directories "T.wants"/"T.requires" (_enable).
+  # Only for the daemon-reload's copy equal to the file on disk and [Install] lines of the
+  # plain shapes; anything else (no copy yet, a changed file, a continuation, spaces around
+  # "=", another key) is Python's.
   [ -f "$1" ] && cmp -s "$1" "$2" || return 1
-  UnitFileState=static; sc_sec=
+  UnitFileState=static; sc_sec=; sc_ts=
   while IFS= read -r sc_l || [ -n "$sc_l" ]; do
     case "$sc_l" in
       *\\) return 1 ;;
@@ -56,10 +60,42 @@ sc_install() {
     [ "$sc_sec" = '[Install]' ] || continue
     case "$sc_l" in
       ''|'#'*|';'*) ;;
-      WantedBy=[A-Za-z0-9@_.-]*|RequiredBy=[A-Za-z0-9@_.-]*) UnitFileState=disabled ;;
+      WantedBy=[A-Za-z0-9@_.-]*|RequiredBy=[A-Za-z0-9@_.-]*)
+        case "${sc_l#*=}" in *[!A-Za-z0-9@_.\ -]*) return 1 ;; esac
+        case "$sc_l" in WantedBy=*) sc_k=wants ;; *) sc_k=requires ;; esac
+        for sc_t in ${sc_l#*=}; do sc_ts="$sc_ts $sc_t.$sc_k"; done
+        UnitFileState=disabled ;;
       *) return 1 ;;
     esac
   done <"$1"
+}
+sc_noop() {
+  # ``enable U`` whose links all exist, ``disable U`` with none, ``stop U`` of a loaded unit
+  # whose record says inactive or failed: what the Python shim does then is nothing (no output,
+  # exit 0; systemctlshim._enable, _disable, _stop). Anything else is Python's.
+  [ -n "$SPARKCTL_SIM_RUN_DIR" ] && [ -n "$SPARKCTL_SIM_UNIT_DIR" ] && [ "$#" = 2 ] || return 0
+  sc_u=$2
+  case "$sc_u" in ''|-*|*/*) return 0 ;; *.*) ;; *) sc_u=$sc_u.service ;; esac
+  sc_d="$SPARKCTL_SIM_RUN_DIR/systemd"
+  case "$1" in
+    disable)
+      for sc_f in "$SPARKCTL_SIM_UNIT_DIR"/*.*/"$sc_u"; do [ -L "$sc_f" ] && return 0; done
+      exit 0 ;;
+    enable)
+      sc_install "$sc_d/loaded/$sc_u" "$SPARKCTL_SIM_UNIT_DIR/$sc_u" || return 0
+      [ -n "$sc_ts" ] || return 0
+      for sc_t in $sc_ts; do [ -L "$SPARKCTL_SIM_UNIT_DIR/$sc_t/$sc_u" ] || return 0; done
+      exit 0 ;;
+    stop)
+      [ -f "$sc_d/loaded/$sc_u" ] && cmp -s "$sc_d/loaded/$sc_u" "$SPARKCTL_SIM_UNIT_DIR/$sc_u" || return 0
+      [ -r "$sc_d/$sc_u.json" ] || return 0
+      sc_st=
+      while IFS= read -r sc_l; do
+        case "$sc_l" in ' "ActiveState": "inactive",'|' "ActiveState": "failed",') sc_st=1 ;; esac
+      done <"$sc_d/$sc_u.json"
+      [ -n "$sc_st" ] && exit 0 ;;
+  esac
+  return 0
 }
 sc_fast() {
   [ -n "$SPARKCTL_SIM_RUN_DIR" ] && [ -n "$SPARKCTL_SIM_UNIT_DIR" ] || return 0
@@ -158,6 +194,7 @@ sc_fast() {
   done
   exit 0
 }
+sc_noop "$@"
 sc_fast "$@"
 '''
 

@@ -371,6 +371,48 @@ def test_systemctl_lines_sh_cannot_answer_go_to_python(units: tuple[Path, Path, 
     assert _run(sh, env, "systemctl", "is-active", "u")[2] == 127
 
 
+def test_systemctl_enable_disable_stop_that_change_nothing_are_answered_in_sh_as_python_answers(
+        units: tuple[Path, Path, dict[str, str]]) -> None:
+    """``enable`` with every link there, ``disable`` with none, ``stop`` of a unit recorded inactive or failed:
+    Python does nothing, sh answers the same (no output, exit 0) without Python; each one that would change
+    something (a link to make or remove, a unit to stop, a copy that differs from the disk) is Python's."""
+    from sparkctl_sim.systemdunits import Units
+
+    py, sh, env = units
+    root, run = Path(env["SPARKCTL_SIM_UNIT_DIR"]), Path(env["SPARKCTL_SIM_RUN_DIR"]) / "systemd"
+    text = "[Service]\nExecStart=/bin/true\n\n[Install]\nWantedBy=multi-user.target other.target\n"
+    (root / "u.service").write_text(text)
+    (run / "loaded").mkdir()
+    (run / "loaded" / "u.service").write_text(text)
+    links = [root / "multi-user.target.wants" / "u.service", root / "other.target.wants" / "u.service"]
+
+    def both(*q: str) -> tuple[str, str, int]:
+        want = _run(py, env, "systemctl", *q)
+        return want if _run(sh, env, "systemctl", *q) == want else ("differs", str(_run(sh, env, "systemctl", *q)), -1)
+
+    # the links are missing: enable is Python's (it makes them), disable is a no-op
+    assert _run(sh, env, "systemctl", "enable", "u")[2] == 127
+    assert both("disable", "u") == ("", "", 0)
+    assert _run(py, env, "systemctl", "enable", "u")[2] == 0 and all(ln.is_symlink() for ln in links)
+    assert both("enable", "u") == ("", "", 0) and both("enable", "u.service") == ("", "", 0)
+    assert _run(sh, env, "systemctl", "disable", "u")[2] == 127  # it would remove them
+    links[1].unlink()
+    assert _run(sh, env, "systemctl", "enable", "u")[2] == 127  # one to make again
+    links[1].symlink_to(root / "u.service")
+    # stop: no record is Python's; a record inactive or failed is a no-op; active is Python's
+    assert _run(sh, env, "systemctl", "stop", "u")[2] == 127
+    for state in ("inactive", "failed"):
+        Units(run.parent).save_state("u.service", {"ActiveState": state, "SubState": "dead", "MainPID": 0})
+        assert both("stop", "u") == ("", "", 0), state
+    Units(run.parent).save_state("u.service", {"ActiveState": "active", "SubState": "running", "MainPID": 0})
+    assert _run(sh, env, "systemctl", "stop", "u")[2] == 127
+    # a daemon-reload's copy that differs from the disk, and any other form: Python's
+    Units(run.parent).save_state("u.service", {"ActiveState": "inactive", "SubState": "dead", "MainPID": 0})
+    (root / "u.service").write_text(text + "# changed\n")
+    for q in [("enable", "u"), ("stop", "u"), ("enable", "--now", "u"), ("stop", "u", "v")]:
+        assert _run(sh, env, "systemctl", *q)[2] == 127, q
+
+
 def test_journalctl_in_sh_is_the_python_shims_answer(units: tuple[Path, Path, dict[str, str]]) -> None:
     py, sh, env = units
     journal = Path(env["SPARKCTL_SIM_RUN_DIR"]) / "systemd" / "earlyoom.service.journal.log"
