@@ -185,23 +185,42 @@ def _supervise(units: Units, unit: Unit, report_fd: int, invocation: str) -> int
                 # As for 203/EXEC below: the fork succeeded, so a Type=simple start succeeds.
                 report("ok 0" if unit.type == "simple" else "fail exec")
                 return 1
+            # A stop that came while this start was under way wins: systemd's manager
+            # serializes jobs, so a stop queued during an auto-restart leaves the unit dead
+            # and starts nothing after it (systemd.service(5), Restart=: a service stopped
+            # with systemctl stop is not restarted). The check and the spawn are one step
+            # under the lock `_stop` takes to read MainPID: either that stop sees this pid
+            # and kills it, or no process is spawned.
+            spawn_error: OSError | None = None
             try:
-                proc = _spawn_unit_process(unit, main, env, out, err)
-            except OSError as exc:
-                _journal_line(units, name, f"Failed at step EXEC spawning: {exc}")
+                with units.lock(name):
+                    cur = _read_json(units.state_path(name)) or {}
+                    cancelled = bool(cur.get("stop_requested")) or cur.get("invocation") != invocation
+                    if not cancelled:
+                        try:
+                            proc = _spawn_unit_process(unit, main, env, out, err)
+                        except OSError as exc:
+                            spawn_error = exc
+                        else:
+                            cur.update(ActiveState="active", SubState="running", MainPID=proc.pid,
+                                       main_start=_proc_start_ticks(proc.pid), supervisor=me,
+                                       ActiveEnterTimestamp=_now_iso(), Result="success",
+                                       ExecMainStatus=None, ExecMainCode=None)
+                            units.save_state(name, cur)
+            finally:
+                out.close()
+                if err is not out:
+                    err.close()
+            if cancelled:
+                report("fail cancelled")
+                return 0
+            if spawn_error is not None:
+                _journal_line(units, name, f"Failed at step EXEC spawning: {spawn_error}")
                 units.update(name, ActiveState="failed", SubState="failed", Result="exit-code",
                              MainPID=0, ExecMainStatus=203, ExecMainCode="exited")
                 # Type=simple reports success before the exec; Type=exec waits for it.
                 report("ok 0" if unit.type == "simple" else "fail exec")
                 return 1
-            finally:
-                out.close()
-                if err is not out:
-                    err.close()
-            units.update(name, ActiveState="active", SubState="running", MainPID=proc.pid,
-                         main_start=_proc_start_ticks(proc.pid), supervisor=me,
-                         ActiveEnterTimestamp=_now_iso(), Result="success",
-                         ExecMainStatus=None, ExecMainCode=None, stop_requested=False)
             _journal_line(units, name, f"Started {unit.description or name} (MainPID {proc.pid}).")
             report(f"ok {proc.pid}")
             env_post = dict(env, MAINPID=str(proc.pid))
@@ -338,6 +357,9 @@ def _start(units: Units, name: str) -> int:
         answer = fh.read().decode()
     if answer.startswith("ok"):
         return 0
+    if answer == "fail cancelled":
+        # src/shared/bus-wait-for-jobs.c, check_wait_response: result "canceled"
+        raise ShimError(f"Job for {name} canceled.", 1)
     if answer == "fail resources":
         raise ShimError(f"Job for {name} failed because of unavailable resources or another "
                         "system error.", 1)
@@ -348,12 +370,17 @@ def _stop(units: Units, name: str) -> int:
     unit = units.load(name)
     if unit is None and not units.state_path(name).exists():
         raise ShimError(f"Failed to stop {name}: Unit {name} not loaded.", 5)
-    cur = units.state(name)
-    if cur["ActiveState"] in ("inactive", "failed"):
-        return 0
+    # Read the main pid and ask for the stop in one locked step: a supervisor that is
+    # starting the next process (an auto-restart) checks for the stop under the same lock.
+    with units.lock(name):
+        cur = units.state(name)
+        if cur["ActiveState"] in ("inactive", "failed"):
+            return 0
+        rec = _read_json(units.state_path(name)) or {}
+        rec.update(stop_requested=True, ActiveState="deactivating", SubState="stop-sigterm")
+        units.save_state(name, rec)
     timeout_s = min(float(cur.get("TimeoutStopSec") or STOP_TIMEOUT_CAP_S), STOP_TIMEOUT_CAP_S)
     kill_signal = int(cur.get("KillSignal") or signal.SIGTERM)
-    units.update(name, stop_requested=True, ActiveState="deactivating", SubState="stop-sigterm")
     pid = int(cur.get("MainPID") or 0)
     # systemd.service(5): ExecStop= runs when an active unit stops, a oneshot kept active by
     # RemainAfterExit=yes included (it has no main process left: that is how such a unit undoes

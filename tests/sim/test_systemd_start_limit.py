@@ -3,9 +3,10 @@ the unit, systemd's defaults (10 s, 5) when absent; every start counts, reset-fa
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
-from tests.sim.helpers import ShimHost, wait_until
+from tests.sim.helpers import ShimHost, alive, wait_until
 
 FAILING = """\
     [Unit]
@@ -62,3 +63,36 @@ def test_a_zero_interval_disables_the_limit(sim: ShimHost) -> None:
     assert wait_until(lambda: _starts(log) >= 8, 15, 0.05), "no limit: it keeps restarting"
     assert sim.run("systemctl", "stop", "flaky").returncode == 0
     assert _show(sim, "flaky")["Result"] != "start-limit-hit"
+
+
+RESTARTS_AT_ONCE = """\
+    [Unit]
+    Description=exits at once and is restarted at once
+    StartLimitIntervalSec=0
+    [Service]
+    Type=simple
+    ExecStart=/bin/sh -c 'echo $$$$ >> {log}; sleep 0.01; exit 3'
+    Restart=on-failure
+    RestartSec=0
+"""
+
+
+def test_a_stop_during_restarts_leaves_nothing_running(sim: ShimHost) -> None:
+    """systemctl stop wins over an auto-restart under way, whenever it comes.
+
+    The supervisor restarts the unit in a loop; a stop that landed between its
+    "restart?" check and the spawn once left a process running after `stop`
+    returned (the unit said inactive). Stopped at 20 moments, nothing runs after.
+    """
+    log = sim.root / "pids.log"
+    sim.unit("loop.service", RESTARTS_AT_ONCE.format(log=log))
+    for i in range(20):
+        assert sim.run("systemctl", "start", "loop").returncode in (0, 1)
+        time.sleep((i % 5) * 0.013)
+        assert sim.run("systemctl", "stop", "loop").returncode == 0
+        starts = _starts(log)
+        time.sleep(0.1)
+        assert _starts(log) == starts, f"round {i}: started again after systemctl stop returned"
+        assert _show(sim, "loop")["ActiveState"] in ("inactive", "failed")
+        running = [pid for pid in map(int, log.read_text().split()) if alive(pid)]
+        assert not running, f"round {i}: {running} still run after systemctl stop"
