@@ -25,7 +25,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sparkctl.facts.batch import REGISTRY, build_script, gather, parse_batch, remote_command, section_title, split_batch
-from sparkctl.facts.fabric import FabricTarget, parse_fabric
+from sparkctl.facts.fabric import FabricTarget, build_fabric_script, parse_fabric
 from sparkctl.facts.gpu import SmiClocks, decode_reasons, parse_gpu_query, parse_smi_csv, parse_smi_q_clocks
 from sparkctl.facts.net import (
     Ethtool,
@@ -728,6 +728,48 @@ def test_fabric_client_reads_mb_sec_and_refuses_a_report_without_rows() -> None:
     assert reached is True and bw == pytest.approx(111.71, abs=0.005)
     no_row = frame([("fab0", fx("ib_write_bw-rdma-cm.txt").split(" 65536")[0], 0)])
     assert parse_fabric([t], no_row) == [(t, False, None)]
+
+
+FAKE_PING = """#!/bin/sh
+# the last argument is the address; 10.0.0.1 and 10.0.0.2 each wait for the other to have started
+log={log}
+for a; do addr=$a; done
+echo "$addr" >> "$log/calls"
+case "$addr" in
+  10.0.0.1|10.0.0.2)
+    touch "$log/started-$addr"
+    other=10.0.0.$((3 - ${{addr##*.}}))
+    i=0; while [ ! -e "$log/started-$other" ]; do i=$((i + 1)); [ $i -gt 100 ] && exit 1; sleep 0.05; done
+    exit 0 ;;
+  10.0.0.3) [ -e "$log/lost-once" ] && exit 0; touch "$log/lost-once"; exit 1 ;;
+  *) exit 1 ;;
+esac
+"""
+
+
+def test_the_fabric_script_pings_at_once_sends_a_lost_ping_again_and_names_the_silent(tmp_path: Path) -> None:
+    """Run under sh with a stand-in ping: two pings that each need the other under way pass only
+    when the pings run at once; a ping lost once is answered by the second; one never answered
+    fails after its second try, and the bandwidth pair still runs after the pings."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "ping").write_text(FAKE_PING.format(log=shlex.quote(str(tmp_path))))
+    (bin_dir / "ib_write_bw").write_text("#!/bin/sh\necho ib_write_bw \"$@\" >> " + shlex.quote(str(tmp_path / "calls")) + "\n")
+    for tool in ("ping", "ib_write_bw"):
+        (bin_dir / tool).chmod(0o755)
+    targets = [FabricTarget("df", "enp1s0f0np0", "spark-b", "10.0.0.1"),
+               FabricTarget("df", "enp1s0f1np1", "spark-c", "10.0.0.2"),
+               FabricTarget("relay", "", "spark-d", "10.0.0.3"),
+               FabricTarget("df", "enp1s0f1np1", "spark-e", "10.0.0.4"),
+               FabricTarget("bw-server", "enp1s0f0np0", "spark-b", "", "rocep1s0f0", 18515)]
+    script = build_fabric_script(targets, 9000, bandwidth_s=1)
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin"}
+    out = subprocess.run(["sh", "-c", script], env=env, capture_output=True, text=True, timeout=30, check=False)
+    got = parse_fabric(targets, out.stdout)
+    assert [reached for _, reached, _ in got] == [True, True, True, False]
+    calls = (tmp_path / "calls").read_text().split("\n")
+    assert calls.count("10.0.0.3") == 2 and calls.count("10.0.0.4") == 2 and calls.count("10.0.0.1") == 1
+    assert calls[-2].startswith("ib_write_bw -d rocep1s0f0 -p 18515"), "the bandwidth pair after every ping"
 
 
 # ---------------------------------------------------------------- the simulator's tools read back

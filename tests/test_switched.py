@@ -15,7 +15,7 @@ from sparkctl.model.inventory import load_inventory, loads_inventory
 from sparkctl.model.layout import bind
 from sparkctl.model.profiles import resolve
 from sparkctl.model.resources import Roots
-from sparkctl.ops.check import _fabric_targets
+from sparkctl.ops.check import _fabric_targets, subnet_pairs
 from sparkctl.plan import laws
 
 from helpers import REPO, healthy
@@ -149,11 +149,24 @@ def _of(c: laws.Context, law: str) -> list[laws.Verdict]:
     return [v for v in laws.judge(c) if v.law == law]
 
 
-def test_every_port_pings_every_peer_on_its_subnet_and_nothing_else() -> None:
+def test_every_pair_of_ports_on_a_subnet_is_pinged_once_and_nothing_else() -> None:
     targets = _fabric_targets(SW8, SW8.names)
     t = targets["spark-03"]
-    assert {x.kind for x in t} == {"df"} and len(t) == 2 * 7  # two twins, seven peers each
+    assert {x.kind for x in t} == {"df"}
     assert {(x.netdev, x.address.rsplit(".", 2)[0]) for x in t} == {("enp1s0f1np1", "10.40"), ("enP2p1s0f1np1", "10.41")}
+    for netdev in ("enp1s0f1np1", "enP2p1s0f1np1"):
+        pairs = [(n, x.peer) for n, ts in targets.items() for x in ts if x.netdev == netdev]
+        assert len(pairs) == len({frozenset(p) for p in pairs}) == 8 * 7 // 2, "every pair once, in one direction"
+        sent = [sum(1 for n, _ in pairs if n == node) for node in SW8.names]
+        assert set(sent) == {3, 4}, "each port sends half of its subnet's pings, not the first all of them"
+
+
+@pytest.mark.parametrize("n", range(1, 18))
+def test_subnet_pairs_covers_each_pair_once_and_spreads_the_senders(n: int) -> None:
+    pairs = subnet_pairs(list(range(n)))
+    assert sorted(tuple(sorted(p)) for p in pairs) == [(a, b) for a in range(n) for b in range(a + 1, n)]
+    sent = [sum(1 for a, _ in pairs if a == k) for k in range(n)]
+    assert max(sent, default=0) - min(sent, default=0) <= 1
 
 
 def test_a_healthy_switch_passes_switch_subnet_and_fabric_and_skips_the_ring_only_law() -> None:

@@ -115,20 +115,26 @@ EXPORTER_FACTS = (system.BOOT_ID, system.MEMINFO, gpu.GPU, gpu.GPU_CLOCKS, syste
                   services.ENGINE_UNIT, watchdog_fact.WATCHDOG, watchdog_fact.KILLS)
 
 
-def frame_parallel(steps: list[tuple[str, str]]) -> str:
+def frame_parallel(steps: list[tuple[str, str]], then: list[tuple[str, str]] | None = None,
+                   manifest: str | None = None) -> str:
     """The batch's output format, every section's command run at once (each into its own file
     of a private temp dir), then printed in order: a scrape waits for the slowest tool, not
-    for the sum of them. The same markers, so :func:`parse_batch` reads it unchanged."""
-    for name, _ in steps:
+    for the sum of them. The same markers, so :func:`parse_batch` reads it unchanged.
+    ``then``: sections run one after another once all of ``steps`` are done."""
+    later = then or []
+    for name, _ in steps + later:
         if not SECTION_NAME.fullmatch(name):
             raise ValueError(f"unsafe probe section name {name!r}")
-    names = " ".join(n for n, _ in steps)
+    names = " ".join(n for n, _ in steps + later) if manifest is None else manifest
     out = [PRELUDE, 'd=$(mktemp -d) || exit 1', "trap 'rm -rf \"$d\"' EXIT"]
     # each section writes its own markers (sec and end are shell functions): a section costs its
     # subshells and its tool, and the sections are printed in order by one cat
     out += [f'( sec {name}; ( {body} ); end {name} "$?" ) > "$d/{i}" &' for i, (name, body) in enumerate(steps)]
-    out += ["wait", f"echo {q(f'{MARKER_PREFIX}manifest:{names}@@')}"]
-    out.append("cat " + " ".join(f'"$d/{i}"' for i in range(len(steps))))
+    out.append("wait")
+    out += [f'( sec {name}; ( {body} ); end {name} "$?" ) > "$d/{i}"'
+            for i, (name, body) in enumerate(later, start=len(steps))]
+    out.append(f"echo {q(f'{MARKER_PREFIX}manifest:{names}@@')}")
+    out.append("cat " + " ".join(f'"$d/{i}"' for i in range(len(steps) + len(later))))
     out.append(f"echo {q(MARKER_PREFIX + 'done@@')}")
     return "\n".join(out) + "\n"
 

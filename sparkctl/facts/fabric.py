@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from sparkctl.facts.batch import frame, split_batch
+from sparkctl.facts.batch import frame_parallel, split_batch
 from sparkctl.facts.perftest import parse_ib_write_bw
 from sparkctl.facts.registry import ProbeParseError, q
 
@@ -31,14 +31,23 @@ class FabricTarget:
 
 
 def build_fabric_script(targets: Sequence[FabricTarget], mtu: int, bandwidth_s: int = 0) -> str:
+    """The pings run at once (a port that answers nothing costs its node one wait of 2 s, not
+    one per peer), then the ib_write_bw pairs one after another (two at once on one node would
+    share its PCIe links and measure each other). A ping that gets no answer is sent once more
+    before the pair counts as silent: one lost echo is a busy moment, not a broken path."""
     size = int(mtu) - 28
+    pings: list[tuple[str, str]] = []
     steps: list[tuple[str, str]] = []
     for i, t in enumerate(targets):
         if t.kind == "df":
-            body = f"have ping || exit 127; ping -M do -s {size} -c 1 -W 2 -I {q(t.netdev)} {q(t.address)}"
-        elif t.kind == "relay":
-            body = f"have ping || exit 127; ping -c 1 -W 2 {q(t.address)}"
-        elif t.kind == "bw-server" and bandwidth_s:
+            once = f"ping -M do -s {size} -c 1 -W 2 -I {q(t.netdev)} {q(t.address)}"
+            pings.append((f"fab{i}", f"have ping || exit 127; {once} || {once}"))
+            continue
+        if t.kind == "relay":
+            once = f"ping -c 1 -W 2 {q(t.address)}"
+            pings.append((f"fab{i}", f"have ping || exit 127; {once} || {once}"))
+            continue
+        if t.kind == "bw-server" and bandwidth_s:
             body = (f"have ib_write_bw || exit 127; (ib_write_bw -d {q(t.rdma)} -p {int(t.port)} -D {int(bandwidth_s)} "
                     "--report_gbits >/dev/null 2>&1 &) ; echo started")
         elif t.kind == "bw-client" and bandwidth_s:
@@ -48,7 +57,7 @@ def build_fabric_script(targets: Sequence[FabricTarget], mtu: int, bandwidth_s: 
             continue
         steps.append((f"fab{i}", body))
     # the manifest names the batch, not its steps: parse_fabric goes by target index
-    return frame(steps, manifest="fabric")
+    return frame_parallel(pings, then=steps, manifest="fabric")
 
 
 def parse_fabric(targets: Sequence[FabricTarget], stdout: str) -> list[tuple[FabricTarget, bool | None, float | None]]:

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, TypeVar
 
 from sparkctl.facts.batch import build_script, parse_batch, remote_command
 from sparkctl.facts.engine import EngineProbe
@@ -33,6 +33,8 @@ from sparkctl.plan.laws.images import engine_target
 from sparkctl.plan.render import API_KEY_VAR, bind_host
 from sparkctl.plan.steps import Plan, Step, describe
 from sparkctl.transport import Transport
+
+T = TypeVar("T")
 
 Progress = Callable[[str], None]
 
@@ -99,6 +101,27 @@ def clear_hw_change_if_done(inv: Inventory, report: CheckReport) -> bool:
     return False
 
 
+def subnet_pairs(ends: Sequence[T]) -> list[tuple[T, T]]:
+    """Each unordered pair of ``ends`` once, as (the one that pings, the one it pings).
+
+    One echo and its reply carry the payload both ways at the same size, so a pair that
+    answers a don't-fragment ping at jumbo MTU has carried jumbo frames in both directions
+    through both switch ports: pinging it again from the other end adds nothing the
+    switch_subnet law reads (it counts a pair probed from either end). Spread so that every
+    port sends about half of its subnet's pings (the k-th pings the next (N-1)/2 around the
+    list, and the one across when N is even, from the first half), not the first all and
+    the last none: the slowest node sets the check's time.
+    """
+    n = len(ends)
+    out = []
+    for k, me in enumerate(ends):
+        for d in range(1, (n - 1) // 2 + 1):
+            out.append((me, ends[(k + d) % n]))
+        if n % 2 == 0 and k < n // 2:
+            out.append((me, ends[k + n // 2]))
+    return out
+
+
 def _fabric_targets(inv: Inventory, nodes: tuple[str, ...]) -> dict[str, list[FabricTarget]]:
     targets: dict[str, list[FabricTarget]] = {n: [] for n in nodes}
     inside = set(nodes)
@@ -111,14 +134,14 @@ def _fabric_targets(inv: Inventory, nodes: tuple[str, ...]) -> dict[str, list[Fa
         targets[lk.a.node].append(FabricTarget("bw-client", lk.a.netdev, lk.b.node, lk.b.address, lk.a.rdma,
                                                18515 + i))
     if inv.topology == "switch":
-        # every port to every peer on its subnet (the switch_subnet law): one subnet per port group
+        # every pair of ports on a subnet (the switch_subnet law), one subnet per port group
         on: dict[str, list[Any]] = {}
         for lk in inv.links:
             if lk.a.node in inside and lk.a.node == lk.b.node:
                 on.setdefault(lk.subnet, []).append(lk.a)
         for ends in on.values():
-            for me in ends:
-                targets[me.node] += [FabricTarget("df", me.netdev, p.node, p.address) for p in ends if p.node != me.node]
+            for me, peer in subnet_pairs(ends):
+                targets[me.node].append(FabricTarget("df", me.netdev, peer.node, peer.address))
     if inv.topology == "ring":
         for n in nodes:
             for other in nodes:

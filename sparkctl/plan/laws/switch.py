@@ -6,7 +6,9 @@ bridge, or a cable in another node's cage looks healthy from the node. NVIDIA's 
 playbook (github.com/NVIDIA/dgx-spark-playbooks, nvidia/multi-sparks-through-switch/README.md)
 needs all ports in one layer-2 domain; NCCL then needs every rank to reach every other on
 each subnet it uses. The check: the don't-fragment pings of MTU-28 bytes that ``check``
-sends from each port to every peer on its subnet (sparkctl.ops.check ``_fabric_targets``).
+sends between every pair of ports on a subnet, once per pair, from either end (one echo and
+its reply cross both switch ports both ways: sparkctl.ops.check ``subnet_pairs``); a pair
+counts as probed, and as silent, whichever end sent the ping.
 
 Pure: verdicts over the probes' results.
 """
