@@ -15,6 +15,12 @@ The profile is tensorfold-tp4x2-switch with the replicas that fill the size: TP2
 2 nodes, TP4 x1 on 4, TP4 x2 on 8, TP4 x4 on 16 (the simulated TensorFold engine). The
 page_size law is waived as in the tests (the stock 4 KiB kernel).
 
+Beside each wall time, where the CPU went during it: "sparkctl" is the command's own
+process (its user+system time: the operator's side, paramiko's SSH included), "nodes" is
+the rest of this machine's busy time meanwhile (/proc/stat), which is the simulated nodes'
+sshd sessions, shells and tools (and any other load on this shared machine). On real
+Sparks each node's part runs on its own CPUs; here 16 nodes share two cores.
+
 Prints figures; asserts nothing. Target (issue 22): the cost at 16 nodes at most 2x the
 cost at 4. Usage: python3 tools/switch_scaling.py [--sizes 2,4,8,16] [--repeats 3]
 """
@@ -24,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -45,19 +52,36 @@ def sets_for(n: int) -> tuple[str, ...]:
     return ("--set", f"topology.tp_size={tp}", "--set", f"topology.replicas={n // tp}")
 
 
+def busy_s() -> float:
+    """This machine's busy CPU time so far, all cores (proc(5), /proc/stat: the cpu line)."""
+    f = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return (sum(f[:8]) - f[3] - f[4]) / os.sysconf("SC_CLK_TCK")  # less idle and iowait; guest is in user
+
+
+def own_s() -> float:
+    """The CPU time of this tool's waited-for children: the sparkctl commands it ran."""
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
+
+
 def measure(n: int, repeats: int, tmp: Path) -> dict[str, list[float]]:
     env = {**os.environ, "SPARKCTL_SIM_DIR": str(tmp / f"sim{n}"), "XDG_STATE_HOME": str(tmp / f"state{n}"),
            "SPARKCTL_SIM_SPEEDUP": "20", "SPARKCTL_SIM_LOAD_S": "1"}
     env.pop("SPARKCTL_INVENTORY", None)
     inv = str(tmp / f"sim{n}" / "inventory.yaml")
 
+    cpu: list[tuple[float, float]] = []  # the last run's (sparkctl's CPU, the rest of the machine's)
+
     def run(*argv: str, timeout: float = 600) -> tuple[float, subprocess.CompletedProcess[str]]:
-        t0 = time.perf_counter()
+        t0, own0, busy0 = time.perf_counter(), own_s(), busy_s()
         r = subprocess.run([sys.executable, "-m", "sparkctl.cli", *argv], env=env, cwd=tmp, capture_output=True,
                            text=True, timeout=timeout, check=False)
-        return time.perf_counter() - t0, r
+        took, own = time.perf_counter() - t0, own_s() - own0
+        cpu[:] = [(own, max(0.0, busy_s() - busy0 - own))]
+        return took, r
 
-    out: dict[str, list[float]] = {"sim up": [], "check": [], "up": [], "down": []}
+    out: dict[str, list[float]] = {"sim up": [], "check": [], "up": [], "down": [],
+                                   "check cpu": [], "check nodes": [], "up cpu": [], "up nodes": []}
     took, r = run("sim", "up", "--topology", "switch", "--nodes", str(n), "--ready", "--no-images")
     try:
         if r.returncode:
@@ -77,10 +101,14 @@ def measure(n: int, repeats: int, tmp: Path) -> dict[str, list[float]]:
             if failed:
                 print(f"  {n} nodes: check failed {failed} (timed all the same)", flush=True)
             out["check"].append(took)
+            out["check cpu"].append(cpu[0][0])
+            out["check nodes"].append(cpu[0][1])
             took, r = run("-i", inv, "up", PROFILE, *sets_for(n), *WAIVE, "--json")
             if r.returncode:
                 sys.exit(f"up on {n} nodes (exit {r.returncode}):\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}")
             out["up"].append(took)
+            out["up cpu"].append(cpu[0][0])
+            out["up nodes"].append(cpu[0][1])
             took, r = run("-i", inv, "down", "--json")
             if r.returncode:
                 sys.exit(f"down on {n} nodes (exit {r.returncode}):\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}")
@@ -101,8 +129,8 @@ def main() -> None:
     with e2e_lock():
         for n in sizes:
             results[n] = measure(n, args.repeats, tmp)
-            print(f"{n:2d} nodes: " + ", ".join(f"{k} {statistics.median(v):.2f} s" for k, v in results[n].items()),
-                  flush=True)
+            print(f"{n:2d} nodes: " + ", ".join(f"{k} {statistics.median(v):.2f} s" for k, v in results[n].items()
+                                                if "cpu" not in k and "nodes" not in k), flush=True)
     print(f"\n{PROFILE} on a SIMULATED switched cluster, {args.repeats} runs each (median, min-max; wall time of "
           "the whole command, process start included)")
     print(f"  {'nodes':>5}  " + "  ".join(f"{k:>22}" for k in ("check", "up", "down", "sim up")))
@@ -112,11 +140,20 @@ def main() -> None:
             v = results[n][k]
             cells.append(f"{statistics.median(v):6.2f} s ({min(v):5.2f}-{max(v):5.2f})")
         print(f"  {n:>5}  " + "  ".join(f"{c:>22}" for c in cells))
+    print("\n  CPU during each command (median s): sparkctl's own process | the rest of the machine (the "
+          "simulated nodes)")
+    for n in sizes:
+        r = results[n]
+        print(f"  {n:>5}  check {statistics.median(r['check cpu']):5.2f} | {statistics.median(r['check nodes']):5.2f}"
+              f"    up {statistics.median(r['up cpu']):5.2f} | {statistics.median(r['up nodes']):5.2f}")
     if 4 in results:
+        def ratio(n: int, k: str) -> float:
+            return statistics.median(results[n][k]) / statistics.median(results[4][k])
         for n in sizes:
-            ratios = {k: statistics.median(results[n][k]) / statistics.median(results[4][k]) for k in ("check", "up")}
-            print(f"  {n:>2} nodes / 4 nodes: check {ratios['check']:.2f}x, up {ratios['up']:.2f}x"
-                  + ("  (target <= 2x)" if n == 16 else ""))
+            print(f"  {n:>2} nodes / 4 nodes: wall: check {ratio(n, 'check'):.2f}x, up {ratio(n, 'up'):.2f}x"
+                  + ("  (target <= 2x)" if n == 16 else "")
+                  + f"; sparkctl's CPU: check {ratio(n, 'check cpu'):.2f}x, up {ratio(n, 'up cpu'):.2f}x"
+                  + f"; the nodes' CPU: check {ratio(n, 'check nodes'):.2f}x, up {ratio(n, 'up nodes'):.2f}x")
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ from typing import Any
 import httpx
 
 from sparkctl.model.inventory import load_inventory
+from sparkctl.model.schema import GatewaySpec
 from sparkctl_sim import procshims
 from sparkctl_sim.tinymodel import exact_length_logit_bias
 
@@ -134,6 +135,8 @@ def make_sim(tmp: Path, nodes: int, *, ready: bool = True, load_images: bool = T
         sim.sparkctl("sim", "down", timeout=120)
 
 
+# the gateway's port where a profile does not set serve.gateway.port (the schema's default)
+GW_PORT = GatewaySpec.model_fields["port"].default
 LOAD_PERIOD_S = 0.25  # the open-loop load's period (Load)
 SHORT_TOKENS = 3
 BODY = {"model": "tiny-llama", "messages": [{"role": "user", "content": "count to ten"}],

@@ -31,7 +31,7 @@ import pytest
 from sparkctl.model.inventory import load_inventory
 from sparkctl.node import headstate
 from sparkctl.node.metrics import gateway_families
-from tests.sim.helpers import Sim, make_sim, wait_until
+from tests.sim.helpers import GW_PORT, Sim, make_sim, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.needs_root]
 
@@ -52,7 +52,6 @@ serve:
 """
 KEY = "gw-test-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
-GW_PORT = 30000
 
 
 @pytest.fixture(scope="module")

@@ -22,12 +22,11 @@ import httpx
 import pytest
 
 from sparkctl.model.inventory import load_inventory
-from tests.sim.helpers import WAIVE, Load, Sim, make_sim, wait_until
+from tests.sim.helpers import GW_PORT, WAIVE, Load, Sim, make_sim, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.needs_root]
 
 NAME = "deepseek-v4.1-flash"
-GW_PORT = 30000
 PROFILES = {
     "gw-ds41f-tp4": "extends: ds41f-tp4-ring\nserve:\n  gateway:\n    enabled: true\n",
     "gw-tensorfold-tp4": ("extends: tensorfold-tp4-ring\nmodel:\n  served_name: " + NAME

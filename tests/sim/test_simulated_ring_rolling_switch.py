@@ -44,7 +44,7 @@ import httpx
 import pytest
 
 from sparkctl.model.inventory import load_inventory
-from tests.sim.helpers import LONG_S, Load, Sim, make_sim, wait_until
+from tests.sim.helpers import GW_PORT, LONG_S, Load, Sim, make_sim, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.needs_root]
 
@@ -78,7 +78,6 @@ PROFILES["roll-nodrain"] = PROFILES["roll-new"].replace("  ready_timeout_s: 90\n
     "    enabled: true\n", "    enabled: true\n    drain_timeout_s: 1\n", 1)
 NEW_MARK = "--n_threads 1"
 WATCHER = "sparkctl-test-load-watcher"  # the name ($0) of the watch loop on spark-b
-GW_PORT = 30000
 LONG = frozenset({2, 6, 10, 14, 18})  # the long requests among the load's: 0.5 s to 4.5 s after it starts
 
 
