@@ -130,9 +130,14 @@ def test_simulated_ring_prometheus_scrapes_every_exporter_and_agrees_with_status
         ts = [t for t in prom.targets() if t["labels"].get("job") == "sparkctl-exporter"]
         return len(ts) == 4 and all(t["health"] == "up" for t in ts)
 
+    def engine_scraped() -> bool:  # a target Prometheus has not scraped yet says "unknown"
+        eng = [t for t in prom.targets() if t["labels"].get("job") == "sparkctl-engine"]
+        return bool(eng) and all(t["health"] != "unknown" for t in eng)
+
     assert wait_until(all_up, deadline_s=60), prom.targets()
+    assert wait_until(engine_scraped, deadline_s=60), prom.targets()
     eng = [t for t in prom.targets() if t["labels"].get("job") == "sparkctl-engine"]
-    assert eng and all(t["health"] == "up" for t in eng), eng  # ds41f serves /metrics on the head
+    assert all(t["health"] == "up" for t in eng), eng  # ds41f serves /metrics on the head
     assert prom.by_node("up") == {n: 1.0 for n in NODES} | ({"spark-a": 1.0})
 
     def agrees() -> tuple[bool, str]:
