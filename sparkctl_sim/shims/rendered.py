@@ -195,9 +195,14 @@ def ensure_views(state_path: str | os.PathLike[str], renew: bool = False) -> Non
 
 _UID = ('u=user; while read -r key r e rest; do [ "$key" = Uid: ] && { [ "$e" = 0 ] && u=root; break; }; '
         'done </proc/self/status\n')
-# `ip netns exec` mounts the namespace's own sysfs; an absent operstate file: Python decides (netlink)
+# `ip netns exec` mounts the namespace's own sysfs. An absent operstate file where that sysfs
+# has the node's management port (OWN_SYSFS): the twin has no netdev in the namespace, which
+# the Python shim answers as a port without link (shims.ethtool, shims.ibdev2netdev: "a real
+# Spark always has all four"), so the view of "down" is that answer. Without the management port
+# (rootless mode, a bare `unshare -n` that left the host's sysfs): Python decides (netlink).
+OWN_SYSFS = "/sys/class/net/enP7s7"  # sparkctl_sim.clusterroot.MGMT_IFNAME (not imported: lean)
 _LINK = ('l=; [ -r /sys/class/net/{nd}/operstate ] && read -r l </sys/class/net/{nd}/operstate\n'
-         '    case "$l" in up|unknown) l=up ;; "") k= ;; *) l=down ;; esac\n')
+         f'    case "$l" in up|unknown) l=up ;; "") [ -e {OWN_SYSFS} ] && l=down || k= ;; *) l=down ;; esac\n')
 
 
 def _case(tool: str) -> str:
@@ -217,7 +222,7 @@ def _ibdev2netdev() -> str:
     lines = ["k=ok"]
     for i, (dev, nd, _bdf) in enumerate(ROCE_DEVICES):
         lines.append(f"s{i}=; [ -r /sys/class/net/{nd}/operstate ] && read -r s{i} </sys/class/net/{nd}/operstate"
-                     f" || k=")
+                     f" || [ -e {OWN_SYSFS} ] || k=")
     out = []
     for i, (dev, nd, _bdf) in enumerate(ROCE_DEVICES):
         out.append(f'case "$s{i}" in up|unknown) t{i}=Up ;; *) t{i}=Down ;; esac')

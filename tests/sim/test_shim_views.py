@@ -430,3 +430,51 @@ def test_journalctl_in_sh_is_the_python_shims_answer(units: tuple[Path, Path, di
     assert out.startswith("Started Early OOM Daemon.\n") and out.count("sending SIG") == 2
     for argv in [("-u", "earlyoom", "-o", "json"), ("-f", "-u", "earlyoom"), ("-b",), ("-u",)]:
         assert _run(sh, env, "journalctl", *argv)[2] == 127, argv
+
+
+@pytest.mark.needs_root
+def test_carrier_views_in_a_node_namespace_are_the_python_shims_answer_absent_twins_included(tmp_path: Path) -> None:
+    """In a namespace with its own sysfs and the management port (as every simulated node), a
+    twin with carrier, one without and two with no netdev at all (a switched node cabled on one
+    port) read in sh exactly as the Python shim reads them, and Python never starts."""
+    if os.geteuid() != 0:
+        pytest.skip("network namespaces need root")
+    state = tmp_path / "node" / "state.json"
+    nodestate.create(state, nodestate.default_state("spark-a"))
+    rendered.ensure_views(state)
+    stub = tmp_path / "no-python"
+    stub.write_text("#!/bin/sh\necho 'python started' >&2\nexit 99\n")
+    stub.chmod(0o755)
+    shims.install_shims(tmp_path / "fast", python=str(stub), state_path=state)
+    shims.install_shims(tmp_path / "bin", state_path=state)
+    ns = f"sparkctl-test-views-{os.getpid()}"
+    setup = ("ip link add enP7s7 type veth peer name m0 && ip link set enP7s7 up && ip link set m0 up && "
+             "ip link add enp1s0f0np0 type veth peer name p0 && ip link set enp1s0f0np0 up && ip link set p0 up && "
+             "ip link add enP2p1s0f0np0 type veth peer name p1 && ip link set enP2p1s0f0np0 up")  # p1 down: no carrier
+    subprocess.run(["ip", "netns", "add", ns], check=True)
+    try:
+        subprocess.run(["ip", "netns", "exec", ns, "sh", "-c", setup], check=True)
+        env = {k: v for k, v in os.environ.items() if k not in (shims.STATE_ENV, "PYTHONPATH")}
+
+        def both(*argv: str) -> tuple[tuple[str, str, int], tuple[str, str, int]]:
+            out = []
+            for d in ("fast", "bin"):
+                r = subprocess.run(["ip", "netns", "exec", ns, str(tmp_path / d / argv[0]), *argv[1:]],
+                                   capture_output=True, text=True, env=env, timeout=60)
+                out.append((r.stdout, r.stderr, r.returncode))
+            return out[0], out[1]
+
+        sh, py = both("ibdev2netdev")
+        assert sh == py and sh[0].split("\n")[:4] == [
+            "rocep1s0f0 port 1 ==> enp1s0f0np0 (Up)", "rocep1s0f1 port 1 ==> enp1s0f1np1 (Down)",
+            "roceP2p1s0f0 port 1 ==> enP2p1s0f0np0 (Down)", "roceP2p1s0f1 port 1 ==> enP2p1s0f1np1 (Down)"]
+        for nd in ("enp1s0f0np0", "enP2p1s0f0np0", "enp1s0f1np1", "enP2p1s0f1np1"):
+            sh, py = both("ethtool", nd)
+            assert sh == py, nd
+            assert ("Link detected: yes" if nd == "enp1s0f0np0" else "Link detected: no") in sh[0]
+        # without the management port the sysfs could be another namespace's: Python decides
+        subprocess.run(["ip", "netns", "exec", ns, "ip", "link", "delete", "enP7s7"], check=True)
+        sh, py = both("ethtool", "enp1s0f1np1")
+        assert sh[2] == 99 and "python started" in sh[1] and py[2] == 0
+    finally:
+        subprocess.run(["ip", "netns", "delete", ns], check=False)
