@@ -31,8 +31,8 @@ class FabricTarget:
 
 
 def build_fabric_script(targets: Sequence[FabricTarget], mtu: int, bandwidth_s: int = 0) -> str:
-    """The pings run at once (a port that answers nothing costs its node one wait of 2 s, not
-    one per peer), then the ib_write_bw pairs one after another (two at once on one node would
+    """The pings run at once (a port that answers nothing costs its node one 2 s wait and one for
+    the second try, not two per peer), then the ib_write_bw pairs one after another (two at once on one node would
     share its PCIe links and measure each other). A ping that gets no answer is sent once more
     before the pair counts as silent: one lost echo is a busy moment, not a broken path."""
     size = int(mtu) - 28
