@@ -128,24 +128,31 @@ def _atomic_text(p: str, text: str) -> None:
     os.replace(tmp, p)
 
 
-def _write(p: str, state: dict[str, Any]) -> None:
+Views = Callable[[dict[str, "Any"]], dict[str, str]]  # state -> the tools' rendered views (file -> text)
+
+
+def _write(p: str, state: dict[str, Any], views: Views | None = None) -> None:
     """Write the state and the files derived from it (the node's /proc views).
 
     ``meminfo`` and ``boot_id`` beside the state file are what the simulated
     node sees as /proc/meminfo and /proc/sys/kernel/random/boot_id (bind-mounted
     in its mount namespace), so they are refreshed on every write; ``engine_pids``
     tells the ``ps`` wrapper whether any engine holding memory is gone (shims.rendered).
-    The tools' rendered views of another state are dropped first (:func:`ensure_views`).
+    The tools' rendered views of another state are dropped first (:func:`ensure_views`);
+    ``views``: a writer that has the renderer at hand renders the new state's views at once,
+    so the node's next tool call finds them instead of starting Python to render them.
     """
     derived = (("meminfo", render_meminfo(state)), ("boot_id", render_boot_id(state)),
                ("drop_caches", ""), (ENGINE_PIDS, render_engine_pids(state)))
     text = json.dumps(state, indent=2, sort_keys=True) + "\n"
-    _drop_views(p, text)
+    kept = _drop_views(p, text)
     _atomic_text(p, text)
     # Write in place (not rename): a bind mount pins the inode it was mounted on.
     for name, view in derived:
         with open(_beside(p, name), "w") as fh:
             fh.write(view)
+    if views is not None and not kept:
+        _render(p, text, views)
 
 
 # --------------------------------------------------------------------------
@@ -159,14 +166,16 @@ VIEWS_DIR = "rendered"
 _VIEWS_MARK = ".state"  # the state text the views were rendered from
 
 
-def _drop_views(p: str, text: str) -> None:
+def _drop_views(p: str, text: str) -> bool:
+    """True when the views were kept: rendered from this very state (a rewrite that changed nothing)."""
     d = _beside(p, VIEWS_DIR)
     try:
         if _read(os.path.join(d, _VIEWS_MARK)) == text:
-            return  # rendered from this very state (a rewrite that changed nothing)
+            return True
     except OSError:
         pass
     _remove_dir(d)
+    return False
 
 
 def _remove_dir(d: str) -> None:
@@ -192,8 +201,7 @@ def views_ready(path: str | os.PathLike[str]) -> bool:
     return os.path.isfile(os.path.join(_beside(path, VIEWS_DIR), _VIEWS_MARK))
 
 
-def ensure_views(path: str | os.PathLike[str], render: Callable[[dict[str, Any]], dict[str, str]],
-                 renew: bool = False) -> None:
+def ensure_views(path: str | os.PathLike[str], render: Views, renew: bool = False) -> None:
     """Render on read: when the state has no views (or ``renew``: they ran out), ``render(state)``
     (file name -> text) them, under the state's lock, into a new directory that replaces the old
     by one rename."""
@@ -203,17 +211,22 @@ def ensure_views(path: str | os.PathLike[str], render: Callable[[dict[str, Any]]
     with _locked(p):
         if views_ready(p) and not renew:
             return
-        text = _read(p)
-        views = {**render(json.loads(text)), _VIEWS_MARK: text}
-        d = _beside(p, VIEWS_DIR)
-        new = f"{d}.{os.getpid()}.new"
-        _remove_dir(new)  # a reader killed mid-render
-        os.mkdir(new)
-        for name, body in views.items():
-            with open(os.path.join(new, name), "w", encoding="utf-8") as fh:
-                fh.write(body)
-        _remove_dir(d)
-        os.rename(new, d)
+        _render(p, _read(p), render)
+
+
+def _render(p: str, text: str, render: Views) -> None:
+    """The views of the state ``text`` into a new directory that replaces the old by one rename
+    (the caller holds the state's lock)."""
+    views = {**render(json.loads(text)), _VIEWS_MARK: text}
+    d = _beside(p, VIEWS_DIR)
+    new = f"{d}.{os.getpid()}.new"
+    _remove_dir(new)  # a reader killed mid-render
+    os.mkdir(new)
+    for name, body in views.items():
+        with open(os.path.join(new, name), "w", encoding="utf-8") as fh:
+            fh.write(body)
+    _remove_dir(d)
+    os.rename(new, d)
 
 
 def create(path: str | os.PathLike[str], state: dict[str, Any]) -> None:
@@ -231,11 +244,13 @@ def save(path: str | os.PathLike[str], state: dict[str, Any]) -> None:
 
 
 @contextlib.contextmanager
-def edit(path: str | os.PathLike[str], *, rewrite: bool = False) -> Iterator[dict[str, Any]]:
+def edit(path: str | os.PathLike[str], *, rewrite: bool = False, views: Views | None = None
+         ) -> Iterator[dict[str, Any]]:
     """Read-modify-write under the lock: ``with edit(p) as s: s["x"] = 1``.
 
     ``rewrite`` writes even when nothing changed, which also re-renders the
-    derived /proc views (a writer killed between the two writes leaves them stale).
+    derived /proc views (a writer killed between the two writes leaves them stale);
+    ``views``: render the tools' views of the new state at once (:func:`_write`).
     """
     p = os.fspath(path)
     with _locked(p):
@@ -245,7 +260,7 @@ def edit(path: str | os.PathLike[str], *, rewrite: bool = False) -> Iterator[dic
             rewrite = True
         yield state
         if rewrite or state != before:
-            _write(p, state)
+            _write(p, state, views)
 
 
 # The kernel keeps a floor of free pages (min_free_kbytes and the zone watermarks,

@@ -24,7 +24,16 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sparkctl.facts.batch import REGISTRY, build_script, gather, parse_batch, remote_command, section_title, split_batch
+from sparkctl.facts.batch import (
+    PRELUDE,
+    REGISTRY,
+    build_script,
+    gather,
+    parse_batch,
+    remote_command,
+    section_title,
+    split_batch,
+)
 from sparkctl.facts.fabric import FabricTarget, build_fabric_script, parse_fabric
 from sparkctl.facts.gpu import SmiClocks, decode_reasons, parse_gpu_query, parse_smi_csv, parse_smi_q_clocks
 from sparkctl.facts.net import (
@@ -870,3 +879,32 @@ def test_the_gid_dump_reads_with_the_shells_own_read_and_prints_what_cat_did(tmp
     assert runs["new"].stdout.splitlines() == [
         "rocep1s0f0|0|fe80:0000:0000:0000:0000:0000:0000:0001|enp1s0f0np0|IB/RoCE v1",
         "rocep1s0f0|1|0000:0000:0000:0000:0000:ffff:0a14:0001||RoCE v2"]
+
+
+@given(st.lists(st.text(alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00\r"),
+                        max_size=30), max_size=4), st.booleans())
+def test_show_prints_a_small_file_as_cat_does_with_builtins_only(rows: list[str], last_newline: bool) -> None:
+    """The prelude's ``show`` (sparkctl.facts.registry.small_file): the same bytes as cat for a text
+    file (backslashes, leading blanks, a last line without its newline gets one, as the batch adds
+    one anyway), and for a file it cannot open cat's own message and exit code."""
+    import tempfile
+    with tempfile.TemporaryDirectory() as d:
+        f = Path(d) / "operstate"
+        body = "\n".join(rows) + ("\n" if last_newline and rows else "")
+        f.write_bytes(body.encode())
+        script = PRELUDE + f"show {shlex.quote(str(f))}; echo rc=$?"
+        got = subprocess.run(["sh", "-c", script], capture_output=True, timeout=30)
+        want = body if body.endswith("\n") or not body else body + "\n"
+        assert got.stdout.decode() == want + "rc=0\n" and got.stderr == b""
+    missing = str(Path(d) / "gone" / "mtu")
+    got = subprocess.run(["sh", "-c", PRELUDE + f"show {shlex.quote(missing)}"], capture_output=True, text=True)
+    cat = subprocess.run(["cat", missing], capture_output=True, text=True)
+    assert (got.returncode, got.stdout, got.stderr) == (cat.returncode, cat.stdout, cat.stderr) != (0, "", "")
+
+
+def test_show_starts_no_process() -> None:
+    """What small_file saves: reading sysfs lines without a cat per file (a PATH with no cat
+    proves it; the exporter reads a dozen per scrape)."""
+    script = PRELUDE + "PATH=/nonexistent; show /proc/sys/kernel/random/boot_id"
+    got = subprocess.run(["/bin/sh", "-c", script], capture_output=True, text=True, timeout=30)
+    assert got.returncode == 0 and re.fullmatch(r"[0-9a-f-]{36}\n", got.stdout), got

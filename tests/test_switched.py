@@ -15,7 +15,7 @@ from sparkctl.model.inventory import load_inventory, loads_inventory
 from sparkctl.model.layout import bind
 from sparkctl.model.profiles import resolve
 from sparkctl.model.resources import Roots
-from sparkctl.ops.check import _fabric_targets, subnet_pairs
+from sparkctl.ops.check import _fabric_targets, replica_groups, subnet_pairs, switch_pairs
 from sparkctl.plan import laws
 
 from helpers import REPO, healthy
@@ -122,7 +122,9 @@ def test_ring_layout_behind_a_switch_and_switch_layout_on_a_ring_are_refused_wit
 
 # --------------------------------------------------------------------------- laws behind a switch
 
-SW_PROFILE = resolve("tensorfold-tp4x2-switch", ROOTS).profile
+SW_RESOLVED = resolve("tensorfold-tp4x2-switch", ROOTS)
+SW_PROFILE = SW_RESOLVED.profile
+SW_GROUPS = replica_groups(bind(SW_RESOLVED, SW8))  # two TP4 replicas: spark-01..04, spark-05..08
 
 
 def _facts(node: str):  # type: ignore[no-untyped-def]
@@ -138,7 +140,7 @@ def _ctx(probes: tuple[laws.LinkProbe, ...]) -> laws.Context:
 
 def _probes(dead: str = "") -> tuple[laws.LinkProbe, ...]:
     out = []
-    for node, ts in _fabric_targets(SW8, SW8.names).items():
+    for node, ts in _fabric_targets(SW8, SW8.names, SW_GROUPS).items():
         for t in ts:
             if t.kind == "df":
                 out.append(laws.LinkProbe(node, t.netdev, t.peer, t.address, df_ping_ok=dead not in (node, t.peer)))
@@ -149,16 +151,28 @@ def _of(c: laws.Context, law: str) -> list[laws.Verdict]:
     return [v for v in laws.judge(c) if v.law == law]
 
 
-def test_every_pair_of_ports_on_a_subnet_is_pinged_once_and_nothing_else() -> None:
-    targets = _fabric_targets(SW8, SW8.names)
+def test_each_replicas_pairs_and_the_ring_around_the_subnet_are_pinged_once_and_nothing_else() -> None:
+    assert SW_GROUPS == (("spark-01", "spark-02", "spark-03", "spark-04"),
+                         ("spark-05", "spark-06", "spark-07", "spark-08"))
+    targets = _fabric_targets(SW8, SW8.names, SW_GROUPS)
     t = targets["spark-03"]
     assert {x.kind for x in t} == {"df"}
     assert {(x.netdev, x.address.rsplit(".", 2)[0]) for x in t} == {("enp1s0f1np1", "10.40"), ("enP2p1s0f1np1", "10.41")}
     for netdev in ("enp1s0f1np1", "enP2p1s0f1np1"):
         pairs = [(n, x.peer) for n, ts in targets.items() for x in ts if x.netdev == netdev]
-        assert len(pairs) == len({frozenset(p) for p in pairs}) == 8 * 7 // 2, "every pair once, in one direction"
+        inside = {frozenset((a, b)) for g in SW_GROUPS for a in g for b in g if a != b}
+        ring = {frozenset(("spark-04", "spark-05")), frozenset(("spark-08", "spark-01"))}
+        assert len(pairs) == len({frozenset(p) for p in pairs}), "every pair once, in one direction"
+        assert {frozenset(p) for p in pairs} == inside | ring, "no pair across replicas but the ring's"
         sent = [sum(1 for n, _ in pairs if n == node) for node in SW8.names]
-        assert set(sent) == {3, 4}, "each port sends half of its subnet's pings, not the first all of them"
+        assert max(sent) - min(sent) <= 1, "each port sends about as many pings as the others"
+
+
+def test_without_groups_each_port_pings_the_next_around_the_subnet() -> None:
+    pairs = [(n, x.peer) for n, ts in _fabric_targets(SW8, SW8.names).items() for x in ts
+             if x.netdev == "enp1s0f1np1"]
+    names = list(SW8.names)
+    assert sorted(pairs) == sorted((a, names[(k + 1) % 8]) for k, a in enumerate(names))
 
 
 @pytest.mark.parametrize("n", range(1, 18))
@@ -167,6 +181,21 @@ def test_subnet_pairs_covers_each_pair_once_and_spreads_the_senders(n: int) -> N
     assert sorted(tuple(sorted(p)) for p in pairs) == [(a, b) for a in range(n) for b in range(a + 1, n)]
     sent = [sum(1 for a, _ in pairs if a == k) for k in range(n)]
     assert max(sent, default=0) - min(sent, default=0) <= 1
+
+
+@pytest.mark.parametrize("n,size", [(n, size) for n in (1, 2, 3, 4, 8, 16) for size in (1, 2, 4, 8)])
+def test_switch_pairs_are_the_groups_pairs_and_the_ring_each_once_and_grow_with_n_not_its_square(
+        n: int, size: int) -> None:
+    ends = list(range(n))
+    groups = [ends[i:i + size] for i in range(0, n - n % size, size)]  # the rest in no replica
+    pairs = switch_pairs(ends, groups)
+    got = [frozenset(p) for p in pairs]
+    want = ({frozenset((a, b)) for g in groups for a in g for b in g if a != b}
+            | {frozenset((k, (k + 1) % n)) for k in range(n) if n > 1})
+    assert len(got) == len(set(got)) and set(got) == want
+    assert len(pairs) <= n * (size + 1) // 2 + n
+    if n >= 3:  # every end is in at least two pairs: two witnesses for its verdict
+        assert all(sum(1 for p in got if k in p) >= 2 for k in ends)
 
 
 def test_a_healthy_switch_passes_switch_subnet_and_fabric_and_skips_the_ring_only_law() -> None:
@@ -182,9 +211,12 @@ def test_a_port_no_peer_reaches_fails_switch_subnet_naming_its_node_and_only_it(
     c = _ctx(_probes(dead="spark-06"))
     bad = [v for v in _of(c, "switch_subnet") if v.failed]
     assert {v.node for v in bad} == {"spark-06"} and len(bad) == 2
-    assert "answers none of its 7 peers" in bad[0].observed and "spark-06:enp1s0f1np1" in bad[0].fix
-    ok = next(v for v in _of(c, "switch_subnet") if v.node == "spark-01")
-    assert "not spark-06" in ok.observed
+    # its peers are the ones it was probed with: its replica (the ring's neighbours are in it)
+    assert "answers none of its 3 peers" in bad[0].observed and "spark-06:enp1s0f1np1" in bad[0].fix
+    ok = next(v for v in _of(c, "switch_subnet") if v.node == "spark-05")
+    assert "not spark-06" in ok.observed and "3 of 4 peers" in ok.observed  # its replica and spark-04
+    other = next(v for v in _of(c, "switch_subnet") if v.node == "spark-01")
+    assert other.status == laws.OK and "spark-06" not in other.observed, "a replica that never pinged it"
 
 
 def test_two_ports_that_miss_only_each_other_fail_at_both_ends() -> None:

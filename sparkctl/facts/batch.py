@@ -73,6 +73,7 @@ export LC_ALL
 sec() { echo "@@sparkctl:section:$1@@"; }
 end() { echo; echo "@@sparkctl:rc:$1:$2@@"; }
 have() { command -v "$1" >/dev/null 2>&1; }
+show() { { while IFS= read -r l || [ -n "$l" ]; do printf %s "$l"; echo; done < "$1"; } 2>/dev/null || cat "$1"; }
 """
 
 

@@ -33,7 +33,7 @@ import re
 
 from sparkctl.facts.batch import frame, split_batch
 from sparkctl.facts.net import parse_ethtool, parse_ibdev2netdev, parse_mtu, parse_operstate
-from sparkctl.facts.registry import ProbeParseError, cat, int_in, lines, one_line, q, tool
+from sparkctl.facts.registry import ProbeParseError, int_in, lines, one_line, q, small_file, tool
 from sparkctl.facts.system import parse_hostname
 from sparkctl.model.cabling import CAGES, NetdevSeen
 
@@ -55,10 +55,10 @@ def probe_script(sysfs_root: str = "/sys") -> str:
     ]
     for nd in NETDEVS:
         steps += [
-            (f"d.{nd}.mac", cat(sysf(nd, "address"))),
-            (f"d.{nd}.operstate", cat(sysf(nd, "operstate"))),
-            (f"d.{nd}.cc0", cat(sysf(nd, "carrier_changes"))),
-            (f"d.{nd}.mtu", cat(sysf(nd, "mtu"))),
+            (f"d.{nd}.mac", small_file(sysf(nd, "address"))),
+            (f"d.{nd}.operstate", small_file(sysf(nd, "operstate"))),
+            (f"d.{nd}.cc0", small_file(sysf(nd, "carrier_changes"))),
+            (f"d.{nd}.mtu", small_file(sysf(nd, "mtu"))),
             (f"d.{nd}.ethtool", tool("ethtool", q(nd))),
             (f"d.{nd}.addr6", tool("ip", "-6", "-o", "addr", "show", "dev", q(nd), "scope", "link")),
         ]
@@ -71,7 +71,7 @@ def probe_script(sysfs_root: str = "/sys") -> str:
     for nd in NETDEVS:
         steps += [
             (f"d.{nd}.neigh", tool("ip", "-6", "neigh", "show", "dev", q(nd))),
-            (f"d.{nd}.cc1", cat(sysf(nd, "carrier_changes"))),
+            (f"d.{nd}.cc1", small_file(sysf(nd, "carrier_changes"))),
         ]
     return frame(steps)
 

@@ -20,11 +20,11 @@ from sparkctl.facts.registry import (
     Fact,
     ProbeParseError,
     ScriptContext,
-    cat,
     int_in,
     lines,
     one_line,
     q,
+    small_file,
     tool,
 )
 
@@ -289,11 +289,11 @@ IBDEV2NETDEV = Fact("ibdev2netdev", "RDMA device map (ibdev2netdev)", lambda c, 
                     parse_ibdev2netdev)
 # operstate first: a netdev without class/net/IF is "gone", and its other facts are not read.
 NET_OPERSTATE = Fact("net.{}.operstate", "link state of {}",
-                     lambda c, nd: cat(f"{c.sysfs}/class/net/{nd}/operstate"), parse_operstate,
+                     lambda c, nd: small_file(f"{c.sysfs}/class/net/{nd}/operstate"), parse_operstate,
                      exit_codes=(NOT_FOUND, ExitCode(None, "gone", "no such netdev (class/net/{} is missing)",
                                                      silent_only=True)),
                      items=_netdevs)
-NET_MTU = Fact("net.{}.mtu", "MTU of {}", lambda c, nd: cat(f"{c.sysfs}/class/net/{nd}/mtu"), parse_mtu,
+NET_MTU = Fact("net.{}.mtu", "MTU of {}", lambda c, nd: small_file(f"{c.sysfs}/class/net/{nd}/mtu"), parse_mtu,
                items=_netdevs)
 NET_IPV4 = Fact("net.{}.ipv4", "IPv4 address of {}", lambda c, nd: tool("ip", "-4", "-o", "addr", "show", "dev", q(nd)),
                 parse_ipv4, items=_netdevs)

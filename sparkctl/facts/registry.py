@@ -219,6 +219,14 @@ def cat(path: str) -> str:
     return f"cat {q(path)}"
 
 
+def small_file(path: str) -> str:
+    """A small text file that reads whole or not at all (a sysfs attribute such as operstate or
+    mtu, /proc's boot_id and uptime, sparkctl's own records), printed by the prelude's ``show``:
+    shell builtins, no process per file (a probe reads a dozen of them, the node's exporter at
+    every scrape); a file ``show`` cannot open goes to ``cat`` for its message and exit code."""
+    return f"show {q(path)}"
+
+
 # --------------------------------------------------------------------------- helpers for parsers
 
 

@@ -177,8 +177,10 @@ def parse_models(text: str) -> list[str]:
 ENGINES = Fact("engines", "engine processes",
                lambda c, _: tool("ps", "-eo", "pid,args") + " | grep -iE -e '^ *PID ' -e " + q(ENGINE_REGEX),
                parse_engines)
+# No -p: the owner's name is never read, and -p makes ss walk every process's open files
+# (iproute2 misc/ss.c user_ent_hash_build, /proc/*/fd) to find it, on a box with hundreds.
 PORTS = Fact("ports", "listening TCP ports", lambda c, _: (
-    "if have ss; then ss -ltnpH 2>/dev/null || ss -ltnp; "
+    "if have ss; then ss -ltnH 2>/dev/null || ss -ltn; "
     f"else cat {q(c.proc + '/net/tcp')} && {{ cat {q(c.proc + '/net/tcp6')} 2>/dev/null; true; }}; fi"),
     parse_listening_ports)
 

@@ -21,6 +21,7 @@ from sparkctl.facts.registry import (
     lines,
     one_line,
     q,
+    small_file,
     tool,
 )
 from sparkctl.model import clocklock
@@ -178,8 +179,8 @@ KERNEL = Fact("kernel", "kernel release", lambda c, _: tool("uname", "-r"), pars
 PAGE_SIZE = Fact("page_size", "page size", lambda c, _: tool("getconf", "PAGESIZE"), parse_page_size)
 HELD_PACKAGES = Fact("held_packages", "held packages", lambda c, _: tool("apt-mark", "showhold"),
                      parse_held_packages)
-BOOT_ID = Fact("boot_id", "boot id", lambda c, _: cat(f"{c.proc}/sys/kernel/random/boot_id"), parse_boot_id)
-UPTIME = Fact("uptime", "uptime", lambda c, _: cat(f"{c.proc}/uptime"), parse_uptime)
+BOOT_ID = Fact("boot_id", "boot id", lambda c, _: small_file(f"{c.proc}/sys/kernel/random/boot_id"), parse_boot_id)
+UPTIME = Fact("uptime", "uptime", lambda c, _: small_file(f"{c.proc}/uptime"), parse_uptime)
 MEMINFO = Fact("meminfo", "memory (meminfo)", lambda c, _: cat(f"{c.proc}/meminfo"), parse_meminfo)
 
 
@@ -197,7 +198,7 @@ def _clock_lock(ctx: ScriptContext, _: str) -> str:
     # What sparkctl applied with nvidia-smi -lgc, and in which boot: the 580 driver
     # does not report an applied lock, and the lock does not survive a reboot.
     path = clocklock.record_path(ctx.node.prefix)
-    return f"[ -e {q(path)} ] || exit 3; cat {q(path)}"
+    return f"[ -e {q(path)} ] || exit 3; {small_file(path)}"
 
 
 CLOCK_LOCK = Fact("clock_lock", "clock lock record", _clock_lock, parse_clock_lock,

@@ -21,7 +21,7 @@ from sparkctl.facts.engine import EngineProbe
 from sparkctl.facts.fabric import FabricTarget, build_fabric_script, parse_fabric
 from sparkctl.facts.nodefacts import NodeFacts
 from sparkctl.model.inventory import Inventory
-from sparkctl.model.layout import bind
+from sparkctl.model.layout import Layout, bind
 from sparkctl.model.paths import ENV_FILE, under
 from sparkctl.model.profiles import Resolved
 from sparkctl.model.record import on_node_host
@@ -122,7 +122,36 @@ def subnet_pairs(ends: Sequence[T]) -> list[tuple[T, T]]:
     return out
 
 
-def _fabric_targets(inv: Inventory, nodes: tuple[str, ...]) -> dict[str, list[FabricTarget]]:
+def switch_pairs(ends: Sequence[T], groups: Sequence[Sequence[T]]) -> list[tuple[T, T]]:
+    """The pairs of one switch subnet's ``ends`` that the switch_subnet law pings: every pair
+    inside each of ``groups`` (the ends of one replica's nodes: one NCCL world, whose ranks
+    all reach each other), and each end with the next around the subnet, so every port, a
+    node outside any replica too, proves jumbo frames both ways through the switch and has
+    two witnesses on the subnet. Replicas never exchange a byte over the fabric, so a pair
+    across two of them carries nothing this launch needs: the pings grow with the nodes times
+    the replica's size, not with the square of the nodes (16 nodes as four TP4 replicas:
+    28 pairs per subnet, not 120). A pair appears once, pinged from either end as
+    :func:`subnet_pairs` spreads it."""
+    out: list[tuple[T, T]] = []
+    seen: set[frozenset[T]] = set()
+
+    def add(a: T, b: T) -> None:
+        if a != b and frozenset((a, b)) not in seen:
+            seen.add(frozenset((a, b)))
+            out.append((a, b))
+
+    for g in groups:
+        for a, b in subnet_pairs([e for e in ends if e in g]):
+            add(a, b)
+    if len(ends) > 1:
+        for k, me in enumerate(ends):
+            add(me, ends[(k + 1) % len(ends)])
+    return out
+
+
+def _fabric_targets(inv: Inventory, nodes: tuple[str, ...], groups: Sequence[Sequence[str]] = ()
+                    ) -> dict[str, list[FabricTarget]]:
+    """What each of ``nodes`` probes; ``groups``: the replicas' node sets (a switch's pairs)."""
     targets: dict[str, list[FabricTarget]] = {n: [] for n in nodes}
     inside = set(nodes)
     for i, lk in enumerate(inv.links):
@@ -134,13 +163,13 @@ def _fabric_targets(inv: Inventory, nodes: tuple[str, ...]) -> dict[str, list[Fa
         targets[lk.a.node].append(FabricTarget("bw-client", lk.a.netdev, lk.b.node, lk.b.address, lk.a.rdma,
                                                18515 + i))
     if inv.topology == "switch":
-        # every pair of ports on a subnet (the switch_subnet law), one subnet per port group
+        # the pairs of ports the switch_subnet law reads, one subnet per port group
         on: dict[str, list[Any]] = {}
         for lk in inv.links:
             if lk.a.node in inside and lk.a.node == lk.b.node:
                 on.setdefault(lk.subnet, []).append(lk.a)
         for ends in on.values():
-            for me, peer in subnet_pairs(ends):
+            for me, peer in switch_pairs(ends, [[e for e in ends if e.node in g] for g in groups]):
                 targets[me.node].append(FabricTarget("df", me.netdev, peer.node, peer.address))
     if inv.topology == "ring":
         for n in nodes:
@@ -174,12 +203,24 @@ def probe_scripts(res: Resolved, inv: Inventory) -> dict[str, str]:
     }
 
 
-def fabric_scripts(inv: Inventory, nodes: tuple[str, ...], bandwidth_s: int = 0
-                   ) -> tuple[dict[str, str], dict[str, list[FabricTarget]]]:
-    """The fabric probe script per node among ``nodes`` (reads only) and the targets each probes."""
-    targets = _fabric_targets(inv, nodes)
+def fabric_scripts(inv: Inventory, nodes: tuple[str, ...], bandwidth_s: int = 0,
+                   groups: Sequence[Sequence[str]] = ()) -> tuple[dict[str, str], dict[str, list[FabricTarget]]]:
+    """The fabric probe script per node among ``nodes`` (reads only) and the targets each probes;
+    ``groups``: the nodes of each replica (:func:`replica_groups`)."""
+    targets = _fabric_targets(inv, nodes, groups)
     return ({n: remote_command(build_fabric_script(t, inv.mtu, bandwidth_s))
              for n, t in targets.items() if t}, targets)
+
+
+def replica_groups(layout: Layout) -> tuple[tuple[str, ...], ...]:
+    """The nodes of each replica of ``layout``: one NCCL world each."""
+    return tuple(tuple(dict.fromkeys(r.node for r in rep)) for rep in layout.replicas)
+
+
+def check_probes(res: Resolved, inv: Inventory) -> tuple[dict[str, str], dict[str, str]]:
+    """The scripts a plan's check step lists: the batched probe and the fabric probe, per node."""
+    layout = bind(res, inv)
+    return probe_scripts(res, inv), fabric_scripts(inv, tuple(layout.nodes), groups=replica_groups(layout))[0]
 
 
 def run_check(
@@ -226,7 +267,8 @@ def run_check(
     relay_ok: dict[tuple[str, str], bool] = {}
     if fabric:
         answered = tuple(n for n in nodes if facts.get(n) is not None)
-        scripts, targets = fabric_scripts(inv, answered if planned is None else nodes, bandwidth_s)
+        scripts, targets = fabric_scripts(inv, answered if planned is None else nodes, bandwidth_s,
+                                          replica_groups(layout))
         if planned is not None:  # exactly the listed scripts, or none when a node did not answer
             scripts = dict(planned[1]) if len(answered) == len(nodes) else {}
         if scripts:

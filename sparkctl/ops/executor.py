@@ -29,7 +29,7 @@ from sparkctl.model.record import RunRecord, operator_route
 from sparkctl.model.resources import Roots
 from sparkctl.model.stacks import model_identity, refusal, stack_of
 from sparkctl.ops import readiness
-from sparkctl.ops.check import fabric_scripts, probe_scripts, run_check
+from sparkctl.ops.check import check_probes, run_check
 from sparkctl.ops.localstate import write_json
 from sparkctl.ops.lock import holder_info, local_record_path, now_iso, read_record, read_records, take, write_verdicts
 from sparkctl.plan import gatewayplan, laws, lockplan, planner, resumeplan
@@ -345,11 +345,6 @@ def plan_for(op: str, res: Resolved | None, inv: Inventory, transport: Transport
         extra = (previous[1],) if previous else ()
     scope = list(locked) if locked is not None else [*own, *lockplan.name_claim(res)]  # as lock_scope
     return (lockplan.with_lock(plan, inv, holder, scope) if holder else plan), rendering, extra
-
-
-def check_probes(res: Resolved, inv: Inventory) -> tuple[dict[str, str], dict[str, str]]:
-    """The scripts a plan's check step lists: the batched probe and the fabric probe, per node."""
-    return probe_scripts(res, inv), fabric_scripts(inv, tuple(bind(res, inv).nodes))[0]
 
 
 # --------------------------------------------------------------------------- execute

@@ -54,6 +54,7 @@ from sparkctl_sim.engines.rendezvous import (
     Timing,
     Worker,
 )
+from sparkctl_sim.shims.rendered import renderer  # the node's tool views, rendered as the engine changes its state
 
 STATE_TTL_S = 0.5
 NCCL_VERSION = "2.28.9+cuda13.0"
@@ -212,7 +213,7 @@ def register_memory(path: str | None, pid: int, gib: float, log: EngineLog) -> b
     if not path:
         return False
     try:
-        with nodestate.edit(path) as s:
+        with nodestate.edit(path, views=renderer(path)) as s:
             s.setdefault("engine_mem_gib", {})[str(pid)] = gib
     except (OSError, ValueError) as e:
         log.warn(f"cannot register memory in the simulated node state {path}: {e}")
@@ -225,7 +226,7 @@ def release_memory(path: str | None, pid: int, log: EngineLog) -> None:
     if not path:
         return
     try:
-        with nodestate.edit(path) as s:
+        with nodestate.edit(path, views=renderer(path)) as s:
             gib = float(s.setdefault("engine_mem_gib", {}).pop(str(pid), 0.0))
             if (s.get("faults") or {}).get("leak_on_death") and gib:
                 s["leaked_mem_gib"] = round(float(s.get("leaked_mem_gib", 0.0)) + gib, 3)

@@ -162,7 +162,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     euid = os.geteuid()
     now = time.time()
     if tool in MUTATORS and MUTATORS[tool](args):
-        with nodestate.edit(path) as state:
+        from sparkctl_sim.shims.rendered import renderer
+
+        with nodestate.edit(path, views=renderer(path)) as state:
             res = run_tool(tool, state, args, now=now, euid=euid, netdevs=netdevs)
             if res.new_state is not None:
                 state.clear()

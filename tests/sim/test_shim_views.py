@@ -75,6 +75,33 @@ def test_every_state_write_renders_the_views_again(node: tuple[Path, dict[str, s
     assert out[2] in (0, 100)
 
 
+def test_an_engine_renders_the_views_of_the_state_it_writes_and_a_plain_write_drops_them(
+        node: tuple[Path, dict[str, str]]) -> None:
+    """An engine that registers or releases its memory renders the node's views itself (it is
+    Python, the renderer costs it ~4 ms): the node's next uname is a view, no interpreter starts
+    to render them (the first check after an `up` or a `down` paid that on every node). The
+    nvidia-smi views follow the engine (its compute process), as the Python shim answers it."""
+    from sparkctl_sim.engines.logs import EngineLog
+    from sparkctl_sim.engines.runtime import register_memory, release_memory
+
+    bin_dir, env = node
+    state = bin_dir.parent / "node" / "state.json"
+    views = state.parent / rendered.VIEWS_DIR
+    mark = views / ".state"
+    with nodestate.edit(state) as s:  # a writer without the renderer: the views are dropped
+        s["faults"] = {"example": True}
+    assert not nodestate.views_ready(state)
+    log = EngineLog("vllm", 0, out=open(os.devnull, "w"), err=open(os.devnull, "w"))
+    assert register_memory(str(state), os.getpid(), 90.0, log)
+    assert nodestate.views_ready(state) and mark.read_text() == state.read_text()
+    query = ("nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader")
+    with_engine = _python(env, state, *query)
+    assert str(os.getpid()) in with_engine[0] and _run(bin_dir, env, *query) == with_engine
+    release_memory(str(state), os.getpid(), log)
+    assert nodestate.views_ready(state) and mark.read_text() == state.read_text()
+    assert _run(bin_dir, env, *query) == _python(env, state, *query) != with_engine
+
+
 def test_arguments_outside_the_table_go_to_python(node: tuple[Path, dict[str, str]]) -> None:
     bin_dir, env = node
     assert _run(bin_dir, env, "uname", "-sr") == ("Linux 6.17.0-1029-nvidia\n", "", 0)

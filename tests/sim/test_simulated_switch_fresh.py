@@ -1,5 +1,5 @@
 """End-to-end on a SIMULATED switched cluster of fresh boxes: `fabric apply` prepares them, `check`
-is green (the switch_subnet law pings every peer of each port group at the fabric MTU), `up` serves,
+is green (the switch_subnet law pings the peers of each port group at the fabric MTU), `up` serves,
 `fabric restore` gives the nodes back as they came.
 
 Fresh: `sparkctl sim up --topology switch` without `--ready`: the twins cabled to the switch are

@@ -6,9 +6,11 @@ bridge, or a cable in another node's cage looks healthy from the node. NVIDIA's 
 playbook (github.com/NVIDIA/dgx-spark-playbooks, nvidia/multi-sparks-through-switch/README.md)
 needs all ports in one layer-2 domain; NCCL then needs every rank to reach every other on
 each subnet it uses. The check: the don't-fragment pings of MTU-28 bytes that ``check``
-sends between every pair of ports on a subnet, once per pair, from either end (one echo and
-its reply cross both switch ports both ways: sparkctl.ops.check ``subnet_pairs``); a pair
-counts as probed, and as silent, whichever end sent the ping.
+sends on each subnet between every pair of ports of one replica's nodes and between each
+port and the next around the subnet, once per pair, from either end (one echo and its reply
+cross both switch ports both ways: sparkctl.ops.check ``switch_pairs``); a pair counts as
+probed, and as silent, whichever end sent the ping. A port's peers, for its verdict, are
+the ones it was probed with.
 
 Pure: verdicts over the probes' results.
 """
@@ -45,17 +47,20 @@ def check_switch_subnet(ctx: Context) -> list[Verdict]:
         if pr.df_ping_ok is False:
             failed[on.subnet].add((pr.node, pr.peer))
     out: list[Verdict] = []
+    def probed_with(node: str, subnet: str) -> list[str]:
+        return [m for m in members[subnet] if m != node
+                and ((node, m) in probed[subnet] or (m, node) in probed[subnet])]
+
     for (node, netdev), lk in sorted(ends.items(), key=lambda kv: (kv[1].subnet, kv[0])):
-        peers = [m for m in members[lk.subnet] if m != node]
         group = group_name(lk.a.port, lk.twin)
         where = f"{netdev} ({group}, {lk.subnet})"
-        if not peers:
+        if not any(m != node for m in members[lk.subnet]):
             out.append(Verdict(LAW, node, SKIP, f"no peer on {lk.subnet}", "peers on the subnet", subject=netdev))
             continue
-        seen = {p for p in peers if (node, p) in probed[lk.subnet] or (p, node) in probed[lk.subnet]}
-        if not seen:
+        peers = probed_with(node, lk.subnet)
+        if not peers:
             out.append(Verdict(LAW, node, SKIP, "not probed (no fabric probes ran)",
-                               f"{size}-byte DF pings to {len(peers)} peers", subject=netdev))
+                               f"{size}-byte DF pings on {lk.subnet}", subject=netdev))
             continue
         silent = sorted({p for p in peers if (node, p) in failed[lk.subnet] or (p, node) in failed[lk.subnet]})
         # a port no peer reaches and that reaches no peer is the one to fix; its peers are only its witnesses
@@ -68,7 +73,7 @@ def check_switch_subnet(ctx: Context) -> list[Verdict]:
                 f"(switch.mtu_bytes), and that {netdev} has MTU {mtu} and {lk.a.address}/24 "
                 "(`sparkctl fabric apply`)", netdev))
             continue
-        culprits = {p for p in silent if _answers_none(p, members[lk.subnet], failed[lk.subnet])}
+        culprits = {p for p in silent if _answers_none(p, probed_with(p, lk.subnet), failed[lk.subnet])}
         rest = [p for p in silent if p not in culprits]
         if rest:
             out.append(Verdict(
@@ -83,6 +88,6 @@ def check_switch_subnet(ctx: Context) -> list[Verdict]:
     return out
 
 
-def _answers_none(node: str, members: list[str], failed: set[tuple[str, str]]) -> bool:
-    peers = [m for m in members if m != node]
+def _answers_none(node: str, peers: list[str], failed: set[tuple[str, str]]) -> bool:
+    """``node`` was probed with more than one peer and answered none of them."""
     return len(peers) > 1 and all((node, p) in failed or (p, node) in failed for p in peers)
