@@ -149,6 +149,28 @@ def test_the_node_side_reader_has_no_backslash_nor_prose_and_reads_only_headers(
     assert r.returncode == 4 and r.stdout.startswith("not a model: ")
 
 
+def test_the_model_files_section_answers_nothing_there_without_starting_python(tmp_path: Path) -> None:
+    """The section's exit 3 for an empty weights path comes from sh, as the reader would give it: a
+    PATH whose python3 fails if started proves no interpreter ran; a model there still reaches it."""
+    from sparkctl.facts.batch import PRELUDE
+    from sparkctl.facts.modelfiles import MODEL_FILES
+    from sparkctl.facts.registry import ScriptContext
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "python3").write_text(f"#!/bin/sh\necho started >&2\nexec {sys.executable} \"$@\"\n")
+    (bin_dir / "python3").chmod(0o755)
+    cfg, t = llama_like(2, 64, 4, 2, 128, 100)
+    model = write_model(tmp_path / "m", cfg, t)
+    node = loads_inventory(ONE).node("spark-a")
+    for path, rc, started in ((tmp_path / "none", 3, ""), (model, 0, "started\n"),
+                              (model / "model.safetensors", 0, "started\n")):
+        body = MODEL_FILES.command(ScriptContext(node, str(path)), "")
+        r = subprocess.run(["sh", "-c", PRELUDE + body], capture_output=True, text=True, timeout=30,
+                           env={"PATH": f"{bin_dir}:/usr/bin:/bin"})
+        assert (r.returncode, r.stderr) == (rc, started), (path, r.stdout[:200], r.stderr)
+
+
 def _spark_node(prefix: Path) -> Any:
     inv = loads_inventory(f"nodes:\n  - {{name: spark-a, host: 192.0.2.1, prefix: {prefix}, proc_root: {prefix}/proc}}\n")
     return inv.node("spark-a")

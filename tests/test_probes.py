@@ -908,3 +908,12 @@ def test_show_starts_no_process() -> None:
     script = PRELUDE + "PATH=/nonexistent; show /proc/sys/kernel/random/boot_id"
     got = subprocess.run(["/bin/sh", "-c", script], capture_output=True, text=True, timeout=30)
     assert got.returncode == 0 and re.fullmatch(r"[0-9a-f-]{36}\n", got.stdout), got
+
+
+def test_a_lone_show_runs_without_a_subshell_and_every_other_section_in_its_own() -> None:
+    script = build_script(spark_node())
+    assert "sec net.enp1s0f0np0.mtu; show /sys/class/net/enp1s0f0np0/mtu; end net.enp1s0f0np0.mtu $?" in script
+    assert "sec boot_id; show /proc/sys/kernel/random/boot_id; end boot_id $?" in script
+    # a body that may exit keeps its subshell, so the exit ends the section, not the batch
+    assert re.search(r"sec clock_lock; \( \[ -e \S+ \] \|\| exit 3; show \S+ \); end clock_lock", script)
+    assert re.search(r"sec kernel; \( have uname", script)

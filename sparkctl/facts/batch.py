@@ -73,8 +73,19 @@ export LC_ALL
 sec() { echo "@@sparkctl:section:$1@@"; }
 end() { echo; echo "@@sparkctl:rc:$1:$2@@"; }
 have() { command -v "$1" >/dev/null 2>&1; }
-show() { { while IFS= read -r l || [ -n "$l" ]; do printf %s "$l"; echo; done < "$1"; } 2>/dev/null || cat "$1"; }
+show() { { while IFS= read -r show_l || [ -n "$show_l" ]; do printf %s "$show_l"; echo; done < "$1"; } 2>/dev/null || cat "$1"; }
 """
+
+
+# One call of the prelude's `show` on one quoted path (registry.small_file): a function that
+# returns (never exits) and sets nothing the next section reads, so it needs no subshell of its
+# own: a fork less per sysfs file, a dozen per probe and per exporter scrape.
+_SHOW_ONLY = re.compile(r"show (?:'[^']*'|[A-Za-z0-9_@%+=:,./-]+)")
+
+
+def _isolated(body: str) -> str:
+    """``body`` in a subshell of its own (a section's ``exit`` or ``cd`` ends there), save a lone ``show``."""
+    return body if _SHOW_ONLY.fullmatch(body) else f"( {body} )"
 
 
 def section_title(name: str) -> str:
@@ -91,7 +102,7 @@ def frame(steps: list[tuple[str, str]], manifest: str | None = None) -> str:
             raise ValueError(f"unsafe probe section name {name!r}")
     names = " ".join(n for n, _ in steps) if manifest is None else manifest
     out = [PRELUDE, f"echo {q(f'{MARKER_PREFIX}manifest:{names}@@')}"]
-    out += [f"sec {name}; ( {body} ); end {name} $?" for name, body in steps]
+    out += [f"sec {name}; {_isolated(body)}; end {name} $?" for name, body in steps]
     out.append(f"echo {q(MARKER_PREFIX + 'done@@')}")
     return "\n".join(out) + "\n"
 
@@ -130,9 +141,9 @@ def frame_parallel(steps: list[tuple[str, str]], then: list[tuple[str, str]] | N
     out = [PRELUDE, 'd=$(mktemp -d) || exit 1', "trap 'rm -rf \"$d\"' EXIT"]
     # each section writes its own markers (sec and end are shell functions): a section costs its
     # subshells and its tool, and the sections are printed in order by one cat
-    out += [f'( sec {name}; ( {body} ); end {name} "$?" ) > "$d/{i}" &' for i, (name, body) in enumerate(steps)]
+    out += [f'( sec {name}; {_isolated(body)}; end {name} "$?" ) > "$d/{i}" &' for i, (name, body) in enumerate(steps)]
     out.append("wait")
-    out += [f'( sec {name}; ( {body} ); end {name} "$?" ) > "$d/{i}"'
+    out += [f'( sec {name}; {_isolated(body)}; end {name} "$?" ) > "$d/{i}"'
             for i, (name, body) in enumerate(later, start=len(steps))]
     out.append(f"echo {q(f'{MARKER_PREFIX}manifest:{names}@@')}")
     out.append("cat " + " ".join(f'"$d/{i}"' for i in range(len(steps) + len(later))))

@@ -71,8 +71,11 @@ def parse_model_files(text: str) -> ModelFiles:
 
 
 def _command(ctx: ScriptContext, _item: str) -> str:
-    path = under(ctx.node.prefix, ctx.weights_path or "/")
-    return f"have python3 || exit 127; python3 -S -c {q(reader_source())} {q(path)}"
+    # nothing at the path (neither a file nor a directory, as read_path tells them): exit 3 as the
+    # reader would, without starting an interpreter to learn it
+    path = q(under(ctx.node.prefix, ctx.weights_path or "/"))
+    return (f"[ -f {path} ] || [ -d {path} ] || exit 3; "
+            f"have python3 || exit 127; python3 -S -c {q(reader_source())} {path}")
 
 
 # 3: nothing at the path (the weights are not there yet); 4: not a model (the reader says why).

@@ -30,7 +30,8 @@ import os
 import re
 import struct
 import sys
-from typing import TYPE_CHECKING
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (2.5 ms of the node's start; mypy reads the name)
 
 if TYPE_CHECKING:  # names for the checker only: the node's python3 -S never imports typing's aliases
     from collections.abc import Callable, Iterable
