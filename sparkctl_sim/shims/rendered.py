@@ -114,15 +114,26 @@ def _fragment(res: ToolResult) -> str:
     return body + f"exit {int(res.exit_code)}\n"
 
 
-def view_name(tool: str, k: int, user: str | None = None, link: str | None = None) -> str:
-    return ".".join(x for x in (tool, str(k), user, link) if x) + ".sh"
+def view_key(k: int, user: str | None = None, link: str | None = None) -> str:
+    """The arm of a tool's view file its wrapper picks: ``"$k$v"`` (the line, then ``.user``/``.root``
+    for the euid tools, then ``.up``/``.down`` for a carrier-dependent line)."""
+    return ".".join(x for x in (str(k), user, link) if x)
+
+
+def _cases(word: str, arms: dict[str, str]) -> str:
+    """One view file: ``case WORD in`` with an arm per key, each a fragment that exits. A word that
+    matches no arm falls through to the Python shim. One file per tool (per second for nvidia-smi),
+    not one per line: a node's state write renders ~40 files, not ~180 (each a create and a write on
+    the host's disk, under the state's lock)."""
+    return f"case {word} in\n" + "".join(f"{shlex.quote(key)})\n{body};;\n" for key, body in arms.items()) + "esac\n"
 
 
 def render_smi_views(state: State, start: int) -> dict[str, str]:
-    """File name -> sh fragment, for every line of :data:`SMI_LINES` and every second from ``start``
-    on, :data:`SMI_WINDOW_S` of them. Pure."""
-    return {f"nvidia-smi.{k}.{sec}.sh": _smi_fragment(state, args, sec)
-            for k, args in enumerate(SMI_LINES) for sec in range(start, start + SMI_WINDOW_S)}
+    """File name -> sh, for every second from ``start`` on (:data:`SMI_WINDOW_S` of them): the arms of
+    every line of :data:`SMI_LINES` in that second. Pure."""
+    return {f"nvidia-smi.{sec}.sh": _cases('"$k"', {str(k): _smi_fragment(state, args, sec)
+                                                    for k, args in enumerate(SMI_LINES)})
+            for sec in range(start, start + SMI_WINDOW_S)}
 
 
 def _smi_fragment(state: State, args: tuple[str, ...], sec: int) -> str:
@@ -149,6 +160,7 @@ def render_views(state: State, now: float | None = None, node_dir: str | os.Path
     out: dict[str, str] = {}
     for tool, lines in TABLE.items():
         users = tuple(EUIDS) if tool in EUID_TOOLS else (None,)
+        arms: dict[str, str] = {}
         for k, args in enumerate(lines):
             links = ("up", "down") if (tool, args) in LINK_ARG else (None,)
             for user in users:
@@ -156,7 +168,8 @@ def render_views(state: State, now: float | None = None, node_dir: str | os.Path
                     res = _result(tool, args, state, EUIDS[user] if user else 0,
                                   None if link is None else link == "up")
                     if res.exec_argv is None and res.new_state is None:
-                        out[view_name(tool, k, user, link)] = _fragment(res)
+                        arms[view_key(k, user, link)] = _fragment(res)
+        out[f"{tool}.sh"] = _cases('"$k$v"', arms)
     from sparkctl_sim.dockerimages import kind_of
     from sparkctl_sim.dockerps import info_text
 
@@ -314,11 +327,11 @@ def wrapper(tool: str, python: str, pre: str) -> str:
         fast = _ps(python)
     elif tool == "nvidia-smi":  # T: now in microseconds; the view of this second
         fast = ("T=$(date +%s%N); T=${T%???}\n"
-                + pick_view(SMI_LINES, f'"${{SPARKCTL_SIM_STATE%/*}}/{VIEWS_DIR}/nvidia-smi.$k.${{T%??????}}.sh"'))
+                + pick_view(SMI_LINES, f'"${{SPARKCTL_SIM_STATE%/*}}/{VIEWS_DIR}/nvidia-smi.${{T%??????}}.sh"'))
     elif tool in TABLE:
         d = '"${%s%%/*}/%s"' % ("SPARKCTL_SIM_STATE", VIEWS_DIR)
         uid = _UID if tool in EUID_TOOLS else ""
         fast = (_case(tool) + 'if [ -n "$k" ]; then\n  ' + uid.replace("\n", "\n  ").rstrip(" ")
-                + ('  v=.$u$v\n' if uid else "") + f"  f={d}/{tool}.$k$v.sh\n"
+                + ('  v=.$u$v\n' if uid else "") + f"  f={d}/{tool}.sh\n"
                 + '  [ -r "$f" ] && . "$f"\nfi\n')
     return f"{head}{pre}{fast}exec {shlex.quote(python)} -S -m sparkctl_sim.shims {shlex.quote(tool)} \"$@\"\n"

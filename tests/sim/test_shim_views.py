@@ -50,10 +50,10 @@ def test_the_view_is_the_python_shims_answer(node: tuple[Path, dict[str, str]], 
 
 def test_the_wrapper_sources_the_view_and_python_never_starts(node: tuple[Path, dict[str, str]]) -> None:
     bin_dir, env = node
-    view = bin_dir.parent / "node" / rendered.VIEWS_DIR / "uname.1.sh"
-    assert view.read_text() == "printf %s '6.17.0-1029-nvidia\n'\nexit 0\n"
+    view = bin_dir.parent / "node" / rendered.VIEWS_DIR / "uname.sh"  # one file per tool, an arm per line
+    assert "\n1)\nprintf %s '6.17.0-1029-nvidia\n'\nexit 0\n;;\n" in view.read_text()
     # a planted view is what the tool prints: the wrapper read it, no Python computed it
-    view.write_text("printf %s 'planted\n'\nexit 3\n")
+    view.write_text("case \"$k$v\" in 1) printf %s 'planted\n'; exit 3 ;; esac\n")
     assert _run(bin_dir, env, "uname", "-r") == ("planted\n", "", 3)
     view.unlink()  # no view: the Python shim answers
     assert _run(bin_dir, env, "uname", "-r") == ("6.17.0-1029-nvidia\n", "", 0)
@@ -206,7 +206,7 @@ def test_nvidia_smis_query_views_are_the_python_shims_answer_of_that_second(node
         if k == 2:  # the counter runs in microseconds of uptime: the view's lies between Python's two
             n = [int(m.group(1)) for m in (rendered._SW_CAP.search(x[0]) for x in (before, a, b)) if m]
             assert len(n) == 3 and n[0] <= n[1] <= n[2] and n[2] - n[0] < 10_000_000, n
-        views = sorted(p.name for p in (state.parent / rendered.VIEWS_DIR).glob(f"nvidia-smi.{k}.*.sh"))
+        views = sorted(p.name for p in (state.parent / rendered.VIEWS_DIR).glob("nvidia-smi.*.sh"))
         assert len(views) >= rendered.SMI_WINDOW_S
 
 
@@ -221,13 +221,13 @@ def test_nvidia_smis_views_run_out_and_python_renders_the_next_ones(node: tuple[
         f.unlink()  # as if the window ran out
     out = _run(bin_dir, env, "nvidia-smi", *rendered.SMI_LINES[0])
     assert out[2] == 0 and out[0].startswith("NVIDIA GB10, 12.1, ")
-    assert len(list(views.glob("nvidia-smi.0.*.sh"))) == rendered.SMI_WINDOW_S
+    assert len(list(views.glob("nvidia-smi.*.sh"))) == rendered.SMI_WINDOW_S  # one per second, an arm per line
     # a planted view for this second is what the wrapper prints: no Python computed it
     import time
 
     now = int(time.time())
     for sec in (now, now + 1, now + 2):
-        (views / f"nvidia-smi.0.{sec}.sh").write_text("printf %s 'planted\n'\nexit 0\n")
+        (views / f"nvidia-smi.{sec}.sh").write_text("case \"$k\" in 0) printf %s 'planted\n'; exit 0 ;; esac\n")
     assert _run(bin_dir, env, "nvidia-smi", *rendered.SMI_LINES[0])[0] == "planted\n"
 
 
