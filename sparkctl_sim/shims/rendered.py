@@ -114,17 +114,21 @@ def _fragment(res: ToolResult) -> str:
     return body + f"exit {int(res.exit_code)}\n"
 
 
-def view_key(k: int, user: str | None = None, link: str | None = None) -> str:
-    """The arm of a tool's view file its wrapper picks: ``"$k$v"`` (the line, then ``.user``/``.root``
-    for the euid tools, then ``.up``/``.down`` for a carrier-dependent line)."""
-    return ".".join(x for x in (str(k), user, link) if x)
+def view_key(user: str | None = None, link: str | None = None) -> str:
+    """The arm of a line's view file its wrapper picks: ``"$v"`` (``.user``/``.root`` for the euid
+    tools, then ``.up``/``.down`` for a carrier-dependent line; empty for the rest)."""
+    return "".join(f".{x}" for x in (user, link) if x)
 
 
 def _cases(word: str, arms: dict[str, str]) -> str:
-    """One view file: ``case WORD in`` with an arm per key, each a fragment that exits. A word that
-    matches no arm falls through to the Python shim. One file per tool (per second for nvidia-smi),
-    not one per line: a node's state write renders ~40 files, not ~180 (each a create and a write on
-    the host's disk, under the state's lock)."""
+    """One view file: ``case WORD in`` with an arm per key, each a fragment that exits (a lone arm
+    for the empty key: the fragment itself). A word that matches no arm falls through to the Python
+    shim. One file per line of a tool (its euid and carrier variants as arms) and one per second for
+    nvidia-smi (its lines as arms): a node's state write renders ~80 files, not ~180, each a create
+    and a write on the host's disk under the state's lock, and a call sources a few KiB, not a
+    whole tool's answers."""
+    if list(arms) == [""]:
+        return arms[""]
     return f"case {word} in\n" + "".join(f"{shlex.quote(key)})\n{body};;\n" for key, body in arms.items()) + "esac\n"
 
 
@@ -160,16 +164,17 @@ def render_views(state: State, now: float | None = None, node_dir: str | os.Path
     out: dict[str, str] = {}
     for tool, lines in TABLE.items():
         users = tuple(EUIDS) if tool in EUID_TOOLS else (None,)
-        arms: dict[str, str] = {}
         for k, args in enumerate(lines):
             links = ("up", "down") if (tool, args) in LINK_ARG else (None,)
+            arms: dict[str, str] = {}
             for user in users:
                 for link in links:
                     res = _result(tool, args, state, EUIDS[user] if user else 0,
                                   None if link is None else link == "up")
                     if res.exec_argv is None and res.new_state is None:
-                        arms[view_key(k, user, link)] = _fragment(res)
-        out[f"{tool}.sh"] = _cases('"$k$v"', arms)
+                        arms[view_key(user, link)] = _fragment(res)
+            if arms:
+                out[f"{tool}.{k}.sh"] = _cases('"$v"', arms)
     from sparkctl_sim.dockerimages import kind_of
     from sparkctl_sim.dockerps import info_text
 
@@ -332,6 +337,6 @@ def wrapper(tool: str, python: str, pre: str) -> str:
         d = '"${%s%%/*}/%s"' % ("SPARKCTL_SIM_STATE", VIEWS_DIR)
         uid = _UID if tool in EUID_TOOLS else ""
         fast = (_case(tool) + 'if [ -n "$k" ]; then\n  ' + uid.replace("\n", "\n  ").rstrip(" ")
-                + ('  v=.$u$v\n' if uid else "") + f"  f={d}/{tool}.sh\n"
+                + ('  v=.$u$v\n' if uid else "") + f"  f={d}/{tool}.$k.sh\n"
                 + '  [ -r "$f" ] && . "$f"\nfi\n')
     return f"{head}{pre}{fast}exec {shlex.quote(python)} -S -m sparkctl_sim.shims {shlex.quote(tool)} \"$@\"\n"

@@ -50,10 +50,10 @@ def test_the_view_is_the_python_shims_answer(node: tuple[Path, dict[str, str]], 
 
 def test_the_wrapper_sources_the_view_and_python_never_starts(node: tuple[Path, dict[str, str]]) -> None:
     bin_dir, env = node
-    view = bin_dir.parent / "node" / rendered.VIEWS_DIR / "uname.sh"  # one file per tool, an arm per line
-    assert "\n1)\nprintf %s '6.17.0-1029-nvidia\n'\nexit 0\n;;\n" in view.read_text()
+    view = bin_dir.parent / "node" / rendered.VIEWS_DIR / "uname.1.sh"
+    assert view.read_text() == "printf %s '6.17.0-1029-nvidia\n'\nexit 0\n"
     # a planted view is what the tool prints: the wrapper read it, no Python computed it
-    view.write_text("case \"$k$v\" in 1) printf %s 'planted\n'; exit 3 ;; esac\n")
+    view.write_text("printf %s 'planted\n'\nexit 3\n")
     assert _run(bin_dir, env, "uname", "-r") == ("planted\n", "", 3)
     view.unlink()  # no view: the Python shim answers
     assert _run(bin_dir, env, "uname", "-r") == ("6.17.0-1029-nvidia\n", "", 0)
