@@ -8,7 +8,7 @@ in `flock`), times each command as a user runs it (a new `python -m sparkctl.cli
 process), then removes the cluster (`sparkctl sim down`) before the next size:
 
 * `check PROFILE --json --bandwidth 0`: the probes of every node and the switch_subnet
-  law's don't-fragment pings from every port to every peer on its subnet;
+  law's don't-fragment pings (each replica's pairs and a ring around each subnet);
 * `up PROFILE`, then `down` (both timed, shown apart).
 
 The profile is tensorfold-tp4x2-switch with the replicas that fill the size: TP2 x1 on
@@ -22,7 +22,7 @@ sshd sessions, shells and tools (and any other load on this shared machine). On 
 Sparks each node's part runs on its own CPUs; here 16 nodes share two cores.
 
 Prints figures; asserts nothing. Target (issue 22): the cost at 16 nodes at most 2x the
-cost at 4. Usage: python3 tools/switch_scaling.py [--sizes 2,4,8,16] [--repeats 3]
+cost at 4. Usage: python3 tools/switch_scaling.py [--sizes 2,4,8,16] [--repeats 3] [--rounds 1]
 """
 
 from __future__ import annotations
@@ -122,17 +122,22 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sizes", default="2,4,8,16")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=1, help="build and measure every size this many times, in turn")
     args = ap.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     tmp = Path(tempfile.mkdtemp(prefix="switch-scaling-"))
     results: dict[int, dict[str, list[float]]] = {}
     with e2e_lock():
-        for n in sizes:
-            results[n] = measure(n, args.repeats, tmp)
-            print(f"{n:2d} nodes: " + ", ".join(f"{k} {statistics.median(v):.2f} s" for k, v in results[n].items()
-                                                if "cpu" not in k and "nodes" not in k), flush=True)
-    print(f"\n{PROFILE} on a SIMULATED switched cluster, {args.repeats} runs each (median, min-max; wall time of "
-          "the whole command, process start included)")
+        for r in range(args.rounds):  # sizes in turn, so a slow spell of this shared machine hits each
+            for n in sizes:
+                got = measure(n, args.repeats, tmp)
+                for k, v in got.items():
+                    results.setdefault(n, {}).setdefault(k, []).extend(v)
+                print(f"{n:2d} nodes (round {r + 1}): " + ", ".join(
+                    f"{k} {statistics.median(v):.2f} s" for k, v in got.items() if "cpu" not in k and "nodes" not in k),
+                    flush=True)
+    print(f"\n{PROFILE} on a SIMULATED switched cluster, {args.rounds} x {args.repeats} runs each (median, min-max; "
+          "wall time of the whole command, process start included)")
     print(f"  {'nodes':>5}  " + "  ".join(f"{k:>22}" for k in ("check", "up", "down", "sim up")))
     for n in sizes:
         cells = []
