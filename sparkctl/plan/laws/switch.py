@@ -46,11 +46,12 @@ def check_switch_subnet(ctx: Context) -> list[Verdict]:
         probed[on.subnet].add((pr.node, pr.peer))
         if pr.df_ping_ok is False:
             failed[on.subnet].add((pr.node, pr.peer))
-    out: list[Verdict] = []
+
     def probed_with(node: str, subnet: str) -> list[str]:
         return [m for m in members[subnet] if m != node
                 and ((node, m) in probed[subnet] or (m, node) in probed[subnet])]
 
+    out: list[Verdict] = []
     for (node, netdev), lk in sorted(ends.items(), key=lambda kv: (kv[1].subnet, kv[0])):
         group = group_name(lk.a.port, lk.twin)
         where = f"{netdev} ({group}, {lk.subnet})"
