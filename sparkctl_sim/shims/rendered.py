@@ -262,20 +262,16 @@ def _ibdev2netdev() -> str:
 
 def _ps(python: str) -> str:
     """``ps`` as a real node sees it: the real ps, its rows kept when the process shares this shell's
-    network namespace (the nsfs inode: ps's own ``netns`` column, or find -L -samefile for
-    ps's default format, which takes no column of ours). SIMULATION: the simulated nodes share one
+    network namespace (find -L -samefile: the nsfs inode). SIMULATION: the simulated nodes share one
     PID namespace, where a real node's ps lists only its own (proc(5): /proc shows the processes of
     the PID namespace it was mounted from). Dead engines' memory is settled whenever someone looks at
     the processes: when one of ``engine_pids`` (beside the state) is gone or a zombie (as
     nodestate.pid_alive reads /proc/PID/stat), Python settles the state first (nodestate.settle_file).
 
-    A format of the caller's own (``-o``, ``-eo``, ``-O``, ``--format``, BSD ``axo``): ``netns``,
-    ``pid`` and ``ppid`` columns are put first (procps joins every ``-o`` in order, even beside BSD
-    ``axo``); the row of this shell's own pid names the node's namespace, the rows in it are kept
-    but those of this wrapper's own helpers (its subshells, the real ps, awk: this shell's
-    descendants; the shell itself stands for the ps a node would list), and the three columns are
-    cut off again, so the caller sees its own columns, and its header only if it asked for one:
-    one pass of ps, no scan of every process's namespace link beside it.
+    A row is told apart by its PID column. A format of the caller's own (``-o``, ``-eo``, ``-O``,
+    ``--format``, BSD ``axo``) may have none (``ps -eo args``): a ``pid`` column is put first
+    (procps joins every ``-o`` in order, a first ``-o pid`` included, even beside BSD ``axo``), read,
+    and cut off again, so the caller sees its own columns, and its header only if it asked for one.
     A default format without a PID column (``--no-headers``) cannot be told apart: an error, never
     another node's processes (which would make a stopped engine look alive, or a live one stopped)."""
     settle = "from sparkctl_sim import nodestate as n; import os; n.settle_file(os.environ.get('SPARKCTL_SIM_STATE'))"
@@ -289,28 +285,22 @@ done
 [ -n "$k" ] || @SETTLE@ 2>/dev/null
 ps=; for p in /bin/ps /usr/bin/ps; do [ -x "$p" ] && { ps=$p; break; }; done
 [ -n "$ps" ] || { echo "ps: not found" >&2; exit 127; }
+mine=$(find -L /proc/[0-9]*/ns/net -maxdepth 0 -samefile /proc/$$/ns/net 2>/dev/null)
 own=
 for a in "$@"; do
   case "$a" in --format|--format=*) own=1 ;; --*) ;; -*[oO]*) own=1 ;; esac
 done
 case "${1:-}" in -*|"") ;; *[oO]*) own=1 ;; esac
-mine=
-[ -n "$own" ] || mine=$(find -L /proc/[0-9]*/ns/net -maxdepth 0 -samefile /proc/$$/ns/net 2>/dev/null)
-[ -z "$own" ] || set -- -o netns,pid,ppid "$@"
+[ -z "$own" ] || set -- -o pid "$@"
 exec 3>&1
-rcs=$({ { "$ps" "$@"; echo $? >&4; } | { awk -v mine="$mine" -v own="$own" -v me="$$" '
+rcs=$({ { "$ps" "$@"; echo $? >&4; } | { awk -v mine="$mine" -v own="$own" '
   BEGIN { n = split(mine, a, "\n"); for (i = 1; i <= n; i++) { split(a[i], f, "/"); keep[f[3]] = 1 } }
-  NR == 1 && own { cut = index($0, "PPID") + 5; h = substr($0, cut); if (h ~ /[^ ]/) print h; next }
+  NR == 1 && own { cut = index($0, "PID") + 4; h = substr($0, cut); if (h ~ /[^ ]/) print h; col = 1; next }
   NR == 1 { for (i = 1; i <= NF; i++) if ($i == "PID") { col = i; break }
             if (!col) { print "ps (sparkctl SIMULATION): no PID column to tell the node'"'"'s processes apart" \
                           "; ask for one (-o pid,...)" > "/dev/stderr"; exit 1 }
             print; next }
-  own { if ($2 == me) m = $1
-        if ($2 ~ /^[0-9]+$/) { r++; net[r] = $1; pid[r] = $2; up[r] = $3; row[r] = substr($0, cut) }; next }
-  NF >= col && $col ~ /^[0-9]+$/ && ($col in keep) { print }
-  END { fam[me] = 1
-        for (k = 0; k < 3; k++) for (i = 1; i <= r; i++) if (up[i] in fam) fam[pid[i]] = 2
-        for (i = 1; i <= r; i++) if (net[i] == m && m != "-" && fam[pid[i]] != 2) print row[i] }' >&3 || echo 1 >&4; }; } 4>&1)
+  NF >= col && $col ~ /^[0-9]+$/ && ($col in keep) { print (own ? substr($0, cut) : $0) }' >&3 || echo 1 >&4; }; } 4>&1)
 for r in $rcs; do [ "$r" = 0 ] || exit "$r"; done
 exit 0
 """.replace("@SETTLE@", f"{shlex.quote(python)} -S -c {shlex.quote(settle)}")
