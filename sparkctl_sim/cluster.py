@@ -361,6 +361,7 @@ def down(root: Path) -> None:
         nx.kill_pids(pids)
     for ns in sorted(namespaces):
         nx.netns_delete(ns)
+        nx.cgroup_remove(ns)
     for name in sorted(host_links) + sorted(bridges):
         nx.host_link_delete(name)
     if os.geteuid() == 0:

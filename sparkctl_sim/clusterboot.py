@@ -79,7 +79,7 @@ def _prepare_node(p: SimPaths, spec: ClusterSpec, node: SimNode, rootless: bool)
     nd = p.node(node.name)
     # What the node's disk holds at first: the image's top dirs (an empty upper dir each),
     # the operator's model store; nothing of sparkctl's (the overlay hides the machine's).
-    for d in (nd.dir, nd.run, nd.sysfs / "class" / "infiniband", nd.sysclass_stage,
+    for d in (nd.dir, nd.run, nd.sysfs / "class" / "infiniband", nd.sysclass_stage, nd.cgroup,
               *(nd.private(t) for t in (*OVERLAY_DIRS, *BIND_DIRS)),
               *(nd.dir / "ovl-work" / _ovl_name(t) for t in OVERLAY_DIRS)):
         d.mkdir(parents=True, exist_ok=True)
@@ -490,8 +490,9 @@ def boot_init(p: SimPaths, spec: ClusterSpec, node: SimNode) -> dict[str, Any]:
     if pid is None:
         raise SimError(f"{node.name}: sshd is not running: its init cannot run", "run `sparkctl sim up`")
     env = session_env(p, node, False)
-    argv = ["nsenter", "-t", str(pid), "-m", "-n", "-u", "env", "-i",
-            *(f"{k}={v}" for k, v in env.items()), sys.executable, "-m", "sparkctl_sim.clusterinit", "boot"]
+    argv = nx.in_cgroup(nx.node_cgroup(netns_name(node.name)), [  # what it starts is the node's
+        "nsenter", "-t", str(pid), "-m", "-n", "-u", "env", "-i",
+        *(f"{k}={v}" for k, v in env.items()), sys.executable, "-m", "sparkctl_sim.clusterinit", "boot"])
     if spec.fresh:
         argv.append("--docker")
     out = nx.run(argv, timeout_s=120.0)
@@ -526,13 +527,16 @@ def _sshd_pid(p: SimPaths, node: str) -> int | None:
     return pid
 
 
-def _boot_script(p: SimPaths, node: SimNode, user: str) -> str:
-    """What runs inside the node's fresh mount+UTS namespace before sshd."""
+def _boot_script(p: SimPaths, node: SimNode, user: str, cgroup: bool = False) -> str:
+    """What runs inside the node's fresh mount+UTS namespace before sshd; ``cgroup``: the node's
+    processes are in a cgroup of their own (nx.node_cgroup), which its ps reads through ``procs``."""
     nd = p.node(node.name)
     q = shlex.quote
     lines = [
         "set -e",
         f"hostname {q(node.name)}",
+        # `ip netns exec` mounted a new sysfs, without this machine's cgroup mounts under it
+        *([f"mount -t cgroup2 sparkctl-node {q(str(nd.cgroup))} || :"] if cgroup else []),
         f"mount --bind {q(str(nd.dir / 'meminfo'))} /proc/meminfo",
         f"mount --bind {q(str(nd.dir / 'boot_id'))} /proc/sys/kernel/random/boot_id",
         # the node's drop_caches writes reach its simulated page cache (nodestate.absorb_drop_caches)
@@ -588,9 +592,13 @@ def _ensure_sshd(p: SimPaths, spec: ClusterSpec, node: SimNode, rootless: bool) 
         ns = netns_name(node.name)
         if not nx.netns_exists(ns):
             raise SimError(f"{node.name}: namespace {ns} is missing", "run `sparkctl sim up`")
-        script = _boot_script(p, node, _ssh_user(False))
-        argv = ["ip", "netns", "exec", ns, "unshare", "--mount", "--uts", "--propagation", "private",
-                "sh", "-c", script]
+        cgroup = nx.node_cgroup(ns)
+        nd.procs.unlink(missing_ok=True)
+        if cgroup is not None:
+            nd.procs.symlink_to(f"{nd.cgroup.name}{cgroup[1]}/cgroup.procs")  # as the node's own mount shows it
+        script = _boot_script(p, node, _ssh_user(False), cgroup is not None)
+        argv = nx.in_cgroup(cgroup, ["ip", "netns", "exec", ns, "unshare", "--mount", "--uts", "--propagation",
+                                     "private", "sh", "-c", script])
     nx.spawn_detached(argv, nd.boot_log)
     deadline = time.monotonic() + SSHD_START_TIMEOUT_S
     while time.monotonic() < deadline:

@@ -97,9 +97,10 @@ def carrier_changed(p: SimPaths, spec: ClusterSpec, nodes: Iterable[str]) -> Non
         pid = _sshd_pid(p, node)
         if pid is not None:  # the node is up: its networkd (clusterinit networkd-carrier)
             env = session_env(p, next(n for n in spec.nodes if n.name == node), False)
-            out = nx.run(["nsenter", "-t", str(pid), "-m", "-n", "-u", "env", "-i",
-                          *(f"{k}={v}" for k, v in env.items()), sys.executable, "-m",
-                          "sparkctl_sim.clusterinit", "networkd-carrier"], timeout_s=60.0)
+            out = nx.run(nx.in_cgroup(nx.node_cgroup(netns_name(node)), [
+                "nsenter", "-t", str(pid), "-m", "-n", "-u", "env", "-i",
+                *(f"{k}={v}" for k, v in env.items()), sys.executable, "-m",
+                "sparkctl_sim.clusterinit", "networkd-carrier"]), timeout_s=60.0)
             log.info("%s: networkd on carrier: %s", node, out.stdout.strip())
         _write_sysfs(p, node)
 

@@ -146,6 +146,8 @@ class NodePaths:
     sysfs = property(lambda self: self.dir / "sysfs")
     run = property(lambda self: self.dir / "run")
     sysclass_stage = property(lambda self: self.dir / ".sysclass")
+    cgroup = property(lambda self: self.dir / "cgroup")  # a cgroup2 mount inside the node
+    procs = property(lambda self: self.dir / "procs")  # -> its cgroup.procs (sparkctl_sim.netns.node_cgroup)
 
     def private(self, target: str) -> Path:
         return self.fs / target.lstrip("/")

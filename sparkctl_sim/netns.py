@@ -100,6 +100,71 @@ def netns_delete(name: str) -> None:
         run(["ip", "netns", "delete", name], check=False)
 
 
+# ---------------------------------------------------------------------------
+# the node's processes: one cgroup each
+
+# A real node's ps lists its own processes only (proc(5): /proc shows the PID namespace it
+# was mounted from); the simulated nodes share this machine's, where procps' ps reads the /proc
+# files of every process whichever it selects (strace of Debian 12's ``ps -p 1``: status, stat,
+# environ and cmdline of all 127). A cgroup per node lists its processes in one small file
+# (cgroup.procs; a child starts in its parent's cgroup: the kernel's
+# Documentation/admin-guide/cgroup-v2.rst, "Processes"), and ``ps -q PIDS`` reads only those
+# (ps(1), -q: "reads the necessary info only for the pids listed"). Membership only: no
+# controller is enabled, no limit set. Where this machine lets the sim make none, ps falls back
+# to scanning the network namespaces (sparkctl_sim.shims.rendered._ps).
+CGROUP_DIR = "sparkctl-sim"
+
+
+def _cgroup2() -> tuple[Path, str] | None:
+    """Where this machine mounts the cgroup2 hierarchy, and the cgroup that mount shows at its top."""
+    try:
+        mountinfo = Path("/proc/self/mountinfo").read_text()
+    except OSError:
+        return None
+    for line in mountinfo.splitlines():  # proc(5): ID PARENT DEV ROOT MOUNTPOINT ... - FSTYPE ...
+        fields, _, fs = line.partition(" - ")
+        if fs.split(" ", 1)[0] == "cgroup2":
+            f = fields.split()
+            return Path(f[4]), f[3]
+    return None
+
+
+def node_cgroup(netns: str) -> tuple[Path, str] | None:
+    """The cgroup of the node in ``netns``: its directory here and its path in the hierarchy (as
+    a cgroup2 mount inside the node shows it), made if missing; None when it cannot be made."""
+    check_owned_netns(netns)
+    found = _cgroup2()
+    if found is None:
+        return None
+    mount, top = found
+    d = mount / CGROUP_DIR / netns
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+    except OSError:  # not root, a read-only cgroupfs (a container)
+        return None
+    return d, f"{top.rstrip('/')}/{CGROUP_DIR}/{netns}"
+
+
+def in_cgroup(cgroup: tuple[Path, str] | None, argv: Sequence[str]) -> list[str]:
+    """``argv`` started inside ``cgroup`` (:func:`node_cgroup`), and so every process it starts:
+    sh writes its own pid to cgroup.procs, then becomes ``argv``; as it was where that fails."""
+    if cgroup is None:
+        return list(argv)
+    return ["sh", "-c", '{ echo $$ >"$0"; } 2>/dev/null || :; exec "$@"', str(cgroup[0] / "cgroup.procs"), *argv]
+
+
+def cgroup_remove(netns: str) -> None:
+    """Remove the node's cgroup once its processes are gone (rmdir refuses one that has any)."""
+    check_owned_netns(netns)
+    found = _cgroup2()
+    if found is not None:
+        for d in (found[0] / CGROUP_DIR / netns, found[0] / CGROUP_DIR):
+            try:
+                d.rmdir()
+            except OSError:
+                return
+
+
 def links(netns: str | None = None, *, details: bool = False) -> list[dict[str, Any]]:
     """``ip -j addr show`` (or ``-d link`` with details) in a namespace or the host."""
     argv = ["ip", "-j"]

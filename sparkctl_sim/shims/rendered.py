@@ -273,7 +273,13 @@ def _ps(python: str) -> str:
     (procps joins every ``-o`` in order, a first ``-o pid`` included, even beside BSD ``axo``), read,
     and cut off again, so the caller sees its own columns, and its header only if it asked for one.
     A default format without a PID column (``--no-headers``) cannot be told apart: an error, never
-    another node's processes (which would make a stopped engine look alive, or a live one stopped)."""
+    another node's processes (which would make a stopped engine look alive, or a live one stopped).
+
+    ``ps -eo FORMAT`` (how sparkctl asks) on a node whose processes have a cgroup of their own
+    (``procs`` beside the state: sparkctl_sim.netns.node_cgroup) skips the scan: the real ps reads
+    just those pids (``-q``, in ascending order as ``-e`` lists them) and becomes this shell's
+    process, so its own row is there as on a real node. The list must hold this shell, else the
+    cgroup is not this node's and the scan decides."""
     settle = "from sparkctl_sim import nodestate as n; import os; n.settle_file(os.environ.get('SPARKCTL_SIM_STATE'))"
     return r"""e="${SPARKCTL_SIM_STATE%/*}/engine_pids"; k=
 [ -r "$e" ] && { read -r ps_pids <"$e"; k=ok; }
@@ -285,6 +291,11 @@ done
 [ -n "$k" ] || @SETTLE@ 2>/dev/null
 ps=; for p in /bin/ps /usr/bin/ps; do [ -x "$p" ] && { ps=$p; break; }; done
 [ -n "$ps" ] || { echo "ps: not found" >&2; exit 127; }
+c="${SPARKCTL_SIM_STATE%/*}/procs"
+if [ "$#" = 2 ] && [ "$1" = -eo ] && [ -r "$c" ]; then
+  l=; for p in $(sort -n "$c"); do l=$l,$p; done
+  case "$l," in *",$$,"*) exec "$ps" -q "${l#,}" -o "$2" ;; esac
+fi
 mine=$(find -L /proc/[0-9]*/ns/net -maxdepth 0 -samefile /proc/$$/ns/net 2>/dev/null)
 own=
 for a in "$@"; do

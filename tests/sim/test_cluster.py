@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from sparkctl_sim import cluster, nodestate
+from sparkctl_sim import netns as nx
 from sparkctl_sim.cluster import SimError
 from sparkctl_sim.spec import ClusterSpec, SimLink, SimNode, SimRoute
 from tests.sim.helpers import free_port
@@ -194,6 +195,32 @@ def test_node_sees_simulated_proc_and_private_dirs(ring: tuple[Path, ClusterSpec
     assert ssh(root, "spark-d", "ls -d /etc/sparkctl", check=False) == ""  # private to spark-c
 
 
+def _rows(block: str) -> dict[int, str]:
+    return {int(ln.split(None, 1)[0]): ln.split(None, 1)[1] for ln in block.strip().splitlines()[1:]}
+
+
+@pytest.mark.e2e
+@pytest.mark.needs_root
+def test_a_nodes_ps_lists_its_own_processes_from_its_cgroup_as_the_namespace_scan_does(
+        ring: tuple[Path, ClusterSpec]) -> None:
+    """SIMULATED: the nodes share this machine's PID namespace. ``ps -eo pid,args`` (how sparkctl
+    asks) reads the node's cgroup where this machine lets the sim make one, and lists exactly the
+    processes the scan of the node's network namespace finds (``ps -e -o``): its sshd, its session,
+    what its boot started (earlyoom, through nsenter), none of another node's."""
+    root, _ = ring
+    sep = r"printf '\043\043\043\n'"  # "###", which the session's own command line does not hold
+    out = ssh(root, "spark-a", f"sleep 30 & s=$!; ps -eo pid,args; {sep}; ps -e -o pid,args; {sep}; echo $s; kill $s")
+    fast, scan, sleeper = out.split("###\n")
+    own = "ps -q " if (root / "nodes/spark-a/procs").is_symlink() else "ps -eo pid,args"
+    fast_rows, scan_rows = _rows(fast), _rows(scan)
+    assert any(own in args for args in fast_rows.values()), fast  # the cgroup's path where there is one
+    assert int(sleeper) in fast_rows and int(sleeper) in scan_rows
+    ps_rows = {pid for rows in (fast_rows, scan_rows) for pid, args in rows.items() if "ps -" in args}
+    assert set(fast_rows) - ps_rows == set(scan_rows) - ps_rows, (fast, scan)
+    other = int((root / "nodes/spark-b/sshd.pid").read_text())
+    assert other not in fast_rows and os.getpid() not in fast_rows
+
+
 @pytest.mark.e2e
 @pytest.mark.needs_root
 def test_ping_has_datagram_sockets_as_on_dgx_os_so_jumbo_pings_side_by_side_all_get_answers(
@@ -355,6 +382,8 @@ def test_down_leaves_nothing(ring: tuple[Path, ClusterSpec]) -> None:
     root, _ = ring
     cluster.down(root)
     assert_no_traces(root, [f"sparkctl-{n}" for n in NAMES])
+    cgroups = nx._cgroup2()
+    assert cgroups is None or not (cgroups[0] / nx.CGROUP_DIR).exists()  # the nodes' cgroups too
     assert "sparkbr0" not in subprocess.run(["ip", "-br", "link"], capture_output=True, text=True).stdout
     assert cluster.status(root).mode == "absent"
     cluster.down(root)  # and again: nothing left to do is fine
