@@ -38,6 +38,7 @@ from sparkctl.transport import (
     reply,
     trust,
 )
+from sparkctl.transport.connection import open_tcp
 
 from sshd_fixture import (
     SshdHandle,
@@ -454,6 +455,17 @@ def test_unknown_host_key_names_the_exact_fingerprint(sshd: SshdHandle, tmp_path
     with SSHTransport([node], FAST, ssh_config=no_ssh_config) as t:
         with pytest.raises(HostKeyError):
             t.verified_host_key("spark-a")
+
+
+def test_open_tcp_turns_nagle_off() -> None:
+    """Every SSH connection goes out with TCP_NODELAY: with Nagle on, each channel open waited
+    for the node's delayed ACK (about 40 ms a command)."""
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(1)
+        sock = open_tcp("127.0.0.1", server.getsockname()[1], 5.0)
+        with sock:
+            assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
 
 
 @pytest.mark.e2e

@@ -104,8 +104,8 @@ def main() -> int:
     if args.compare is not None:
         return compare(args.compare, args.repeats)
     base = Path(args.baseline)
-    if not (base / "sparkctl" / "lifecycle.py").is_file():
-        print(f"no previous checkout at {base}: git worktree add {base} 6d66335", file=sys.stderr)
+    if not (base / "sparkctl" / "__init__.py").is_file():
+        print(f"no previous checkout at {base}: git worktree add {base} REV", file=sys.stderr)
         return 2
     tmp = Path(tempfile.mkdtemp(prefix="up-overhead-"))
     env = {**os.environ, "SPARKCTL_SIM_DIR": str(tmp / "sim"), "XDG_STATE_HOME": str(tmp / "state"),

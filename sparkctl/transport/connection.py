@@ -82,7 +82,13 @@ class ConnectFailed(Exception):
 
 
 def open_tcp(host: str, port: int, timeout_s: float) -> socket.socket:
-    """A TCP connection within ``timeout_s`` (each address tried with what is left)."""
+    """A TCP connection within ``timeout_s`` (each address tried with what is left), with Nagle's
+    algorithm off: SSH's small messages go out at once. With it on, a channel open sent behind
+    another unacknowledged small packet waited for the node's delayed ACK, about 40 ms on Linux
+    (tcp(7), TCP_NODELAY and TCP_QUICKACK), at every command and twice in every login: 41 ms
+    per command against 0.3 ms, measured with paramiko against the simulated nodes' sshd.
+    OpenSSH's own client and sshd do the same once a session starts (packet.c,
+    ssh_packet_set_interactive calls set_nodelay whatever the session), paramiko does not."""
     deadline = time.monotonic() + timeout_s
     last: OSError | None = None
     for family, kind, proto, _, addr in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM):
@@ -90,6 +96,7 @@ def open_tcp(host: str, port: int, timeout_s: float) -> socket.socket:
         if left <= 0:
             break
         sock = socket.socket(family, kind, proto)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.settimeout(left)
         try:
             sock.connect(addr)

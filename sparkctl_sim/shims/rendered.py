@@ -277,7 +277,8 @@ def _ps(python: str) -> str:
 
     ``ps -eo FORMAT`` (how sparkctl asks) on a node whose processes have a cgroup of their own
     (``procs`` beside the state: sparkctl_sim.netns.node_cgroup) skips the scan: the real ps reads
-    just those pids (``-q``, in ascending order as ``-e`` lists them) and becomes this shell's
+    just those pids (``-q``, in the order they joined: pid order, as ``-e`` lists them, until pids
+    wrap around; the kernel lists a cgroup v2's members as they joined) and becomes this shell's
     process, so its own row is there as on a real node. The list must hold this shell, else the
     cgroup is not this node's and the scan decides."""
     settle = "from sparkctl_sim import nodestate as n; import os; n.settle_file(os.environ.get('SPARKCTL_SIM_STATE'))"
@@ -293,7 +294,7 @@ ps=; for p in /bin/ps /usr/bin/ps; do [ -x "$p" ] && { ps=$p; break; }; done
 [ -n "$ps" ] || { echo "ps: not found" >&2; exit 127; }
 c="${SPARKCTL_SIM_STATE%/*}/procs"
 if [ "$#" = 2 ] && [ "$1" = -eo ] && [ -r "$c" ]; then
-  l=; for p in $(sort -n "$c"); do l=$l,$p; done
+  l=; while read -r p; do l=$l,$p; done <"$c"
   case "$l," in *",$$,"*) exec "$ps" -q "${l#,}" -o "$2" ;; esac
 fi
 mine=$(find -L /proc/[0-9]*/ns/net -maxdepth 0 -samefile /proc/$$/ns/net 2>/dev/null)
