@@ -34,6 +34,7 @@ from sparkctl.facts.batch import (
     section_title,
     split_batch,
 )
+from sparkctl.facts.batch import frame as batch_frame
 from sparkctl.facts.fabric import FabricTarget, build_fabric_script, parse_fabric
 from sparkctl.facts.gpu import SmiClocks, decode_reasons, parse_gpu_query, parse_smi_csv, parse_smi_q_clocks
 from sparkctl.facts.net import (
@@ -486,6 +487,29 @@ def test_missing_tool_is_not_available_and_failures_are_unreadable() -> None:
 def test_output_without_trailing_newline_is_kept_exact() -> None:
     _, secs, done = split_batch(frame([("models", '{"data":[]}', 0), ("hostname", "x\n", 0)]))
     assert done and secs["models"].text == '{"data":[]}' and secs["hostname"].text == "x\n"
+
+
+def test_the_batch_prints_in_one_piece_and_what_ran_before_a_timeout_stopped_it(tmp_path: Path) -> None:
+    """The sections' output leaves in one write at the end (one SSH packet instead of about 150):
+    a reader sees nothing while a section still runs. When `timeout` stops the batch (as the
+    transport's wire command does), the sections that finished are still printed, and the one it
+    stopped reads as cut off."""
+    go = tmp_path / "go"  # the reader makes it once it has read a first line
+    wait = (f"i=0; while [ ! -e {go} ] && [ $i -lt 20 ]; do sleep 0.1; i=$((i + 1)); done; "
+            f"[ -e {go} ] && echo streamed || echo one-piece")
+    reader = "IFS= read -r first; touch " + str(go) + "; cat"
+    got = subprocess.run(["sh", "-c", remote_command(batch_frame([("hostname", "echo a"), ("kernel", wait)]))
+                          + " | { " + reader + "; }"], capture_output=True, text=True, timeout=30).stdout
+    assert split_batch("@@sparkctl:manifest:hostname kernel@@\n" + got)[1]["kernel"].text == "one-piece\n"
+    script = batch_frame([("hostname", "echo spark-a"), ("kernel", "sleep 30"), ("page_size", "echo 4096")])
+    cut = subprocess.run(["timeout", "-k", "1", "1", "sh", "-c", remote_command(script)],
+                         capture_output=True, text=True, timeout=30)
+    assert cut.returncode == 124
+    _, secs, done = split_batch(cut.stdout)
+    assert secs["hostname"].text == "spark-a\n" and secs["hostname"].rc == 0
+    assert secs["kernel"].rc is None and "page_size" not in secs and not done
+    facts = parse_batch("spark-a", cut.stdout)
+    assert facts.hostname == "spark-a" and "kernel" in facts.unreadable
 
 
 @given(st.integers(0, len(BATCH) - 1))
