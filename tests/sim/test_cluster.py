@@ -209,9 +209,11 @@ def test_a_nodes_ps_lists_its_own_processes_from_its_cgroup_as_the_namespace_sca
     what its boot started (earlyoom, through nsenter), none of another node's."""
     root, _ = ring
     sep = r"printf '\043\043\043\n'"  # "###", which the session's own command line does not hold
-    out = ssh(root, "spark-a", f"sleep 30 & s=$!; ps -eo pid,args; {sep}; ps -e -o pid,args; {sep}; echo $s; kill $s")
-    fast, scan, sleeper = out.split("###\n")
-    own = "ps -q " if (root / "nodes/spark-a/procs").is_symlink() else "ps -eo pid,args"
+    out = ssh(root, "spark-a", f"sleep 30 & s=$!; ps -eo pid,args; {sep}; ps -e -o pid,args; {sep}; echo $s; "
+                               'c="${SPARKCTL_SIM_STATE%/*}/procs"; grep -qx "$$" "$c" 2>/dev/null && echo joined; kill $s')
+    fast, scan, tail = out.split("###\n")
+    sleeper, *joined = tail.split()
+    own = "ps -q " if joined else "ps -eo pid,args"  # the scan where this machine gave the node no cgroup
     fast_rows, scan_rows = _rows(fast), _rows(scan)
     assert any(own in args for args in fast_rows.values()), fast  # the cgroup's path where there is one
     assert int(sleeper) in fast_rows and int(sleeper) in scan_rows
