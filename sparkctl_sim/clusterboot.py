@@ -480,6 +480,15 @@ def spec_carrier_sync(spec: ClusterSpec, node: str) -> None:
             nx.ip(ns, "route", "replace", r.dst_cidr, "via", r.via, "dev", r.dev)
 
 
+def clusterinit_argv(p: SimPaths, node: SimNode, sshd_pid: int, *command: str) -> list[str]:
+    """``python -m sparkctl_sim.clusterinit COMMAND`` as the node runs it: in its sshd's mount, network
+    and UTS namespaces, with the session environment, in the node's cgroup (what it starts is the node's)."""
+    env = session_env(p, node, False)
+    return nx.in_cgroup(nx.node_cgroup(netns_name(node.name)), [
+        "nsenter", "-t", str(sshd_pid), "-m", "-n", "-u", "env", "-i",
+        *(f"{k}={v}" for k, v in env.items()), sys.executable, "-m", "sparkctl_sim.clusterinit", *command])
+
+
 def boot_init(p: SimPaths, spec: ClusterSpec, node: SimNode) -> dict[str, Any]:
     """Run the node's init (sparkctl_sim.clusterinit boot) inside its namespaces.
 
@@ -489,13 +498,7 @@ def boot_init(p: SimPaths, spec: ClusterSpec, node: SimNode) -> dict[str, Any]:
     pid = _sshd_pid(p, node.name)
     if pid is None:
         raise SimError(f"{node.name}: sshd is not running: its init cannot run", "run `sparkctl sim up`")
-    env = session_env(p, node, False)
-    argv = nx.in_cgroup(nx.node_cgroup(netns_name(node.name)), [  # what it starts is the node's
-        "nsenter", "-t", str(pid), "-m", "-n", "-u", "env", "-i",
-        *(f"{k}={v}" for k, v in env.items()), sys.executable, "-m", "sparkctl_sim.clusterinit", "boot"])
-    if spec.fresh:
-        argv.append("--docker")
-    out = nx.run(argv, timeout_s=120.0)
+    out = nx.run(clusterinit_argv(p, node, pid, "boot", *(["--docker"] if spec.fresh else [])), timeout_s=120.0)
     try:
         return dict(json.loads(out.stdout.strip().splitlines()[-1]))
     except (ValueError, IndexError):

@@ -27,12 +27,11 @@ from __future__ import annotations
 import json
 import logging
 import os
-import sys
 import time
 from collections.abc import Iterable, Mapping
 
 from sparkctl_sim import netns as nx
-from sparkctl_sim.clusterboot import _sshd_pid, _write_sysfs, session_env, spec_carrier_sync
+from sparkctl_sim.clusterboot import _sshd_pid, _write_sysfs, clusterinit_argv, spec_carrier_sync
 from sparkctl_sim.clusterroot import SimPaths, _node_links, netns_name
 from sparkctl_sim.netns import SimError
 from sparkctl_sim.spec import ClusterSpec
@@ -96,11 +95,8 @@ def carrier_changed(p: SimPaths, spec: ClusterSpec, nodes: Iterable[str]) -> Non
             spec_carrier_sync(spec, node)
         pid = _sshd_pid(p, node)
         if pid is not None:  # the node is up: its networkd (clusterinit networkd-carrier)
-            env = session_env(p, next(n for n in spec.nodes if n.name == node), False)
-            out = nx.run(nx.in_cgroup(nx.node_cgroup(netns_name(node)), [
-                "nsenter", "-t", str(pid), "-m", "-n", "-u", "env", "-i",
-                *(f"{k}={v}" for k, v in env.items()), sys.executable, "-m",
-                "sparkctl_sim.clusterinit", "networkd-carrier"]), timeout_s=60.0)
+            sim_node = next(n for n in spec.nodes if n.name == node)
+            out = nx.run(clusterinit_argv(p, sim_node, pid, "networkd-carrier"), timeout_s=60.0)
             log.info("%s: networkd on carrier: %s", node, out.stdout.strip())
         _write_sysfs(p, node)
 
