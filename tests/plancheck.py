@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import shlex
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -20,6 +21,7 @@ from typing import Any
 from sparkctl.model import wheels
 from sparkctl.plan.planner import ALIVE_COMMAND
 from sparkctl.plan.steps import Plan, calls
+from sparkctl.transport.base import put_files
 
 # Read-only fact gathering, run outside any plan (it changes nothing). Each: (why, pattern, with sudo?).
 READ_ONLY: tuple[tuple[str, re.Pattern[str], bool], ...] = (
@@ -63,8 +65,9 @@ class Recorder:
 
         def run(node: str, cmd: str, *, label: str, sudo: bool, timeout_s: float, stdin: bytes | None,
                 cancel: Any) -> Any:
-            if label.startswith("put "):
-                self.log.append(Ran(node, "put", label[4:], bool(sudo), hashlib.sha256(stdin or b"").hexdigest()))
+            if label.startswith("put "):  # one session writes the node's files: each is a write of its own
+                for path, _mode, data in put_files(shlex.split(cmd), stdin or b""):
+                    self.log.append(Ran(node, "put", path, bool(sudo), hashlib.sha256(data).hexdigest()))
             else:
                 self.log.append(Ran(node, "run", cmd, bool(sudo)))
             return inner(node, cmd, label=label, sudo=sudo, timeout_s=timeout_s, stdin=stdin, cancel=cancel)

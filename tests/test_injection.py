@@ -436,7 +436,7 @@ def command_texts(calls: list[Call], files: dict[tuple[str, str], tuple[bytes, i
         if c.command.startswith("put "):
             path = c.command[4:]
             mode = files.get((c.node, path), (b"", 0o644))[1]
-            out.append((shlex.join(put_command(path, mode)), c.stdin))
+            out.append((shlex.join(put_command([(path, mode, len(c.stdin or b""))])), c.stdin))
         else:
             out.append((c.command, c.stdin))
     return out

@@ -108,7 +108,7 @@ NO_ANSWER = {"ok": False, "exit_code": None, "stdout": "", "stderr": "",
 def _ready_step(deadline_s: float = 30.0) -> dict[str, Any]:
     return {"id": "ready", "phase": "ready", "kind": "ready", "nodes": ["a", "b"], "summary": "ready",
             "params": {"endpoints": {"a": "http://a:8000"}, "served_name": "m", "deadline_s": deadline_s,
-                       "alive": {"a": "alive?", "b": "alive?"}, "tail": {"a": "tail", "b": "tail"},
+                       "watch": {"a": "alive?", "b": "alive?"},
                        "tail_on_failure": {"a": "tail", "b": "tail"}, "profile": "p"}}
 
 
@@ -128,6 +128,20 @@ def test_a_liveness_check_that_got_no_answer_is_not_a_dead_rank() -> None:
 def test_one_dead_answer_between_two_execs_is_not_a_dead_rank() -> None:
     detail = _ready_failure({"a": [ALIVE], "b": [DEAD, ALIVE]})
     assert "not ready within 30 s" in detail
+
+
+def test_the_watch_reads_liveness_from_its_first_line_and_shows_the_log_line_after_it() -> None:
+    """One round trip per rank and look: "alive"/"dead", then the log's last line (which may say anything)."""
+    dead_but_says_alive = {**DEAD, "stdout": "dead\nworker alive, waiting for rank 0\n"}
+    logging = {**ALIVE, "stdout": "alive\nloading shard 3/8\n"}
+    backend = _Warming({"a": [logging], "b": [dead_but_says_alive]})
+    waiting: list[tuple[str, str]] = []
+    backend.emit = lambda node, phase, message: waiting.append((node, message)) if phase == "waiting" else None
+    state = planrun.execute({"op": "up", "profile": "p", "steps": [_ready_step(600)], "branches": {}}, backend)
+    assert state.failure is not None
+    assert state.failure["detail"] == "p did not become ready: rank on b exited before the endpoint was ready"
+    assert waiting and all(m.endswith("s  loading shard 3/8") for n, m in waiting if n == "a"), waiting
+    assert all(m.endswith("s  worker alive, waiting for rank 0") for n, m in waiting if n == "b"), waiting
 
 
 def test_a_rank_that_answers_dead_twice_fails_the_wait_at_once_naming_its_node() -> None:

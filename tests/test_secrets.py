@@ -282,7 +282,7 @@ def test_the_put_script_creates_its_temporary_file_with_mktemp() -> None:
 
     lines = PUT_SCRIPT.splitlines()
     i_tmp = next(i for i, ln in enumerate(lines) if "mktemp" in ln)
-    i_cat = next(i for i, ln in enumerate(lines) if ln.startswith("cat >"))
+    i_cat = next(i for i, ln in enumerate(lines) if ln.startswith("head -c"))
     i_mv = next(i for i, ln in enumerate(lines) if ln.startswith("mv "))
     assert i_tmp < i_cat < i_mv
 

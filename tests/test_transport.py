@@ -35,6 +35,7 @@ from sparkctl.transport import (
     fetch_host_key,
     fingerprint_sha256,
     known_hosts_name,
+    put_command,
     reply,
     trust,
 )
@@ -405,6 +406,48 @@ def test_local_put_is_atomic_and_safe_with_hostile_paths(tmp_path: Path) -> None
     (tmp_path / "ro" / "f").write_text("old")
     bad = t.put("local", str(tmp_path / "ro" / "f" / "sub"), b"new", 0o644)
     assert not bad.ok and (tmp_path / "ro" / "f").read_text() == "old"
+
+
+def test_put_all_writes_a_nodes_files_in_one_session_each_with_its_own_bytes(tmp_path: Path) -> None:
+    """One command per node carries every file; each takes exactly its own bytes (empty ones too)."""
+    t = LocalTransport()
+    sent: list[str] = []
+    inner = t._run
+
+    def run(node: str, cmd: str, **kw: Any) -> Any:
+        sent.append(cmd)
+        return inner(node, cmd, **kw)
+
+    t._run = run  # type: ignore[method-assign]
+    files = [(str(tmp_path / "etc" / "a.env"), b"K=1\n" * 5000, 0o600), (str(tmp_path / "empty"), b"", 0o644),
+             (str(tmp_path / "b c" / "$(touch canary)"), bytes(range(256)), 0o755)]
+    res = t.put_all({"local": files})
+    assert res["local"].ok and res["local"].command == "put 3 files", res["local"]
+    assert len(sent) == 1
+    for path, data, mode in files:
+        assert Path(path).read_bytes() == data and stat.S_IMODE(Path(path).stat().st_mode) == mode
+    assert not list(tmp_path.rglob(".sparkctl-put.*")) and not list(tmp_path.rglob("canary"))
+
+
+def test_a_put_whose_bytes_arrive_short_leaves_the_file_as_it_was(tmp_path: Path) -> None:
+    """A stream cut mid-file (the connection dropped): cat would install what came; the put refuses."""
+    target = tmp_path / "engine.env"
+    target.write_bytes(b"old\n")
+    cmd = shlex.join(put_command([(str(target), 0o600, 100)]))
+    r = LocalTransport().run("local", cmd, stdin=b"only forty bytes of the hundred promised.")
+    assert not r.ok and "41 of 100 bytes arrived" in r.stderr and f"stopped at {target}" in r.stderr, r
+    assert target.read_bytes() == b"old\n" and os.listdir(tmp_path) == ["engine.env"]
+
+
+def test_put_all_stops_a_node_at_its_first_failed_file_and_names_it(tmp_path: Path) -> None:
+    (tmp_path / "f").write_text("a file, not a directory")
+    first, blocked, last = tmp_path / "one", tmp_path / "f" / "two", tmp_path / "three"
+    res = LocalTransport().put_all({"local": [(str(first), b"1", 0o644), (str(blocked), b"2", 0o644),
+                                              (str(last), b"3", 0o644)]})
+    r = res["local"]
+    assert not r.ok and f"sparkctl-put: stopped at {blocked}" in r.stderr, r
+    assert first.read_bytes() == b"1" and not last.exists()
+    assert sorted(os.listdir(tmp_path)) == ["f", "one"]
 
 
 def test_put_refuses_directories_and_newlines() -> None:

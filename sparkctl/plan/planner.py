@@ -119,6 +119,11 @@ def tail_command(inv: Inventory, node: str, lines: int) -> str:
     return f"tail -n {int(lines)} {shlex.quote(under(inv.node(node).prefix, ENGINE_LOG))} 2>/dev/null || true"
 
 
+def watch_command(inv: Inventory, node: str) -> str:
+    """The ready wait's look at a rank, one round trip: "alive" or "dead", then the log's last line."""
+    return f"{ALIVE_COMMAND}; {tail_command(inv, node, 1)}"
+
+
 def meminfo_command(inv: Inventory, node: str) -> str:
     return f"cat {shlex.quote(inv.node(node).proc_root.rstrip('/') + '/meminfo')}"
 
@@ -253,8 +258,7 @@ def _bring_up(res: Resolved, inv: Inventory, rendering: Rendering, restart: Sequ
                    else {}),
                 "served_name": p.model.served_name, "metric": metric if p.serve.smoke_request else None,
                 "smoke": bool(p.serve.smoke_request), "deadline_s": float(p.serve.ready_timeout_s),
-                "alive": {n: ALIVE_COMMAND for n in watched},
-                "tail": {n: tail_command(inv, n, 1) for n in watched},
+                "watch": {n: watch_command(inv, n) for n in watched},
                 "tail_on_failure": {n: tail_command(inv, n, 15) for n in watched},
                 # serve.api_key_env: where the probe finds the key (the operator's variable; on the
                 # head, the 0600 env file), never the key itself: plans are printed

@@ -13,7 +13,7 @@ rendering (or, on the head, from the plan file's 0600 blob store).
 
 Every command a step runs is in the step: its ``commands`` (one per node), or
 one of the node -> command maps in its ``params`` named in
-:data:`PARAM_COMMANDS` (the ready step's liveness and log reads, the check's
+:data:`PARAM_COMMANDS` (the ready step's look at each rank and its log, the check's
 probe scripts, the lock's stale check and break), each with the step's
 ``sudo`` for that node; every file it writes is in its ``files`` or, for a
 ``record`` step, is the record at ``params["path"]`` or, for a ``check`` step,
@@ -37,7 +37,7 @@ KINDS = ("check", "run", "stop", "put", "ready", "record", "leaks", "lock")
 ON_FAIL = ("abort", "continue", "stop", "rollback", "restore-record")
 FINALLY = "finally"
 # The params that hold node -> command maps a step kind runs besides ``commands``.
-PARAM_COMMANDS = ("alive", "tail", "tail_on_failure", "fabric_probe", "holder_alive", "break_stale",
+PARAM_COMMANDS = ("watch", "tail_on_failure", "fabric_probe", "holder_alive", "break_stale",
                   "remove_on_failure")
 
 

@@ -177,18 +177,19 @@ def _ready(step: dict[str, Any], backend: Backend, state: RunState) -> str:
         if not pending:
             return f"serving after {elapsed:.1f} s"
         if backend.monotonic() >= next_watch:
-            alive = _fan(step, backend, p["alive"], 30)
+            # One round trip per rank: "alive"/"dead" on the first line, the log's last line after it.
+            watch = _fan(step, backend, p["watch"], 30)
             # Only an answer is evidence: a check that did not get through (an SSH session refused
             # or reset under load, a timeout) says nothing about the rank, and one "dead" can be a
             # process between two execs. A rank is dead when it answers "dead" twice in a row.
-            answered = {n: r for n, r in alive.items() if r["ok"]}
-            unanswered = {n: _last_line(r) for n, r in alive.items() if n not in answered}
-            now_dead = {n for n, r in answered.items() if "alive" not in r.get("stdout", "")}
+            answered = {n: r for n, r in watch.items() if r["ok"]}
+            unanswered = {n: _last_line(r) for n, r in watch.items() if n not in answered}
+            now_dead = {n for n, r in answered.items() if r.get("stdout", "").partition("\n")[0].strip() != "alive"}
             dead = sorted(now_dead & dead_once)
             dead_once = now_dead
-            tails = _fan(step, backend, p["tail"], 30)
-            for n in p["alive"]:
-                backend.emit(n, "waiting", f"{elapsed:5.1f}s  {tails.get(n, {}).get('stdout', '').strip()[-100:]}")
+            for n in p["watch"]:
+                log_line = watch.get(n, {}).get("stdout", "").partition("\n")[2] if n in answered else ""
+                backend.emit(n, "waiting", f"{elapsed:5.1f}s  {log_line.strip()[-100:]}")
             if dead:
                 _not_ready(step, backend, f"rank on {', '.join(dead)} exited before the endpoint was ready")
             next_watch = backend.monotonic() + (0.5 if now_dead else 2.0)  # a dead answer is confirmed soon

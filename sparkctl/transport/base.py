@@ -9,11 +9,11 @@ This module owns:
   plain word list, ``[sudo -n --] [timeout -k 1 T] sh -c CMD``
   (:func:`wire_command`), so no login shell or ``.bashrc`` is relied upon;
   callers quote their own values (a list is joined with :func:`shlex.join`);
-* :func:`put_command`, the remote half of an atomic file write;
+* :func:`put_command`, the remote half of atomic file writes (one session per node);
 * :class:`BaseTransport.run_all`, the fan-out: every node at once, wait for
   all, each node's outcome kept (a :class:`~sparkctl.transport.results.FanOut`),
   stragglers cut at the deadline and cancelled; :meth:`BaseTransport.put_all`,
-  the same fan-out for files (each node's puts in order); Ctrl-C during a
+  the same fan-out for files (each node's files in one session, in order); Ctrl-C during a
   fan-out sends nothing more and lets what was sent end (:class:`Cancel`).
 
 What it must not do: decide what to run, parse output, print, or exit. The
@@ -118,31 +118,57 @@ class Transport(Protocol):
     def __exit__(self, *exc: object) -> None: ...
 
 
-# The remote half of put(): every value arrives as a positional parameter, so
-# nothing the caller passes is ever parsed as shell. The temporary file lives in
-# the destination directory so the final mv is a rename(2) on one filesystem.
+# The remote half of put() and put_all(): every value arrives as a positional
+# parameter, so nothing the caller passes is ever parsed as shell. Each file is
+# three parameters (path, mode, size) and its bytes, in order, on stdin: one session
+# writes a node's files. `head -c SIZE` reads exactly that many bytes of a pipe and
+# no more (coreutils head.c, head_bytes: each read asks for at most what is left),
+# so each file takes its own bytes; one that arrives short (the connection cut mid-
+# stream, cat would have written what came) is refused and the file left as it was.
+# The temporary file lives in the destination directory, made by mktemp (0600
+# before a byte is written), so the final mv is a rename(2) on one filesystem; a
+# node stops at its first failed file and says which.
 PUT_SCRIPT = r"""set -eu
-dst=$1 mode=$2
+tmp= dst=
+trap 'rc=$?; [ -z "$tmp" ] || rm -f -- "$tmp"; [ "$rc" = 0 ] || echo "sparkctl-put: stopped at $dst" >&2' EXIT
+while [ "$#" -ge 3 ]; do
+dst=$1 mode=$2 size=$3
+shift 3
 case $dst in */*) dir=${dst%/*} ;; *) dir=. ;; esac
 [ -n "$dir" ] || dir=/
-base=${dst##*/}
 mkdir -p -- "$dir"
 tmp=$(mktemp "$dir/.sparkctl-put.XXXXXXXX")
-trap 'rm -f -- "$tmp"' EXIT
-cat > "$tmp"
+head -c "$size" > "$tmp"
+got=$(wc -c < "$tmp")
+[ "$got" -eq "$size" ] || { echo "sparkctl-put: $got of $size bytes arrived" >&2; exit 1; }
 chmod "$mode" "$tmp"
-mv -f -- "$tmp" "$dir/$base"
-trap - EXIT
+mv -f -- "$tmp" "$dst"
+tmp=
+done
 """
 
 
-def put_command(remote_path: str, mode: int) -> list[str]:
-    """The argv that atomically writes stdin to ``remote_path`` with ``mode``."""
-    if not remote_path or remote_path.endswith("/"):
-        raise ValueError(f"put needs a file path, got {remote_path!r}")
-    if "\0" in remote_path or "\n" in remote_path:
-        raise ValueError(f"put refuses a path with NUL or newline: {remote_path!r}")
-    return ["sh", "-c", PUT_SCRIPT, "sparkctl-put", remote_path, f"{mode & 0o7777:04o}"]
+def put_command(files: Sequence[tuple[str, int, int]]) -> list[str]:
+    """The argv that atomically writes each ``(remote_path, mode, size)``, in order, from stdin's bytes."""
+    argv = ["sh", "-c", PUT_SCRIPT, "sparkctl-put"]
+    for remote_path, mode, size in files:
+        if not remote_path or remote_path.endswith("/"):
+            raise ValueError(f"put needs a file path, got {remote_path!r}")
+        if "\0" in remote_path or "\n" in remote_path:
+            raise ValueError(f"put refuses a path with NUL or newline: {remote_path!r}")
+        argv += [remote_path, f"{mode & 0o7777:04o}", str(size)]
+    return argv
+
+
+def put_files(argv: Sequence[str], data: bytes) -> list[tuple[str, int, bytes]]:
+    """What a :func:`put_command` writes: ``(remote_path, mode, bytes)`` each, from its argv and stdin."""
+    out, at = [], 0
+    args = list(argv[4:])
+    for i in range(0, len(args) - 2, 3):
+        size = int(args[i + 2])
+        out.append((args[i], int(args[i + 1], 8), data[at:at + size]))
+        at += size
+    return out
 
 
 def put_label(remote_path: str) -> str:
@@ -216,11 +242,15 @@ class BaseTransport:
         return self._run(node, cmd, label=cmd, sudo=sudo, timeout_s=self._timeout(timeout_s), stdin=data, cancel=None)
 
     def put(self, node: str, remote_path: str, data: bytes, mode: int, *, sudo: bool = False) -> CommandResult:
-        cmd = shlex.join(put_command(remote_path, mode))
-        return self._run(
-            node, cmd, label=put_label(remote_path), sudo=sudo, timeout_s=self.settings.command_timeout_s,
-            stdin=bytes(data), cancel=None,
-        )
+        return self._put(node, [(remote_path, data, mode)], put_label(remote_path), sudo, None)
+
+    def _put(
+        self, node: str, files: Sequence[tuple[str, bytes, int]], label: str, sudo: bool, cancel: Cancel | None,
+    ) -> CommandResult:
+        """One session writes the node's files (:data:`PUT_SCRIPT`); stdin is never logged."""
+        cmd = shlex.join(put_command([(path, mode, len(data)) for path, data, mode in files]))
+        return self._run(node, cmd, label=label, sudo=sudo, timeout_s=self.settings.command_timeout_s,
+                         stdin=b"".join(bytes(data) for _, data, _ in files), cancel=cancel)
 
     def run_all(
         self, commands: Mapping[str, Command], *, sudo: bool | Mapping[str, bool] = False,
@@ -260,9 +290,10 @@ class BaseTransport:
     ) -> FanOut:
         """Write each node's files (``(remote_path, data, mode)``, in order), all nodes at once; wait for all.
 
-        Each file goes through :meth:`put` (atomic, mode set, stdin never
-        logged); a node stops at its first failed put and its result is that
-        put's, else a success labelled ``put <n> files``. ``sudo`` is one flag
+        One session per node writes its files, each as :meth:`put` writes one
+        (atomic, mode set, stdin never logged); a node stops at its first
+        failed file, and its stderr names it. The result is labelled ``put
+        PATH`` for one file, ``put <n> files`` for more. ``sudo`` is one flag
         or one per node. Deadline and failures as :meth:`run_all`: every
         node's outcome kept, stragglers reported at the deadline.
         """
@@ -274,14 +305,7 @@ class BaseTransport:
 
         def one(node: str, cancel: Cancel) -> CommandResult:
             use_sudo = bool(sudo.get(node, False)) if isinstance(sudo, Mapping) else sudo
-            start = time.monotonic()
-            for path, data, mode in files[node]:
-                if cancel.held():  # Ctrl-C or the deadline: no further file is sent
-                    return CommandResult(node, labels[node], -1, "", "", time.monotonic() - start, NOT_SENT)
-                res = self.put(node, path, data, mode, sudo=use_sudo)
-                if not res.ok:
-                    return res
-            return CommandResult(node, labels[node], 0, "", "", time.monotonic() - start, None)
+            return self._put(node, files[node], labels[node], use_sudo, cancel)
 
         return self._fan_out({n: one for n in files}, labels, deadline_s)
 

@@ -23,7 +23,7 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from sparkctl.transport.base import (
@@ -232,19 +232,26 @@ class FakeTransport(BaseTransport):
             raise self._refuse(call)
         return result
 
-    def put(self, node: str, remote_path: str, data: bytes, mode: int, *, sudo: bool = False) -> CommandResult:
-        put_command(remote_path, mode)  # the same validation as the real thing
-        call = self._record(node, put_label(remote_path), sudo, self.settings.command_timeout_s, bytes(data))
-        answer = self._match(node, call.command)
-        result = self._answer(call, answer) if answer is not None else None
-        if result is None and not self.accept_puts:
-            raise self._refuse(call)
-        if result is None:
-            result = CommandResult(node, call.command, 0, "", "", 0.0, None)
-        if result.ok:
+    def _put(
+        self, node: str, files: Sequence[tuple[str, bytes, int]], label: str, sudo: bool, cancel: Cancel | None,
+    ) -> CommandResult:
+        """Each file is its own scripted put ``"put /remote/path"``; the node stops at its first failure."""
+        put_command([(path, mode, len(data)) for path, data, mode in files])  # the real thing's validation
+        result = CommandResult(node, label, 0, "", "", 0.0, None)
+        for remote_path, data, mode in files:
+            if cancel is not None and cancel.held():
+                return CommandResult(node, label, -1, "", "", 0.0, NOT_SENT)
+            call = self._record(node, put_label(remote_path), sudo, self.settings.command_timeout_s, bytes(data))
+            answer = self._match(node, call.command)
+            scripted = self._answer(call, answer) if answer is not None else None
+            if scripted is None and not self.accept_puts:
+                raise self._refuse(call)
+            result = scripted or CommandResult(node, call.command, 0, "", "", 0.0, None)
+            if not result.ok:
+                return result
             with self._lock:
                 self.files[(node, remote_path)] = (bytes(data), mode)
-        return result
+        return result if len(files) == 1 else CommandResult(node, label, 0, "", "", 0.0, None)
 
     def close(self) -> None:
         self.closed = True
