@@ -116,14 +116,14 @@ def install_procshims(bin_dir: Path, python: str = sys.executable) -> list[Path]
     work in a clean environment (an SSH session, a systemd unit).
     """
     from sparkctl_sim.shims.rendered import DOCKER_LINES, VIEWS_DIR, pick_view
-    from sparkctl_sim.unitsh import JOURNALCTL_SH, SYSTEMCTL_SH  # read-only lines answered in sh
+    from sparkctl_sim.unitsh import DOCKER_SH, JOURNALCTL_SH, SYSTEMCTL_SH  # lines answered in sh
 
     bin_dir.mkdir(parents=True, exist_ok=True)
     # docker's node-state-only lines answer from the views of the state beside the run dir, the one
     # dockerimages.store_kind reads (sparkctl_sim.shims.rendered)
     views = f'"${{SPARKCTL_SIM_RUN_DIR%/*}}/{VIEWS_DIR}'
     docker_fast = (pick_view(DOCKER_LINES, views + '/docker.$k.sh"')
-                   + f'f={views}/docker-images.sh"; [ "$1" = image ] && [ -r "$f" ] && . "$f"\n')
+                   + f'f={views}/docker-images.sh"; [ "$1" = image ] && [ -r "$f" ] && . "$f"\n' + DOCKER_SH)
     package_root = str(Path(__file__).resolve().parents[1])
     written = []
     for tool in ("docker", "systemctl", "journalctl"):

@@ -1,4 +1,4 @@
-"""The read-only ``systemctl`` and ``journalctl`` lines sparkctl runs, answered in sh.
+"""The ``systemctl``, ``journalctl`` and ``docker`` lines that read or change nothing, answered in sh.
 
 SIMULATION ONLY. Every simulated tool call used to start a Python interpreter; the
 exporter's scrape (earlyoom's unit, the engine unit, earlyoom's kills) and ``up``'s
@@ -21,6 +21,12 @@ reference: tests/sim/test_shim_views.py runs both on the same records and compar
 * ``systemctl enable UNIT`` whose links all exist, ``systemctl disable UNIT`` with none, and
   ``systemctl stop UNIT`` of a loaded unit recorded inactive or failed: the Python shim does
   nothing then, and neither does sh (``up`` asks these of every node on every run).
+* ``systemctl daemon-reload``: systemdunits.Units.daemon_reload's copy in sh (the loaded copies
+  removed, every plain ``*.service`` file of the unit directory copied in), when the loaded
+  directory exists and neither holds a dot file (Python's glob sees those, sh's does not).
+* ``docker rm [-f|--force] NAME`` on a node whose store holds no container: docker's "No such
+  container" and exit 1, as dockerps.docker_rm answers then (the unit's ``ExecStartPre=-docker rm
+  -f`` and the stale stop ask it on every ``up``).
 * ``journalctl [-b] -u UNIT [-o cat|short] [--no-pager] [-q]``: the unit's journal file,
   ``-o cat`` dropping the ``TS systemd[1]: NAME: `` prefix of systemd's own lines
   (journalshim's ``_SYSTEMD_LINE``).
@@ -194,8 +200,37 @@ sc_fast() {
   done
   exit 0
 }
+sc_reload() {
+  [ "$#" = 1 ] && [ -n "$SPARKCTL_SIM_RUN_DIR" ] && [ -n "$SPARKCTL_SIM_UNIT_DIR" ] || return 0
+  sc_l="$SPARKCTL_SIM_RUN_DIR/systemd/loaded"
+  [ -d "$sc_l" ] && [ -d "$SPARKCTL_SIM_UNIT_DIR" ] || return 0
+  for sc_f in "$sc_l"/.* "$SPARKCTL_SIM_UNIT_DIR"/.*.service; do
+    case "${sc_f##*/}" in .|..|'.*'|'.*.service') ;; *) return 0 ;; esac
+  done
+  rm -f -- "$sc_l"/*
+  for sc_f in "$SPARKCTL_SIM_UNIT_DIR"/*.service; do
+    [ -f "$sc_f" ] && [ ! -L "$sc_f" ] && cp -- "$sc_f" "$sc_l/${sc_f##*/}"
+  done
+  exit 0
+}
+[ "$1" = daemon-reload ] && sc_reload "$@"
 sc_noop "$@"
 sc_fast "$@"
+'''
+
+DOCKER_SH = r'''dk_rm() {
+  [ -n "$SPARKCTL_SIM_RUN_DIR" ] || return 0
+  case "$#:$2" in
+    3:-f|3:--force) dk_ref=$3 ;;
+    2:*) dk_ref=$2 ;;
+    *) return 0 ;;
+  esac
+  case "$dk_ref" in ''|-*) return 0 ;; esac
+  for dk_f in "$SPARKCTL_SIM_RUN_DIR/docker/containers"/*.json; do [ -e "$dk_f" ] && return 0; done
+  printf 'Error response from daemon: No such container: %s\n' "$dk_ref" >&2
+  exit 1
+}
+[ "$1" = rm ] && dk_rm "$@"
 '''
 
 JOURNALCTL_SH = r'''# shellcheck disable=SC1003 # sed's `$a\`: end the last line with a newline, as journalshim does

@@ -300,7 +300,7 @@ def units(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Path, 
     py = tmp_path / "py"
     py.mkdir()
     root = str(Path(procshims.__file__).resolve().parents[1])
-    for tool in ("systemctl", "journalctl"):
+    for tool in ("systemctl", "journalctl", "docker"):
         (py / tool).write_text(f"#!/bin/sh\nPYTHONPATH={shlex.quote(root)} exec {shlex.quote(sys.executable)} -S "
                                f"-m sparkctl_sim.procshims {tool} \"$@\"\n")
         (py / tool).chmod(0o755)
@@ -438,6 +438,56 @@ def test_systemctl_enable_disable_stop_that_change_nothing_are_answered_in_sh_as
     (root / "u.service").write_text(text + "# changed\n")
     for q in [("enable", "u"), ("stop", "u"), ("enable", "--now", "u"), ("stop", "u", "v")]:
         assert _run(sh, env, "systemctl", *q)[2] == 127, q
+
+
+def test_daemon_reload_in_sh_leaves_the_loaded_copies_python_leaves(tmp_path: Path,
+                                                                    units: tuple[Path, Path, dict[str, str]]) -> None:
+    """The stale copies gone, every plain ``*.service`` of the unit directory copied (no symlink, no
+    other suffix); a dot file in either directory is Python's (its glob sees it, sh's does not)."""
+    import shutil
+
+    py, sh, env = units
+    root, loaded = Path(env["SPARKCTL_SIM_UNIT_DIR"]), Path(env["SPARKCTL_SIM_RUN_DIR"]) / "systemd" / "loaded"
+    (root / "a.service").write_text("[Service]\nExecStart=/bin/true\n")
+    (root / "b c.service").write_text("[Service]\nExecStart=/bin/false\n")
+    (root / "notes.txt").write_text("not a unit\n")
+    (root / "link.service").symlink_to(root / "a.service")
+    loaded.mkdir()
+
+    def after(bin_dir: Path) -> tuple[tuple[str, str, int], dict[str, str]]:
+        shutil.rmtree(loaded)
+        loaded.mkdir()
+        (loaded / "gone.service").write_text("[Service]\nExecStart=/bin/old\n")
+        (loaded / "a.service").write_text("[Service]\nExecStart=/bin/old\n")
+        out = _run(bin_dir, env, "systemctl", "daemon-reload")
+        return out, {f.name: f.read_text() for f in sorted(loaded.iterdir())}
+
+    want = after(py)
+    assert want[0] == ("", "", 0) and sorted(want[1]) == ["a.service", "b c.service"], want
+    assert after(sh) == want
+    (root / ".hidden.service").write_text("[Service]\nExecStart=/bin/true\n")
+    assert after(sh)[0][2] == 127  # Python's
+    (root / ".hidden.service").unlink()
+    (loaded / ".x").write_text("")
+    assert _run(sh, env, "systemctl", "daemon-reload")[2] == 127
+    assert _run(sh, env, "systemctl", "daemon-reload", "--no-block")[2] == 127
+
+
+def test_docker_rm_of_a_container_no_store_holds_is_answered_in_sh_as_python_answers(
+        units: tuple[Path, Path, dict[str, str]]) -> None:
+    """``docker rm [-f] NAME`` with no container recorded: docker's "No such container", exit 1, from sh;
+    any record in the store (it might be NAME) and any other form are Python's."""
+    from sparkctl_sim.shimbase import Containers
+
+    py, sh, env = units
+    for q in [("rm", "-f", "sparkctl-engine"), ("rm", "--force", "x"), ("rm", "/sparkctl-engine")]:
+        want = _run(py, env, "docker", *q)
+        assert want == ("", f"Error response from daemon: No such container: {q[-1]}\n", 1), want
+        assert _run(sh, env, "docker", *q) == want, q
+    for q in [("rm", "-f"), ("rm", "-f", "a", "b"), ("rm", "-v", "a"), ("stop", "a")]:
+        assert _run(sh, env, "docker", *q)[2] == 127, q
+    Containers(Path(env["SPARKCTL_SIM_RUN_DIR"])).save({"id": "f" * 64, "name": "other", "status": "exited"})
+    assert _run(sh, env, "docker", "rm", "-f", "sparkctl-engine")[2] == 127
 
 
 def test_journalctl_in_sh_is_the_python_shims_answer(units: tuple[Path, Path, dict[str, str]]) -> None:
