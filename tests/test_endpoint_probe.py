@@ -159,7 +159,7 @@ def _head(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Probe:
 def _head_as_pushed(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Probe:
     opt = tmp_path / "opt-sparkctl"
     opt.mkdir()
-    for f in ("planrun.py", "endpoint_probe.py"):  # what supervise pushes to the head
+    for f in ("planrun.py", "endpoint_probe.py", "putfiles.py"):  # what supervise pushes to the head
         shutil.copy(REMOTE / f, opt / f)
 
     def probe(url: str, metric: str | None, key: str | None) -> tuple[bool, str]:

@@ -142,7 +142,7 @@ def _supervised(inv: Any, res: Any, rendering: Any, facts: Any, previous: Any, r
     head, peers = inv.nodes[0].name, tuple(inv.names[1:])
     addrs = {n: nodessh.fabric_address_from(inv, head, n) for n in peers}
     hand = supervised.Handover(head, peers, nodessh.grant_line(inv, head, "ssh-ed25519 AAAAfixture sparkctl"),
-                               b"KEY", b"KNOWN HOSTS", b"RUNNER", b"PROBE")
+                               b"KEY", b"KNOWN HOSTS", b"RUNNER", b"PROBE", b"PUTFILES")
     mine, theirs = supervised.split(plan)
     theirs = supervised.head_plan(theirs, inv, holder, scope)
     doc = supervised.handover_document(inv, head, theirs, {}, addrs,
@@ -223,7 +223,7 @@ def test_the_fixtures_say_what_the_issue_asks() -> None:
     op = {s["id"]: s for s in sup["operator"]["steps"]}
     assert set(op["supervisor-grant"]["nodes"]) == {"spark-b", "spark-c", "spark-d"}
     assert [f["path"].rsplit("/", 1)[1] for f in op["supervisor-push"]["files"]["spark-a"]] == [
-        "supervisor-plan.json", "endpoint_probe.py", "planrun.py"]
+        "supervisor-plan.json", "endpoint_probe.py", "putfiles.py", "planrun.py"]
     assert op["launch"]["on_fail"] == "restore-record" and "setsid" in op["launch"]["commands"]["spark-a"]
     assert sup["operator"]["branches"]["restore-record"][0]["params"]["record"]["state"] == "serving"
     assert [s["id"] for s in sup["operator"]["branches"]["finally"]] == ["unlock"]

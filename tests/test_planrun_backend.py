@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -152,3 +153,46 @@ def test_a_rank_that_answers_dead_twice_fails_the_wait_at_once_naming_its_node()
 def test_a_node_that_never_answers_is_named_at_the_deadline() -> None:
     detail = _ready_failure({"a": [ALIVE], "b": [NO_ANSWER]})
     assert "b did not answer the liveness check: Error reading SSH protocol banner" in detail
+
+
+def test_the_head_writes_a_peers_files_in_one_session_as_the_operators_transport_does(tmp_path: Path) -> None:
+    """planrun.py as pushed (with endpoint_probe.py and putfiles.py beside it, no sparkctl package):
+    a peer's files in one session, each with its bytes and mode; the record too. The "ssh" to the peer
+    is ``sh -c`` here (the command is its last word, as with ssh)."""
+    import base64
+    import hashlib
+    import json
+    import shutil
+    import subprocess
+    import sys
+
+    opt = tmp_path / "opt"
+    opt.mkdir()
+    remote = Path(planrun.__file__).parent
+    for f in ("planrun.py", "endpoint_probe.py", "putfiles.py"):
+        shutil.copy(remote / f, opt / f)
+    blobs = {b"K=secret\n" * 300: "600", b"": "644", bytes(range(256)): "755"}
+    files = [{"path": str(tmp_path / "peer" / f"f{i} $(touch canary)"), "mode": mode,
+              "sha256": hashlib.sha256(data).hexdigest()} for i, (data, mode) in enumerate(blobs.items())]
+    code = ("import json, sys; sys.path.insert(0, sys.argv[1]); import planrun\n"
+            "assert 'sparkctl' not in sys.modules\n"
+            "b = planrun.HeadBackend({'peer': {'ssh': ['sh', '-c']}}, json.loads(sys.argv[2]), '/dev/null')\n"
+            "sent = []\n"
+            "one = b._one\n"
+            "b._one = lambda *a, **k: sent.append(a[1]) or one(*a, **k)\n"
+            "r = b.put_all({'peer': json.loads(sys.argv[3])}, {})\n"
+            "w = b.write_record('peer', sys.argv[4], {'state': 'serving'}, False, None)\n"
+            "print(json.dumps([r, w, len(sent)]))")
+    b64 = {hashlib.sha256(d).hexdigest(): base64.b64encode(d).decode() for d in blobs}
+    out = subprocess.run([sys.executable, "-S", "-c", code, str(opt), json.dumps(b64), json.dumps(files),
+                          str(tmp_path / "peer" / "record.json")], capture_output=True, text=True, check=True,
+                         cwd=tmp_path)
+    put, record, sessions = json.loads(out.stdout)
+    assert put["peer"]["ok"] and record["ok"] and sessions == 2, out.stdout
+    for f, (data, mode) in zip(files, blobs.items(), strict=True):
+        p = Path(f["path"])
+        assert p.read_bytes() == data and oct(p.stat().st_mode & 0o777)[2:] == mode
+    assert json.loads((tmp_path / "peer" / "record.json").read_text()) == {"state": "serving"}
+    assert sorted(p.name for p in (tmp_path / "peer").iterdir()) == sorted(
+        [Path(f["path"]).name for f in files] + ["record.json"])  # no temporary file left, no canary
+    assert not list(tmp_path.rglob("canary"))

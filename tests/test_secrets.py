@@ -203,7 +203,7 @@ def test_operations_keep_the_secret_in_the_0600_env_file_only(tmp_path: Path, mo
     plan = [(p, m) for (n, p), (d, m) in files.items() if p.endswith("supervisor-plan.json")]
     assert plan and all(m == 0o600 for _, m in plan), plan
     for (n, p), (data, _mode) in files.items():
-        if p.endswith(("record.json", "planrun.py", "endpoint_probe.py", "manifest.json", "launch.sh")):
+        if p.endswith(("record.json", "planrun.py", "endpoint_probe.py", "putfiles.py", "manifest.json", "launch.sh")):
             _no_secret(data.decode(), p)
     _no_secret("\n".join(said), "progress, status or errors")
     _no_secret(caplog.text, "the log")

@@ -49,6 +49,7 @@ FABRIC_BACKUP = f"{STATE_DIR}/fabric-backup"  # what `fabric apply` replaced; `f
 SUPERVISOR_PLAN = f"{STATE_DIR}/supervisor-plan.json"
 SUPERVISOR_RUNNER = f"{OPT_DIR}/planrun.py"
 SUPERVISOR_PROBE = f"{OPT_DIR}/endpoint_probe.py"  # the readiness probe the runner imports, beside it
+SUPERVISOR_PUTFILES = f"{OPT_DIR}/putfiles.py"  # and the file writer it shares with the transport
 SUPERVISOR_EVENTS = f"{STATE_DIR}/supervisor.jsonl"
 SUPERVISOR_PID = f"{STATE_DIR}/supervisor.pid"
 SUPERVISOR_LOG = f"{LOG_DIR}/supervisor.log"

@@ -117,14 +117,16 @@ def plan_supervised(res: Resolved, inv: Inventory, transport: Transport | None, 
     remote = resources.files("sparkctl.remote")
     hand = supervised.Handover(head, peers, nodessh.grant_line(inv, head, pub), key, known,
                                remote.joinpath("planrun.py").read_bytes(),
-                               remote.joinpath("endpoint_probe.py").read_bytes())
+                               remote.joinpath("endpoint_probe.py").read_bytes(),
+                               remote.joinpath("putfiles.py").read_bytes())
     mine, theirs = supervised.split(plan)
     theirs = supervised.head_plan(theirs, inv, holder, supervised.lock_nodes(plan))
     doc = supervised.handover_document(inv, head, theirs, _blobs([rendering, *extra], theirs), addrs,
                                        {n: nodessh.ssh_argv(inv, head, n, addrs[n]) for n in peers},
                                        res.profile.model.served_name, prev)
     operator = supervised.operator_plan(mine, inv, hand, doc, prev, res.name, holder, now_iso())
-    blobs = {hashlib.sha256(b).hexdigest(): b for b in (doc, key, known or b"", hand.runner, hand.probe)}
+    blobs = {hashlib.sha256(b).hexdigest(): b for b in (doc, key, known or b"", hand.runner, hand.probe,
+                                                      hand.putfiles)}
     return SupervisedPlan(operator, theirs, rendering, extra, prev, addrs, hand, blobs)
 
 

@@ -11,7 +11,7 @@ clock cap (they change no stack) and adds every step that hands the rest over:
 * ``supervisor-key``: the key (0600) and the peers' verified fabric host keys
   on the head;
 * ``supervisor-push``: the plan file (the head's plan, how to reach each node,
-  the files' bytes; 0600), the runner and the readiness probe it imports;
+  the files' bytes; 0600), the runner and the readiness probe and file writer it imports;
 * ``record-switching``: the previous stack's record says a supervised switch
   runs (only when something serves); a launch that fails puts it back
   (branch ``restore-record``);
@@ -44,6 +44,7 @@ from sparkctl.model.paths import (
     SUPERVISOR_PID,
     SUPERVISOR_PLAN,
     SUPERVISOR_PROBE,
+    SUPERVISOR_PUTFILES,
     SUPERVISOR_RUNNER,
     under,
 )
@@ -73,6 +74,7 @@ class Handover:
     known_hosts: bytes | None  # the peers' verified host keys; None: not read (--assume-fresh)
     runner: bytes
     probe: bytes
+    putfiles: bytes
 
 
 def _sha(data: bytes) -> str:
@@ -160,10 +162,12 @@ def operator_plan(mine: Plan, inv: Inventory, handover: Handover, plan_file: byt
                                     FileRef(at(SUPERVISOR_KNOWN_HOSTS), 0o644, _sha(kh) if kh is not None else ""))},
                       sudo={head: sudo[head]}))
     steps.append(Step("supervisor-push", "supervisor", "put", (head,),
-                      "put the head's plan (0600: it holds the files' bytes), the plan runner and its readiness probe",
-                      changes="the supervisor's plan file, planrun.py and endpoint_probe.py",
+                      "put the head's plan (0600: it holds the files' bytes), the plan runner, its readiness probe and "
+                      "its file writer",
+                      changes="the supervisor's plan file, planrun.py, endpoint_probe.py and putfiles.py",
                       files={head: (FileRef(at(SUPERVISOR_PLAN), 0o600, _sha(plan_file)),
                                     FileRef(at(SUPERVISOR_PROBE), 0o644, _sha(handover.probe)),
+                                    FileRef(at(SUPERVISOR_PUTFILES), 0o644, _sha(handover.putfiles)),
                                     FileRef(at(SUPERVISOR_RUNNER), 0o755, _sha(handover.runner)))},
                       sudo={head: sudo[head]}))
     branches: dict[str, tuple[Step, ...]] = {}

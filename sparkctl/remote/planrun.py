@@ -6,7 +6,7 @@ Used in two places with the same code: by the executor on the operator's side
 the head node by a supervised switch (``python3 planrun.py supervise ...``,
 whose backend runs commands locally and over ssh to the peers). Standard
 library only: this file is pushed to the head with the one readiness probe
-it imports (``endpoint_probe.py``), beside it.
+and the file writer it imports (``endpoint_probe.py``, ``putfiles.py``), beside it.
 
 The plan (see ``sparkctl/plan/steps.py``) is a list of steps; each fans out to
 its nodes and waits for all. A failed step leads to the branch its
@@ -31,9 +31,10 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 if __package__:  # imported: the operator's executor
-    from sparkctl.remote import endpoint_probe
-else:  # run on the head as ``python3 planrun.py``: endpoint_probe.py is pushed beside it
+    from sparkctl.remote import endpoint_probe, putfiles
+else:  # run on the head as ``python3 planrun.py``: endpoint_probe.py and putfiles.py are pushed beside it
     import endpoint_probe  # type: ignore[import-not-found,no-redef]
+    import putfiles  # type: ignore[import-not-found,no-redef]
 
 Res = dict[str, Any]  # {"ok": bool, "exit_code": int | None, "stdout": str, "stderr": str, "error": str}
 
@@ -458,18 +459,17 @@ class HeadBackend:
                     for n, c in commands.items()}
             return {n: f.result() for n, f in futs.items()}
 
+    def _write(self, node: str, files: Sequence[tuple[str, int, bytes]], sudo: bool) -> Res:
+        """The node's files in one session, as the operator's transport writes them (putfiles.py)."""
+        try:
+            cmd = shlex.join(putfiles.put_command([(path, mode, len(data)) for path, mode, data in files]))
+        except ValueError as exc:
+            return {"ok": False, "exit_code": None, "stdout": "", "stderr": "", "error": str(exc)}
+        return self._one(node, cmd, sudo, 60, stdin=b"".join(data for _, _, data in files))
+
     def _put_node(self, node: str, files: Sequence[Mapping[str, Any]], sudo: bool) -> Res:
-        for f in files:
-            data = base64.b64decode(self.blobs[f["sha256"]])
-            path, mode = f["path"], f["mode"]
-            tmp = f"{path}.sparkctl-new"
-            q = shlex.quote
-            cmd = (f"mkdir -p {q(os.path.dirname(path) or '/')} && cat > {q(tmp)} && chmod {mode} {q(tmp)} && "
-                   f"mv -f {q(tmp)} {q(path)}")
-            r = self._one(node, cmd, sudo, 60, stdin=data)
-            if not r["ok"]:
-                return r
-        return {"ok": True, "exit_code": 0, "stdout": "", "stderr": "", "error": ""}
+        return self._write(node, [(f["path"], int(str(f["mode"]), 8), base64.b64decode(self.blobs[f["sha256"]]))
+                                  for f in files], sudo)
 
     def put_all(self, files: Mapping[str, Sequence[Mapping[str, Any]]], sudo: Mapping[str, bool]) -> dict[str, Res]:
         with ThreadPoolExecutor(max_workers=max(1, len(files))) as pool:
@@ -486,10 +486,7 @@ class HeadBackend:
             return {"ok": False, "exit_code": None, "stdout": "", "stderr": "", "error": f"{node}: not reachable from "
                     "the supervisor (not one of the plan's nodes)"}
         if self.nodes[node].get("ssh"):
-            q = shlex.quote
-            tmp = f"{path}.sparkctl-new"
-            return self._one(node, f"mkdir -p {q(os.path.dirname(path) or '/')} && cat > {q(tmp)} && chmod 644 "
-                             f"{q(tmp)} && mv -f {q(tmp)} {q(path)}", sudo, 60, stdin=blob)
+            return self._write(node, [(path, 0o644, blob)], sudo)
         try:
             _atomic_write(path, blob, 0o644)
             return {"ok": True, "exit_code": 0, "stdout": "", "stderr": "", "error": ""}
