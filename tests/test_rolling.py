@@ -60,7 +60,7 @@ def test_the_rolling_plan_replaces_one_replica_at_a_time_behind_the_gateway() ->
         step = {s["id"]: s for s in plan["steps"]}
         assert step[f"r{k}-stop"]["nodes"] == nodes and step[f"r{k}-push"]["nodes"] == nodes
         assert list(step[f"r{k}-ready"]["params"]["endpoints"]) == [nodes[0]]  # this replica's head only
-        assert list(step[f"r{k}-ready"]["params"]["alive"]) == nodes
+        assert list(step[f"r{k}-ready"]["params"]["watch"]) == nodes
         drain = step[f"r{k}-gateway-drain"]["commands"]["spark-a"]
         assert " drain " in drain and drain.count("--backend") == 1 and "--timeout" in drain
         assert step[f"r{k}-gateway-register"]["commands"]["spark-a"].count("--backend") == 1
